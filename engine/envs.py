@@ -1,0 +1,62 @@
+"""Every ``ONEPIECE_*`` environment variable, in one typed registry.
+
+Read lazily (``envs.STATE_DIR`` evaluates the environment at access time), so
+importing this module has no side effects and tests can monkeypatch the
+environment. Add a variable here, never ``os.environ`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _path(name: str, default: str) -> Callable[[], Path]:
+    return lambda: Path(os.environ.get(name, default)).expanduser()
+
+
+def _str(name: str, default: str | None) -> Callable[[], str | None]:
+    return lambda: os.environ.get(name, default)
+
+
+def _int(name: str, default: int) -> Callable[[], int]:
+    return lambda: int(os.environ.get(name, str(default)))
+
+
+def _float(name: str, default: float) -> Callable[[], float]:
+    return lambda: float(os.environ.get(name, str(default)))
+
+
+_VARS: dict[str, Callable[[], Any]] = {
+    # Where `onepiece up` keeps its state: service data dirs, tiny models, logs.
+    "STATE_DIR": _path("ONEPIECE_STATE_DIR", ".onepiece"),
+    # External services; when unset, `onepiece up` starts embedded ones.
+    "REDIS_URL": _str("ONEPIECE_REDIS_URL", None),
+    "ETCD_URL": _str("ONEPIECE_ETCD_URL", None),
+    # Binaries of the embedded services.
+    "REDIS_SERVER_BIN": _str("ONEPIECE_REDIS_SERVER_BIN", "redis-server"),
+    "ETCD_BIN": _str("ONEPIECE_ETCD_BIN", "etcd"),
+    # Host the embedded services and servers bind to.
+    "BIND_HOST": _str("ONEPIECE_BIND_HOST", "127.0.0.1"),
+    # Default data-plane backend for links between hosts: shm | tcp | verbs.
+    "TRANSPORT": _str("ONEPIECE_TRANSPORT", "shm"),
+    # Ring buffer defaults.
+    "RING_BYTES": _int("ONEPIECE_RING_BYTES", 64 << 20),
+    "RING_SLOTS": _int("ONEPIECE_RING_SLOTS", 1024),
+    "RING_LOCK_TIMEOUT_S": _float("ONEPIECE_RING_LOCK_TIMEOUT_S", 0.5),
+    # Device for stage executors: auto | cpu | cuda.
+    "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        return _VARS[name]()
+    except KeyError:
+        raise AttributeError(f"no OnePiece setting {name!r}; known: {sorted(_VARS)}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(_VARS)

@@ -1,0 +1,28 @@
+"""``/livez`` says the process serves; ``/readyz`` checks the services it depends on."""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+
+
+def livez(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, str] = {}
+    try:
+        connection.ensure_connection()
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {exc}"
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1).ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"error: {exc}"
+    ok = all(v == "ok" for v in checks.values())
+    return JsonResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)

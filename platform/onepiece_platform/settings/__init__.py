@@ -1,0 +1,1 @@
+"""Settings split as cookiecutter-django does: base, local, test, production."""

@@ -1,0 +1,8 @@
+"""WSGI entry (management and plain HTTP deployments); the product runs on ASGI."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "onepiece_platform.settings.local")
+application = get_wsgi_application()

@@ -1,0 +1,79 @@
+"""Guards on the layout: the rules that keep the project importable and light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _py(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_platform_is_a_source_folder_not_a_package() -> None:
+    assert (REPO_ROOT / "platform" / "onepiece_platform").is_dir()
+    assert not (REPO_ROOT / "platform" / "__init__.py").exists()
+
+
+def test_stdlib_platform_wins_from_repo_root() -> None:
+    r = _py("import platform, uuid, sys; print(platform.__file__); print(platform.python_version())")
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert "onepiece" not in first and (REPO_ROOT / "platform").as_posix() not in first
+
+
+def test_import_engine_is_light() -> None:
+    r = _py(
+        "import sys, socket; before = set(sys.modules); import engine, engine.envs, engine.cli;"
+        "heavy = [m for m in ('django', 'torch', 'diffusers', 'transformers', 'numpy', 'redis', 'zmq')"
+        " if m in sys.modules]; print(heavy)"
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_engine_never_imports_django() -> None:
+    offenders = []
+    for path in (REPO_ROOT / "engine").rglob("*.py"):
+        for line in path.read_text().splitlines():
+            s = line.strip()
+            if s.startswith(("import django", "from django", "import onepiece_platform", "from onepiece_platform")):
+                offenders.append(f"{path.relative_to(REPO_ROOT)}: {s}")
+    assert offenders == []
+
+
+def test_manage_py_check_passes() -> None:
+    r = subprocess.run(
+        [sys.executable, "manage.py", "check", "--fail-level", "WARNING"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_is_clean_with_a005() -> None:
+    ruff = Path(sys.executable).parent / "ruff"
+    r = subprocess.run(
+        [str(ruff), "check", "--extend-select", "A005", "."], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_cli_help_lists_only_working_commands() -> None:
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "onepiece"), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    from engine.cli import COMMANDS
+
+    for name in COMMANDS:
+        assert name in r.stdout
+        sub = subprocess.run(
+            [str(Path(sys.executable).parent / "onepiece"), name, "--help"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert sub.returncode == 0, f"{name}: {sub.stderr}"
