@@ -1,0 +1,125 @@
+"""The stage executor interface, its run context and its typed errors (torch-free).
+
+A :class:`StageExecutor` is long-lived: a worker builds it once, calls
+:meth:`~StageExecutor.load` once, then :meth:`~StageExecutor.run` for every
+request of its stage. ``run`` takes and returns named values: torch tensors
+for tensors, ``bytes``/``memoryview`` for blobs.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from engine import envs
+
+
+class StageError(RuntimeError):
+    """Base class of errors a stage raises while serving a request."""
+
+
+class Cancelled(StageError):
+    """The request was cancelled; raised between denoising steps."""
+
+
+class DeadlineExceeded(StageError):
+    """The request's deadline passed; raised between denoising steps."""
+
+
+class InvalidInput(ValueError):
+    """A request input (an image file, ...) cannot be used; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class MissingComponent(FileNotFoundError):
+    """A model folder lacks a component a stage needs; names it and the path."""
+
+    def __init__(self, component: str, path: Path, detail: str) -> None:
+        super().__init__(f"model folder is missing component {component!r}: {path} ({detail})")
+        self.component = component
+        self.path = path
+
+
+@dataclass
+class StageContext:
+    """Per-request context a stage receives.
+
+    ``progress(step, total)`` is called after every denoising step;
+    ``cancelled()`` is polled between steps; ``deadline`` is unix seconds.
+    ``clock`` is injectable so tests need not sleep.
+    """
+
+    progress: Callable[[int, int], None] | None = None
+    cancelled: Callable[[], bool] | None = None
+    deadline: float | None = None
+    clock: Callable[[], float] = time.time
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` or :class:`DeadlineExceeded` if the request must stop."""
+        if self.cancelled is not None and self.cancelled():
+            raise Cancelled("request cancelled")
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise DeadlineExceeded(f"deadline {self.deadline:.3f} passed")
+
+    def step_done(self, step: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(step, total)
+
+
+class StageExecutor(ABC):
+    """One stage of one workflow, served by a long-lived worker.
+
+    Contract:
+      * ``load(model_dir, device)`` loads only this stage's components (the
+        sub-folders in ``components``) from a folder in the published
+        weights' layout, once. Raises :class:`MissingComponent` if one is absent.
+      * ``run(inputs, params, ctx)`` computes the stage's declared outputs from
+        its declared inputs and the request's resolved params. It must not keep
+        references to ``inputs`` after returning (they may be views into a ring
+        slot that is reused). It may raise :class:`Cancelled` /
+        :class:`DeadlineExceeded` between steps.
+    """
+
+    #: model sub-folders this stage loads
+    components: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
+        self.device: str = "cpu"
+        self.model_dir: Path | None = None
+
+    @abstractmethod
+    def load(self, model_dir: str | Path, device: str | None = None) -> None:
+        """Load the components from ``model_dir`` onto ``device`` (None: auto)."""
+
+    @abstractmethod
+    def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
+        """Serve one request; see the class docstring."""
+
+
+def resolve_device(device: str | None = None) -> str:
+    """``cuda`` if asked for or (auto) if available, else ``cpu``; honours ONEPIECE_DEVICE."""
+    want = (device or envs.DEVICE or "auto").lower()
+    if want not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda, got {want!r}")
+    if want == "cpu":
+        return "cpu"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if want == "cuda":
+        raise RuntimeError("device 'cuda' requested but torch sees no CUDA device")
+    return "cpu"
+
+
+def compute_dtype_name(device: str) -> str:
+    """bf16 on CUDA (the published weights' serving precision), float32 on CPU."""
+    return "bfloat16" if device.startswith("cuda") else "float32"

@@ -1,0 +1,148 @@
+"""Deterministic tiny random-weight checkpoints for the workflows' tests and demos.
+
+Each builder writes, with ``save_pretrained``, the same folder layout as the
+real published weights (``model_index.json`` plus one sub-folder per
+component), so the stage executors and ``DiffusionPipeline.from_pretrained``
+load either without a code change. Same seed -> byte-identical files. Nothing
+is downloaded. Configs and pitfalls: /work/shared/MODELS.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Words the tiny tokenizers know; the rest of a prompt falls back to characters.
+_WORDS = ("a", "cat", "dog", "on", "the", "moon", "red", "car", "in", "snow", "walks", "beach", "sunset", "blurry")
+
+
+def _progress(total: int, desc: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="component", leave=False)
+
+
+def _seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def build_wan_i2v(out: Path, seed: int = 0) -> Path:
+    """Write a tiny Wan2.1 I2V checkpoint (WanImageToVideoPipeline layout) to ``out``."""
+    from diffusers import (
+        AutoencoderKLWan,
+        UniPCMultistepScheduler,
+        WanImageToVideoPipeline,
+        WanTransformer3DModel,
+    )
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        CLIPVisionModel,
+        T5Tokenizer,
+        UMT5Config,
+        UMT5EncoderModel,
+    )
+
+    bar = _progress(6, "wan2.1-i2v")
+    vocab: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    vocab += [(f"\u2581{w}", -1.0) for w in _WORDS] + [(w, -1.5) for w in _WORDS]
+    vocab += [(c, -3.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"]
+    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0)
+    bar.update()
+    _seed(seed)
+    text_encoder = UMT5EncoderModel(UMT5Config(
+        d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+        relative_attention_max_distance=16, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
+        decoder_start_token_id=0, vocab_size=len(tokenizer),
+    ))
+    bar.update()
+    _seed(seed + 1)
+    image_encoder = CLIPVisionModel(CLIPVisionConfig(
+        hidden_size=8, projection_dim=8, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+        intermediate_size=16, patch_size=4,
+    ))
+    image_processor = CLIPImageProcessor(crop_size=32, size=32)
+    bar.update()
+    _seed(seed + 2)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    bar.update()
+    _seed(seed + 3)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=36, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=8,
+    )
+    bar.update()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        num_train_timesteps=1000, flow_shift=3.0)
+    pipe = WanImageToVideoPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+        image_processor=image_processor, image_encoder=image_encoder, transformer=transformer,
+    )
+    pipe.save_pretrained(out)
+    bar.update()
+    bar.close()
+    return out
+
+
+def build_sd_t2i(out: Path, seed: int = 0) -> Path:
+    """Write a tiny Stable Diffusion 1.x checkpoint (StableDiffusionPipeline layout) to ``out``."""
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    bar = _progress(5, "sd-t2i")
+    chars = "abcdefghijklmnopqrstuvwxyz"
+    vocab_list = ["<|startoftext|>", "<|endoftext|>", "!"] + list(chars) + [c + "</w>" for c in chars]
+    merges = [("c", "a"), ("ca", "t</w>"), ("d", "o"), ("do", "g</w>"), ("o", "n</w>"), ("t", "h"), ("th", "e</w>")]
+    vocab_list += ["ca", "cat</w>", "do", "dog</w>", "on</w>", "th", "the</w>"]
+    tokenizer = CLIPTokenizer(vocab={t: i for i, t in enumerate(vocab_list)}, merges=merges, model_max_length=77)
+    bar.update()
+    _seed(seed)
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+        max_position_embeddings=77, vocab_size=len(vocab_list), bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    ))
+    bar.update()
+    _seed(seed + 1)
+    unet = UNet2DConditionModel(
+        block_out_channels=(4, 8), layers_per_block=1, sample_size=32, in_channels=4, out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, norm_num_groups=2,
+    )
+    bar.update()
+    _seed(seed + 2)
+    vae = AutoencoderKL(
+        block_out_channels=[4, 8], in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=2,
+        down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"], up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
+    )
+    bar.update()
+    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                       steps_offset=1, timestep_spacing="leading")
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+    pipe.save_pretrained(out)
+    bar.update()
+    bar.close()
+    return out
+
+
+BUILDERS: dict[str, Callable[[Path, int], Path]] = {"wan2.1-i2v": build_wan_i2v, "sd-t2i": build_sd_t2i}
+
+
+def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> dict[str, Path]:
+    """Build tiny checkpoints into ``out/<workflow>``; all workflows when ``workflow`` is None.
+
+    Returns workflow name -> folder. Raises ``KeyError`` for an unknown workflow.
+    """
+    names = list(BUILDERS) if workflow is None else [workflow]
+    for n in names:
+        if n not in BUILDERS:
+            raise KeyError(f"no tiny model for workflow {n!r}; known: {', '.join(BUILDERS)}")
+    root = Path(out)
+    return {n: BUILDERS[n](root / n, seed) for n in names}

@@ -1,0 +1,33 @@
+"""Workflow name -> spec, discovered from the modules in :mod:`engine.workflow.specs`."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from functools import cache
+
+from engine.workflow import specs
+from engine.workflow.spec import WorkflowSpec
+
+
+@cache
+def workflows() -> dict[str, WorkflowSpec]:
+    """Every workflow spec, keyed by name (each graph validated once)."""
+    found: dict[str, WorkflowSpec] = {}
+    for info in pkgutil.iter_modules(specs.__path__):
+        module = importlib.import_module(f"{specs.__name__}.{info.name}")
+        spec = getattr(module, "SPEC", None)
+        if isinstance(spec, WorkflowSpec):
+            spec.validate_graph()
+            if spec.name in found:
+                raise ValueError(f"two workflow specs named {spec.name!r}")
+            found[spec.name] = spec
+    return found
+
+
+def get_workflow(name: str) -> WorkflowSpec:
+    """The spec named ``name``; ``KeyError`` listing the known names otherwise."""
+    try:
+        return workflows()[name]
+    except KeyError:
+        raise KeyError(f"unknown workflow {name!r}; known: {', '.join(sorted(workflows()))}") from None

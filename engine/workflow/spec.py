@@ -1,0 +1,253 @@
+"""Workflow specs: graphs of named stages with typed inputs, outputs and parameters.
+
+A spec is pure data plus small pure functions, importable without torch: the
+Proxy validates requests and estimates their cost with it, the Node Manager
+reads its stage list, and workers look up their executor class by dotted path
+(imported lazily by :mod:`engine.stages.registry`).
+
+Shapes are tuples of dimensions: an ``int`` is fixed, a ``str`` names either a
+dimension derived from the request's parameters (``WorkflowSpec.dims``) or, if
+it is not derived, a model-dependent dimension that only has to be positive
+and consistent within one message (``"D_text"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Dim = int | str
+
+
+class InvalidRequest(ValueError):
+    """A request's parameters or inputs break the workflow's rules.
+
+    ``field`` names the offending parameter (or input) so APIs can point at it.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidTensor(ValueError):
+    """A tensor handed between stages does not match the spec's dtype or shape rule."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named value that crosses a stage boundary.
+
+    ``dtype`` is a dtype name (see ``engine.workflow.message.DTYPE_SIZES``) or
+    ``"compute"``: the executor's compute dtype (float32 on CPU, bfloat16 on
+    CUDA). ``kind="blob"`` values are opaque bytes (an input image, an mp4).
+    """
+
+    name: str
+    dtype: str = "compute"
+    shape: tuple[Dim, ...] = ()
+    kind: str = "tensor"
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: what it consumes, what it produces, which model folders it loads.
+
+    ``components`` are the sub-folders of the model folder (the published
+    weights' layout: ``text_encoder``, ``vae``, ...) the executor loads;
+    ``executor`` is the dotted path of its :class:`engine.stages.base.StageExecutor`.
+    """
+
+    name: str
+    executor: str
+    inputs: tuple[str, ...]
+    outputs: tuple[TensorSpec, ...]
+    components: tuple[str, ...] = ()
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A request parameter with its default and its limits."""
+
+    name: str
+    type: type
+    default: Any
+    minimum: float | None = None
+    maximum: float | None = None
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """GPU-seconds of one request, per stage: ``fixed + per_unit * units(dims)``.
+
+    ``units`` turns the derived dimensions into the stage's work measure (e.g.
+    latent tokens x steps for denoise); the coefficients come from measured
+    stage times (see ``benchmarks/stages_profile.py``) on the reference GPU.
+    """
+
+    fixed: float
+    per_unit: float
+    units: Callable[[Mapping[str, int]], float]
+
+
+@dataclass(frozen=True)
+class WorkflowSpec:
+    """A workflow: stages in a DAG, request inputs and parameters, validation, cost."""
+
+    name: str
+    description: str
+    stages: tuple[StageSpec, ...]
+    params: tuple[ParamSpec, ...]
+    request_inputs: tuple[TensorSpec, ...] = ()
+    derive: Callable[[Mapping[str, Any]], dict[str, int]] = field(default=lambda p: {})
+    check: Callable[[Mapping[str, Any]], None] = field(default=lambda p: None)
+    costs: Mapping[str, CostModel] = field(default_factory=dict)
+    final_output: str = ""
+
+    # -- graph -------------------------------------------------------------
+    def stage(self, name: str) -> StageSpec:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise KeyError(f"workflow {self.name!r} has no stage {name!r}")
+
+    def producers(self) -> dict[str, str]:
+        """Value name -> the stage producing it ("request" for request inputs)."""
+        out = {t.name: "request" for t in self.request_inputs}
+        for s in self.stages:
+            for t in s.outputs:
+                out[t.name] = s.name
+        return out
+
+    def route(self) -> list[str]:
+        """A topological order of the stages: the chain a message travels.
+
+        Stages are listed in declaration order, which must already respect the
+        dependencies (checked by :meth:`validate_graph`), so routes are stable.
+        """
+        return [s.name for s in self.stages]
+
+    def validate_graph(self) -> None:
+        """Raise ``ValueError`` if an input has no producer before its consumer."""
+        available = {t.name for t in self.request_inputs}
+        seen: set[str] = set()
+        for s in self.stages:
+            if s.name in seen:
+                raise ValueError(f"{self.name}: duplicate stage {s.name!r}")
+            seen.add(s.name)
+            missing = [i for i in s.inputs if i not in available]
+            if missing:
+                raise ValueError(f"{self.name}: stage {s.name!r} needs {missing} before it runs")
+            available |= {t.name for t in s.outputs}
+        if self.final_output and self.final_output not in available:
+            raise ValueError(f"{self.name}: final output {self.final_output!r} is never produced")
+
+    def carried_after(self, stage: str) -> list[str]:
+        """Values a message must carry when it leaves ``stage``.
+
+        A chain route forwards what later stages still need, produced by this
+        stage or earlier (DAG edges that skip a stage ride along), plus the
+        final output once produced.
+        """
+        order = self.route()
+        i = order.index(stage)
+        later_needs = {n for s in self.stages[i + 1:] for n in s.inputs}
+        produced = {t.name for t in self.request_inputs} | {t.name for s in self.stages[:i + 1] for t in s.outputs}
+        keep = later_needs & produced
+        if self.final_output in produced and i == len(order) - 1:
+            keep.add(self.final_output)
+        return sorted(keep)
+
+    def value_spec(self, name: str) -> TensorSpec:
+        for t in self.request_inputs:
+            if t.name == name:
+                return t
+        for s in self.stages:
+            for t in s.outputs:
+                if t.name == name:
+                    return t
+        raise KeyError(f"workflow {self.name!r} has no value {name!r}")
+
+    # -- parameters --------------------------------------------------------
+    def resolve_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults, coerce types, enforce limits and the workflow's rules.
+
+        Returns the complete parameter dict; raises :class:`InvalidRequest`
+        naming the first bad parameter. Unknown parameters are refused so a
+        typo never silently falls back to a default.
+        """
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            raise InvalidRequest(unknown[0], f"unknown parameter(s) for {self.name}: {', '.join(unknown)}")
+        out: dict[str, Any] = {}
+        for p in self.params:
+            value = params.get(p.name, p.default)
+            if value is None:
+                out[p.name] = None
+                continue
+            if p.type is int and (isinstance(value, bool) or not isinstance(value, int)):
+                if isinstance(value, float) and value.is_integer():
+                    value = int(value)
+                else:
+                    raise InvalidRequest(p.name, f"{p.name} must be an integer, got {value!r}")
+            elif p.type is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise InvalidRequest(p.name, f"{p.name} must be a number, got {value!r}")
+            elif p.type is str and not isinstance(value, str):
+                raise InvalidRequest(p.name, f"{p.name} must be a string, got {type(value).__name__}")
+            if p.type is float:
+                value = float(value)
+            if p.minimum is not None and value < p.minimum:
+                raise InvalidRequest(p.name, f"{p.name} must be >= {p.minimum:g}, got {value}")
+            if p.maximum is not None and value > p.maximum:
+                raise InvalidRequest(p.name, f"{p.name} must be <= {p.maximum:g} for {self.name}, got {value}")
+            out[p.name] = value
+        self.check(out)
+        return out
+
+    def dims(self, params: Mapping[str, Any]) -> dict[str, int]:
+        """Dimensions derived from resolved parameters (latent sizes, frame counts...)."""
+        return self.derive(params)
+
+    # -- tensors -------------------------------------------------------------
+    def check_tensor(
+        self, name: str, dtype: str, shape: tuple[int, ...], params: Mapping[str, Any], compute_dtype: str,
+        bound: dict[str, int] | None = None,
+    ) -> None:
+        """Raise :class:`InvalidTensor` unless ``name`` matches its dtype and shape rule.
+
+        ``bound`` collects model-dependent dimensions across calls so that, e.g.,
+        ``prompt_embeds`` and ``negative_prompt_embeds`` must agree on ``D_text``.
+        """
+        spec = self.value_spec(name)
+        if spec.kind != "tensor":
+            raise InvalidTensor(f"{name!r} is a blob, not a tensor")
+        want = compute_dtype if spec.dtype == "compute" else spec.dtype
+        if dtype != want:
+            raise InvalidTensor(f"{name!r}: dtype {dtype}, expected {want}")
+        if len(shape) != len(spec.shape):
+            raise InvalidTensor(f"{name!r}: rank {len(shape)}, expected shape {spec.shape}")
+        derived = self.dims(params)
+        bound = {} if bound is None else bound
+        for got, rule in zip(shape, spec.shape, strict=True):
+            want_dim = rule if isinstance(rule, int) else derived.get(rule, bound.get(rule))
+            if want_dim is None:
+                if got <= 0:
+                    raise InvalidTensor(f"{name!r}: dimension {rule} must be positive, got {got}")
+                bound[str(rule)] = got
+            elif got != want_dim:
+                raise InvalidTensor(f"{name!r}: dimension {rule} is {got}, expected {want_dim} (shape {shape})")
+
+    # -- cost ------------------------------------------------------------------
+    def estimate_cost(self, params: Mapping[str, Any]) -> dict[str, float]:
+        """GPU-seconds per stage for one request with these (resolved) parameters."""
+        d = self.dims(params)
+        return {s: c.fixed + c.per_unit * c.units(d) for s, c in self.costs.items()}
+
+    def estimate_gpu_seconds(self, params: Mapping[str, Any]) -> float:
+        """Total GPU-seconds of one request (the Proxy's admission cost)."""
+        return sum(self.estimate_cost(params).values())

@@ -1,0 +1,80 @@
+"""Stable Diffusion 1.x text-to-image (diffusers ``StableDiffusionPipeline``) in four stages.
+
+text_encode (CLIP text) -> denoise (UNet; the initial noise is drawn here, from
+the request's seed, because EulerDiscreteScheduler draws more noise at every
+step from the same generator) -> vae_decode (uint8 pixels) -> image_encode (png).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
+from engine.workflow.specs.common import require_multiple, require_pixels, require_prompt
+
+SIZE_MULTIPLE = 8
+MAX_PIXELS = 1024 * 1024
+MAX_STEPS = 150
+_P = "engine.stages.sd"
+
+
+def _derive(p: Mapping[str, Any]) -> dict[str, int]:
+    # Latent sizes are not derived here: they depend on the VAE's depth
+    # (8x for SD 1.x, 2x for the tiny test model), so they are model dims.
+    return {"H": p["height"], "W": p["width"], "S": p["num_inference_steps"], "P": p["height"] * p["width"]}
+
+
+def _check(p: Mapping[str, Any]) -> None:
+    require_prompt(p)
+    require_multiple(p, "height", SIZE_MULTIPLE)
+    require_multiple(p, "width", SIZE_MULTIPLE)
+    require_pixels(p, MAX_PIXELS, "sd-t2i")
+
+
+SPEC = WorkflowSpec(
+    name="sd-t2i",
+    description="Stable Diffusion 1.x text-to-image: a prompt to a png",
+    stages=(
+        StageSpec(
+            "text_encode", f"{_P}.encoders.SDTextEncode", inputs=(),
+            outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
+                     TensorSpec("negative_prompt_embeds", shape=(1, "L_text", "D_text"))),
+            components=("tokenizer", "text_encoder"), doc="CLIP text embeddings of prompt and negative prompt",
+        ),
+        StageSpec(
+            "denoise", f"{_P}.denoise.SDDenoise", inputs=("prompt_embeds", "negative_prompt_embeds"),
+            outputs=(TensorSpec("denoised", shape=(1, "C_lat", "H_lat", "W_lat")),),
+            components=("unet", "scheduler"), doc="initial noise from the seed, guided UNet denoising",
+        ),
+        StageSpec(
+            "vae_decode", f"{_P}.decoders.SDVaeDecode", inputs=("denoised",),
+            outputs=(TensorSpec("pixels", "uint8", (1, "H", "W", 3)),),
+            components=("vae",), doc="VAE decode to uint8 RGB pixels",
+        ),
+        StageSpec(
+            "image_encode", f"{_P}.image.SDImageEncode", inputs=("pixels",),
+            outputs=(TensorSpec("image", kind="blob", doc="png bytes"),), doc="pixels to png",
+        ),
+    ),
+    params=(
+        ParamSpec("prompt", str, None, doc="what the image shows"),
+        ParamSpec("negative_prompt", str, None, doc="what it should not show"),
+        ParamSpec("height", int, 512, 64, 1024),
+        ParamSpec("width", int, 512, 64, 1024),
+        ParamSpec("num_inference_steps", int, 50, 1, MAX_STEPS),
+        ParamSpec("guidance_scale", float, 7.5, 0.0, 50.0),
+        ParamSpec("seed", int, 0, 0, 2**63 - 1),
+    ),
+    derive=_derive,
+    check=_check,
+    # Prior for SD 1.5 fp16/bf16 on one H100-class GPU: ~25 guided steps/s at
+    # 512x512; refit from benchmarks/stages_profile.py measurements.
+    costs={
+        "text_encode": CostModel(0.01, 0.0, lambda d: 0.0),
+        "denoise": CostModel(0.05, 1.5e-7, lambda d: d["P"] * d["S"]),
+        "vae_decode": CostModel(0.01, 1.5e-7, lambda d: d["P"]),
+        "image_encode": CostModel(0.005, 2.0e-8, lambda d: d["P"]),
+    },
+    final_output="image",
+)
