@@ -1,0 +1,139 @@
+"""Run one request through every stage of a workflow in one process.
+
+Used by ``onepiece run``, the bit-identity tests and the stage profiler. Values
+cross stage boundaries exactly as they would between workers: each stage's
+outputs (plus what later stages still need) are encoded into a Workflow
+Message and the next stage reads zero-copy views of it, so the bytes measured
+here are the bytes a ring would carry.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.stages.base import InvalidInput, StageContext, StageExecutor
+from engine.stages.layout import check_components
+from engine.workflow import get_workflow
+from engine.workflow import message as wm
+
+
+@dataclass
+class StageStats:
+    """What one stage cost for one request."""
+
+    load_s: float = 0.0
+    compute_s: float = 0.0
+    out_bytes: int = 0  # bytes of the message handed to the next stage
+    payload_bytes: int = 0  # tensor/blob bytes inside it
+
+
+@dataclass
+class RunResult:
+    outputs: dict[str, Any]
+    header: wm.Header
+    stats: dict[str, StageStats] = field(default_factory=dict)
+
+
+def validate_request(
+    workflow: str, model_dir: str | Path, params: Mapping[str, Any], inputs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Everything checkable before a stage runs: params, input files' content, model folder.
+
+    Returns resolved params. Raises ``InvalidRequest`` (params),
+    :class:`InvalidInput` (inputs) or ``MissingComponent`` (model folder).
+    """
+    spec = get_workflow(workflow)
+    resolved = spec.resolve_params(params)
+    for t in spec.request_inputs:
+        if t.name not in inputs:
+            raise InvalidInput(t.name, f"{workflow} needs an input {t.name!r}")
+        if t.name == "image":
+            _check_image_bytes(inputs[t.name])
+    check_components(model_dir, [c for s in spec.stages for c in s.components])
+    return resolved
+
+
+def _check_image_bytes(data: Any) -> None:
+    # PIL's verify() reads the whole file without decoding pixels: cheap and
+    # torch-free, and it catches truncated files that open() alone accepts.
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(bytes(data))) as img:
+            img.verify()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise InvalidInput("image", f"image is not a readable image file: {exc}") from exc
+
+
+class LocalRunner:
+    """All of a workflow's executors, loaded once, run in sequence in this process."""
+
+    def __init__(self, workflow: str, model_dir: str | Path, device: str | None = None) -> None:
+        from engine.stages.registry import executor_class
+
+        self.spec = get_workflow(workflow)
+        self.model_dir = Path(model_dir)
+        self.executors: dict[str, StageExecutor] = {}
+        self.load_s: dict[str, float] = {}
+        check_components(model_dir, [c for s in self.spec.stages for c in s.components])
+        for stage in self.spec.stages:
+            t0 = time.perf_counter()
+            ex = executor_class(self.spec.name, stage.name)()
+            ex.load(self.model_dir, device)
+            self.executors[stage.name] = ex
+            self.load_s[stage.name] = time.perf_counter() - t0
+
+    def run(
+        self, params: Mapping[str, Any], inputs: Mapping[str, Any],
+        progress: Callable[[str, int, int], None] | None = None, deadline: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> RunResult:
+        """Run one request; ``params`` must already be resolved by the spec.
+
+        ``progress(stage, step, total)`` reports denoising steps; returns the
+        final message's values (e.g. ``{"video": memoryview}``) and per-stage stats.
+        """
+        from engine.stages.components import to_torch, values_to_message
+
+        route = self.spec.route()
+        header = wm.Header(uid=uuid.uuid4().hex, workflow=self.spec.name, stage=route[0], route=route,
+                           deadline=deadline, params=dict(params))
+        buf = wm.encode(header, {}, {k: bytes(v) for k, v in inputs.items()})
+        stats: dict[str, StageStats] = {}
+        for name in route:
+            msg = wm.decode(buf)
+            values: dict[str, Any] = {k: to_torch(t) for k, t in msg.tensors.items()}
+            values.update(msg.blobs)
+            stage = self.spec.stage(name)
+            ctx = StageContext(
+                progress=(lambda s, n, _name=name: progress(_name, s, n)) if progress else None,
+                cancelled=cancelled, deadline=deadline,
+            )
+            t0 = time.perf_counter()
+            out = self.executors[name].run({k: values[k] for k in stage.inputs}, params, ctx)
+            compute = time.perf_counter() - t0
+            values.update(out)
+            carried = {k: values[k] for k in self.spec.carried_after(name)}
+            tensors, blobs = values_to_message(carried)
+            bound: dict[str, int] = {}
+            for k, t in tensors.items():
+                if k in {o.name for o in stage.outputs}:
+                    self.spec.check_tensor(k, t.dtype, t.shape, params, self.executors[name].__dict__.get(
+                        "dtype_name", "float32"), bound)
+            header.timestamps[name] = time.time()
+            nxt = route.index(name) + 1
+            header.stage = route[nxt] if nxt < len(route) else name
+            buf = wm.encode(header, tensors, blobs)
+            stats[name] = StageStats(self.load_s[name], compute, len(buf),
+                                     sum(t.nbytes for t in tensors.values()) + sum(len(b) for b in blobs.values()))
+        final = wm.decode(buf)
+        outputs: dict[str, Any] = dict(final.blobs)
+        outputs.update({k: to_torch(t) for k, t in final.tensors.items()})
+        return RunResult(outputs, final.header, stats)

@@ -1,0 +1,1 @@
+"""Stage executors of ``sd-t2i`` (Stable Diffusion 1.x text-to-image)."""

@@ -1,0 +1,57 @@
+"""wan2.1-i2v vae_encode: the first-frame condition and the initial noise.
+
+The pipeline's ``prepare_latents`` draws the initial noise from the request's
+generator and VAE-encodes the first frame padded with zeros; UniPC draws no
+more random numbers, so the noise can be drawn here and carried to denoise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from engine.stages.base import InvalidInput, StageContext
+from engine.stages.components import TorchStage, decode_image, load_component
+from engine.stages.wan.pipe import partial_pipeline
+
+
+def load_wan_vae(stage: TorchStage, model_dir: Path) -> Any:
+    # Wan's VAE stays float32 even when the transformer runs in bf16: that is
+    # how the model card runs it (bf16 VAE visibly degrades video).
+    return load_component(model_dir, "vae", ("diffusers", "AutoencoderKLWan"), torch.float32, stage.device)
+
+
+class WanVaeEncode(TorchStage):
+    """Input image bytes -> ``latents`` (noise) and ``condition`` (mask + first-frame latents), float32."""
+
+    components: ClassVar[tuple[str, ...]] = ("vae",)
+
+    def _load(self, model_dir: Path) -> None:
+        self.pipe = partial_pipeline(vae=load_wan_vae(self, model_dir))
+        # Pixel sizes must tile into transformer patches; the patch size lives
+        # in the transformer's config, which this stage reads but never loads.
+        patch = (1, 2, 2)
+        config = model_dir / "transformer" / "config.json"
+        if config.is_file():
+            patch = tuple(json.loads(config.read_text()).get("patch_size", patch))
+        self.multiple = self.pipe.vae_scale_factor_spatial * patch[1], self.pipe.vae_scale_factor_spatial * patch[2]
+
+    @torch.no_grad()
+    def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
+        pipe = self.pipe
+        height, width, frames = params["height"], params["width"], params["num_frames"]
+        if height % self.multiple[0] or width % self.multiple[1]:
+            raise InvalidInput("size", f"height/width must be multiples of {self.multiple} for this model")
+        if frames % pipe.vae_scale_factor_temporal != 1:
+            raise InvalidInput("num_frames", f"num_frames - 1 must be divisible by {pipe.vae_scale_factor_temporal}")
+        image = decode_image(inputs["image"])
+        pixels = pipe.video_processor.preprocess(image, height=height, width=width).to(self.device, torch.float32)
+        generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
+        latents, condition = pipe.prepare_latents(
+            pixels, 1, pipe.vae.config.z_dim, height, width, frames, torch.float32, self.device, generator,
+        )
+        return {"latents": latents, "condition": condition}
