@@ -42,6 +42,10 @@ _VARS: dict[str, Callable[[], Any]] = {
     "BIND_HOST": _str("ONEPIECE_BIND_HOST", "127.0.0.1"),
     # Default data-plane backend for links between hosts: shm | tcp | verbs.
     "TRANSPORT": _str("ONEPIECE_TRANSPORT", "shm"),
+    # RDMA device for the verbs transport (default: the first one), its port and GID index.
+    "RDMA_DEVICE": _str("ONEPIECE_RDMA_DEVICE", None),
+    "RDMA_PORT": _int("ONEPIECE_RDMA_PORT", 1),
+    "RDMA_GID_INDEX": _int("ONEPIECE_RDMA_GID_INDEX", 0),
     # Ring buffer defaults.
     "RING_BYTES": _int("ONEPIECE_RING_BYTES", 64 << 20),
     "RING_SLOTS": _int("ONEPIECE_RING_SLOTS", 1024),
