@@ -136,13 +136,14 @@ BUILDERS: dict[str, Callable[[Path, int], Path]] = {"wan2.1-i2v": build_wan_i2v,
 
 
 def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> dict[str, Path]:
-    """Build tiny checkpoints into ``out/<workflow>``; all workflows when ``workflow`` is None.
+    """Build tiny checkpoints; returns workflow name -> model folder.
 
-    Returns workflow name -> folder. Raises ``KeyError`` for an unknown workflow.
+    With ``workflow``, ``out`` is that workflow's model folder; without it,
+    every workflow gets ``out/<workflow>``. Raises ``KeyError`` for a workflow
+    without a tiny builder.
     """
-    names = list(BUILDERS) if workflow is None else [workflow]
-    for n in names:
-        if n not in BUILDERS:
-            raise KeyError(f"no tiny model for workflow {n!r}; known: {', '.join(BUILDERS)}")
-    root = Path(out)
-    return {n: BUILDERS[n](root / n, seed) for n in names}
+    if workflow is not None:
+        if workflow not in BUILDERS:
+            raise KeyError(f"no tiny model for workflow {workflow!r}; known: {', '.join(BUILDERS)}")
+        return {workflow: BUILDERS[workflow](Path(out), seed)}
+    return {n: build(Path(out) / n, seed) for n, build in BUILDERS.items()}

@@ -1,0 +1,60 @@
+"""``onepiece models``: build tiny test checkpoints, check a model folder.
+
+Importing this module is light; torch/diffusers are imported inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+    make = sub.add_parser(
+        "make-tiny", help="write deterministic tiny random-weight checkpoints (nothing is downloaded)",
+        description="Write tiny random-weight checkpoints in the published weights' folder layout. "
+                    "With --workflow, --out is that model folder; without it, one sub-folder per workflow.",
+    )
+    make.add_argument("--out", required=True, help="output folder")
+    make.add_argument("--workflow", default=None, help="only this workflow (wan2.1-i2v or sd-t2i)")
+    make.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical files)")
+    check = sub.add_parser("check", help="check that a model folder has every component a workflow needs")
+    check.add_argument("model_dir", help="model folder (diffusers layout)")
+    check.add_argument("--workflow", required=True, help="workflow name")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.models_command == "make-tiny":
+        return _make_tiny(args)
+    return _check(args)
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    from engine.stages.tiny import BUILDERS, make_tiny
+
+    if args.workflow is not None and args.workflow not in BUILDERS:
+        print(f"error: no tiny model for workflow {args.workflow!r}; known: {', '.join(BUILDERS)}", file=sys.stderr)
+        return 2
+    for name, folder in make_tiny(args.out, args.workflow, args.seed).items():
+        print(f"{name}: {folder}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from engine.stages.base import MissingComponent
+    from engine.stages.layout import check_components
+    from engine.workflow import get_workflow
+
+    try:
+        spec = get_workflow(args.workflow)
+        components = [c for s in spec.stages for c in s.components]
+        check_components(args.model_dir, components)
+    except KeyError as exc:
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except MissingComponent as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"ok: {args.model_dir} has every component of {spec.name}: {', '.join(dict.fromkeys(components))}")
+    return 0
