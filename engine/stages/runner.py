@@ -75,7 +75,11 @@ def _check_image_bytes(data: Any) -> None:
 class LocalRunner:
     """All of a workflow's executors, loaded once, run in sequence in this process."""
 
-    def __init__(self, workflow: str, model_dir: str | Path, device: str | None = None) -> None:
+    def __init__(
+        self, workflow: str, model_dir: str | Path, device: str | None = None,
+        load_hook: Callable[[str, Callable[[], StageExecutor]], StageExecutor] | None = None,
+    ) -> None:
+        """Load every stage. ``load_hook(stage, load)`` may wrap each load (the profiler measures it)."""
         from engine.stages.registry import executor_class
 
         self.spec = get_workflow(workflow)
@@ -84,10 +88,14 @@ class LocalRunner:
         self.load_s: dict[str, float] = {}
         check_components(model_dir, [c for s in self.spec.stages for c in s.components])
         for stage in self.spec.stages:
+
+            def load(name: str = stage.name) -> StageExecutor:
+                ex = executor_class(self.spec.name, name)()
+                ex.load(self.model_dir, device)
+                return ex
+
             t0 = time.perf_counter()
-            ex = executor_class(self.spec.name, stage.name)()
-            ex.load(self.model_dir, device)
-            self.executors[stage.name] = ex
+            self.executors[stage.name] = load_hook(stage.name, load) if load_hook else load()
             self.load_s[stage.name] = time.perf_counter() - t0
 
     def run(
