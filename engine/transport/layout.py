@@ -106,3 +106,35 @@ def ring_layout(slots: int, buffer_bytes: int, max_producers: int) -> tuple[int,
 
 def region_bytes(slots: int, buffer_bytes: int, max_producers: int) -> int:
     return ring_layout(slots, buffer_bytes, max_producers)[2] + buffer_bytes
+
+
+class RecordHeader:
+    """A parsed, bounds-checked record header (the checksum is verified separately)."""
+
+    __slots__ = ("checksum", "epoch", "flags", "length", "producer", "seq", "slot")
+
+    def __init__(self, producer: int, flags: int, epoch: int, seq: int, length: int, slot: int, checksum: int):
+        self.producer, self.flags, self.epoch, self.seq = producer, flags, epoch, seq
+        self.length, self.slot, self.checksum = length, slot, checksum
+
+
+def parse_record(buf: memoryview | bytes, offset: int, span: int) -> RecordHeader:
+    """Parse the record header at ``offset`` whose allocated span is ``span`` bytes.
+
+    Raises :class:`~engine.transport.errors.RecordError` on anything malformed;
+    never reads outside ``buf[offset : offset + span]``.
+    """
+    from engine.transport.errors import RecordError
+
+    if offset < 0 or span < RECORD_HEADER or offset + span > len(buf):
+        raise RecordError(f"record span [{offset}, {offset + span}) does not fit a {len(buf)}-byte buffer")
+    magic, producer, flags, epoch, hv, seq, length, slot, checksum = RECORD.unpack_from(buf, offset)
+    if magic != RECORD_MAGIC:
+        raise RecordError(f"bad record magic {magic:#x}")
+    if hv != 1:
+        raise RecordError(f"unsupported record header version {hv}")
+    if length > span - RECORD_HEADER:
+        raise RecordError(f"record claims {length} payload bytes in a {span}-byte span")
+    if flags & ~FLAG_SKIP:
+        raise RecordError(f"unknown record flags {flags:#x}")
+    return RecordHeader(producer, flags, epoch, seq, length, slot, checksum)

@@ -29,6 +29,7 @@ from engine.transport import layout as L
 from engine.transport.errors import (
     ConsumerGone,
     MessageTooLarge,
+    RecordError,
     RegionMismatch,
     RingFull,
 )
@@ -203,6 +204,8 @@ class RingProducer(_RingBase):
         self._unacked: collections.deque[_Outgoing] = collections.deque()
         self._last_hb = (region.load(L.C_HEARTBEAT), time.monotonic())
         self._closed = False
+        # Test hook: called with "reserved", "claimed", "mid_payload" or "before_commit" (fault injection).
+        self.fault_hook: Callable[[str], None] | None = None
 
     # registration ------------------------------------------------------------------------
     def _register(self, producer_id: int | None) -> tuple[int, int]:
@@ -359,6 +362,8 @@ class RingProducer(_RingBase):
             if (ts - hs) & L.SLOT_MASK < self.slots and used + units * L.UNIT <= self.buffer_bytes:
                 new = L.pack_pos(ts + 1, tb + units * L.UNIT)
                 if r.cas(L.C_TAIL, tail, new) == tail:
+                    if self.fault_hook is not None:
+                        self.fault_hook("reserved")
                     break
                 self.stats.cas_retries += 1
                 continue
@@ -399,6 +404,8 @@ class RingProducer(_RingBase):
         if r.cas(s_off + L.S_W0, free, claimed) != free:
             return None
         out.slot = slot
+        if self.fault_hook is not None:
+            self.fault_hook("claimed")
         return slot, units, self._data_phys(start, units)
 
     def _header(self, out: _Outgoing, slot: int, checksum: int = 0) -> bytes:
@@ -419,8 +426,13 @@ class RingProducer(_RingBase):
         if self._view is not None:
             view = self._view
             # copy and hash chunk by chunk while the chunk is in cache: one pass over memory
+            hook = self.fault_hook
             for a in range(0, n, _COPY_CHUNK):
                 b = min(a + _COPY_CHUNK, n)
+                if hook is not None and a <= n // 2 < b:
+                    half = n // 2
+                    view[base + a : base + half] = src[a:half]
+                    hook("mid_payload")
                 view[base + a : base + b] = src[a:b]
                 h.update(src[a:b])
         else:
@@ -441,6 +453,8 @@ class RingProducer(_RingBase):
         """Steps 5 (header) to 7. False when fenced (the message is then resent by the caller)."""
         r = self.region
         r.write(self.b_off + phys, self._header(out, slot, checksum))
+        if self.fault_hook is not None:
+            self.fault_hook("before_commit")
         s_off = self._slot_off(slot)
         claimed = L.pack_w0(slot, L.RESERVED, self.producer_id, units)
         if r.cas(s_off + L.S_W0, claimed, L.pack_w0(slot, L.COMMITTED, self.producer_id, units)) != claimed:
@@ -597,6 +611,18 @@ class RingConsumer(_RingBase):
             self.region.store(L.C_HEARTBEAT, n)
 
     @classmethod
+    def recover(cls, address: str, config: RingConfig | None = None) -> RingConsumer:
+        """Re-attach to the ring of a consumer that died, taking over ownership of the region.
+
+        Messages the dead consumer delivered but did not release are delivered again.
+        """
+        from engine.transport.region import attach_region
+
+        region = attach_region(address)
+        region.owner = True  # type: ignore[attr-defined] - we now destroy it on close
+        return cls(region, config, recover=True)
+
+    @classmethod
     def create(cls, address: str, config: RingConfig | None = None) -> RingConsumer:
         from engine.transport.region import create_region
 
@@ -750,24 +776,20 @@ class RingConsumer(_RingBase):
         view = self._ro
         ok = False
         try:
-            magic, rp, flags, epoch, _hv, seq, length, rslot, checksum = L.RECORD.unpack_from(view, base)
-            if (
-                magic == L.RECORD_MAGIC
-                and rp == producer
-                and rslot == c & L.SLOT_MASK
-                and L.RECORD_HEADER + length <= units * L.UNIT
-            ):
+            rec = L.parse_record(view, base, units * L.UNIT)
+            if rec.producer == producer and rec.slot == c & L.SLOT_MASK:
                 h = xxhash.xxh3_64()
                 h.update(view[base : base + L.CHECKSUM_COVERS])
-                payload = view[base + L.RECORD_HEADER : base + L.RECORD_HEADER + length]
+                payload = view[base + L.RECORD_HEADER : base + L.RECORD_HEADER + rec.length]
                 h.update(payload)
-                ok = h.intdigest() == checksum
-        except Exception:
+                ok = h.intdigest() == rec.checksum
+        except RecordError:
             ok = False
         if not ok:
             self.stats.corrupt += 1
             self._finish_slot(c, units, "skip")
             return None
+        flags, epoch, seq = rec.flags, rec.epoch, rec.seq
         # ordering and de-duplication per (producer, epoch)
         known = self._expected.get(producer)
         owner_epoch = self.region.load(self._prod_off(producer) + L.P_OWNER) >> 8

@@ -139,6 +139,7 @@ class VerbsServedRegion(TcpServedRegion):
         access = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
                   | e.IBV_ACCESS_REMOTE_ATOMIC)
         self._mr = mr.MR(self._pd, size, access, address=self.base)
+        self.address = self.address.replace("tcp://", "verbs://", 1)
         self._peers: dict[int, _Endpoint] = {}
         self._peers_lock = threading.Lock()
         self._extra_ops[OP_VERBS_CONNECT] = self._connect_peer

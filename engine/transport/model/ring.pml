@@ -1,0 +1,388 @@
+/*
+ * ring.pml -- Promela model of the zero-loss MPSC double ring buffer.
+ *
+ * This is the protocol of docs/ring-protocol.md ("Producer" steps 1-7,
+ * "Consumer", HEAD advance, go-back-N), checked by spin in
+ * tests/engine/transport/test_model_check.py.  Comments of the form
+ * "[P3]" refer to producer step 3 of the doc, "[C]" to the consumer section.
+ *
+ * Abstractions (see also the "Model checking" section of the doc):
+ *  - bytes are 64-byte *units*; the buffer is NBUF units; counters are
+ *    logical (only grow) and physical positions are `x % NSLOT`/`x % NBUF`;
+ *  - a record's payload is modelled as a per-unit *stamp* (producer, seq):
+ *    the checksum is ideal (it fails exactly when some unit of the record
+ *    does not carry the header's stamp, or when a bit flip is injected);
+ *  - a CAS retry loop that has no side effect until it succeeds is one
+ *    atomic step (d_step); reads that are only "more conservative" when
+ *    stale (HEAD in [P1]) read the current value;
+ *  - doorbells/futexes are blocking guards; timeouts are nondeterministic
+ *    choices (strictly more adversarial than a clock);
+ *  - epochs (producer re-registration) and consumer crash/re-attach are not
+ *    modelled; "dead" detection of a crashed producer is immediate.
+ *
+ * Faults: any producer may stall at any point (interleaving); the consumer
+ * may steal a pending slot at any point (at most MAXSTEAL times from live
+ * producers, unboundedly from dead ones -- the timer always fires
+ * eventually); at most MAXCRASH producers crash (stop forever) at any point;
+ * at most MAXCORRUPT committed records fail their checksum (bit flip).
+ *
+ * Mutants (spin -D...): each must make the verifier report an error.
+ *  BUG_NO_QUARANTINE  a stolen RESERVED slot's span is reusable at once
+ *  BUG_NO_FENCE       [P6] commit is a plain store, not a CAS
+ *  BUG_NO_DEDUP       [C] any good record is delivered, whatever its seq
+ *  BUG_NO_GOBACKN     producers never retransmit dropped messages
+ */
+
+#ifndef NPROD
+#define NPROD 2          /* producers */
+#endif
+#ifndef NMSG
+#define NMSG 2           /* messages per producer */
+#endif
+#ifndef NSLOT
+#define NSLOT 2          /* size-region entries (S) */
+#endif
+#ifndef NBUF
+#define NBUF 3           /* buffer units (B) */
+#endif
+#ifndef MAXSTEAL
+#define MAXSTEAL 1       /* consumer timeouts against live producers */
+#endif
+#ifndef MAXCRASH
+#define MAXCRASH 1       /* producer crashes */
+#endif
+#ifndef MAXCORRUPT
+#define MAXCORRUPT 1     /* checksum failures (bit flips) */
+#endif
+
+/* message k of producer p is 1 or 2 units long (alternating) */
+#define MSZ(p, k)     (1 + (((p) + (k)) % 2))
+/* [P1] padding to the wrap point when the record would cross the end */
+#define PAD(st, u)    ((((st) % NBUF) + (u) > NBUF) -> (NBUF - ((st) % NBUF)) : 0)
+/* per-unit payload stamp (0 = never written) */
+#define STAMP(p, k)   ((p) * 8 + (k) + 1)
+#define S_PROD(x)     (((x) - 1) / 8)
+#define S_SEQ(x)      (((x) - 1) % 8)
+
+/* W0 states */
+#define FREE          0
+#define RESERVED      1
+#define COMMITTED     2
+#define ABANDONED     3
+#define ABANDON_ACKED 4
+
+#define NONE 255
+
+/* ---------------- shared memory ---------------- */
+typedef Word0 { byte lap; byte st; byte p; byte u };  /* W0 = (slot|state|producer|units) */
+typedef Word1 { byte lap; byte start };               /* W1 = (slot|start)                */
+
+Word0 w0[NSLOT];
+Word1 w1[NSLOT];
+byte  buf[NBUF];             /* buffer region: stamp of the last writer of each unit */
+
+byte tail_s, tail_b;         /* TAIL = (slot | bytes) */
+byte head_s, head_b;         /* HEAD = (slot | bytes), written by the consumer only */
+byte cursor;                 /* CURSOR: next slot the consumer examines */
+byte acked[NPROD];           /* ACKED[p]: released messages of p, in order */
+bool dead[NPROD];            /* producer p is known dead (pid gone / conn closed) */
+
+/* fault budgets and the crash trigger */
+byte steals, corrupts;
+bool crash_req[NPROD];
+
+/* ghosts (not part of the protocol, only used by assertions / fairness) */
+byte resv[NSLOT];            /* who reserved the slot in its current lap */
+byte dlv[NPROD];             /* messages of p delivered so far */
+byte nfin;                   /* producer processes that have terminated */
+
+/* ---------------- producer ---------------- */
+proctype Producer(byte p)
+{
+	byte nxt = 0;            /* next message to (re)send: the go-back-N pointer */
+	byte sl[NMSG];           /* slot each message was last committed in */
+	byte k, u, stamp, s, st, pad, i;
+	bool ok;
+
+	{
+	do
+	:: nxt < acked[p] -> nxt = acked[p]    /* acked messages leave the retransmit buffer */
+	:: nxt >= acked[p] && nxt < NMSG ->
+		k = nxt; u = MSZ(p, k); stamp = STAMP(p, k);
+send:	skip;
+		/* [P1]+[P2] wait for room (slot and units, incl. wrap padding), then
+		 * CAS(TAIL, T, T + (1 slot, pad + u units)). */
+		d_step {
+			(tail_s - head_s < NSLOT) &&
+			(tail_b + PAD(tail_b, u) + u - head_b <= NBUF);
+			s = tail_s; st = tail_b; pad = PAD(st, u);
+			tail_s++; tail_b = st + pad + u;
+			assert(tail_s < 200);
+			resv[s % NSLOT] = p
+		};
+		/* [P3] publish the span start; a W1 naming a later lap means we are a
+		 * zombie from an older lap: abort (nothing written, retransmit). */
+		d_step {
+			if
+			:: w1[s % NSLOT].lap != NONE && w1[s % NSLOT].lap > s -> ok = false
+			:: else -> w1[s % NSLOT].lap = s; w1[s % NSLOT].start = st; ok = true
+			fi
+		};
+		/* [P4] claim: CAS(W0, (s, FREE), (s, RESERVED, p, u)); failure = stolen */
+		d_step {
+			if
+			:: ok && w0[s % NSLOT].lap == s && w0[s % NSLOT].st == FREE ->
+				w0[s % NSLOT].st = RESERVED; w0[s % NSLOT].p = p; w0[s % NSLOT].u = u
+			:: else -> ok = false
+			fi
+		};
+		if
+		:: !ok -> goto send            /* abort, retransmit as a new reservation */
+		:: else -> skip
+		fi;
+		/* [P5] write header+payload, one unit per step: a producer stalled
+		 * here may land its remaining writes arbitrarily late. */
+		i = 0;
+		do
+		:: i < u -> atomic { buf[(st + pad + i) % NBUF] = stamp; i++ }
+		:: else -> break
+		od;
+		/* [P6] commit: CAS(W0, (s, RESERVED, p, u), (s, COMMITTED, p, u)) */
+		atomic {
+#ifdef BUG_NO_FENCE
+			w0[s % NSLOT].lap = s; w0[s % NSLOT].st = COMMITTED;
+			w0[s % NSLOT].p = p; w0[s % NSLOT].u = u; ok = true
+#else
+			if
+			:: w0[s % NSLOT].lap == s && w0[s % NSLOT].st == RESERVED &&
+			   w0[s % NSLOT].p == p ->
+				w0[s % NSLOT].st = COMMITTED; ok = true
+			:: else -> ok = false
+			fi
+#endif
+		};
+		if
+		:: ok ->                      /* [P7] doorbell (implicit); send() returns: accepted */
+			d_step { sl[k] = s; nxt++; k = 0; u = 0; stamp = 0; s = 0; st = 0; pad = 0; i = 0; ok = false }
+		:: else ->
+			/* fenced: CAS(W0, (s, ABANDONED, p, u), (s, ABANDON_ACKED, p, u)),
+			 * we will never touch the span again; then retransmit. */
+			d_step {
+				if
+				:: w0[s % NSLOT].lap == s && w0[s % NSLOT].st == ABANDONED &&
+				   w0[s % NSLOT].p == p -> w0[s % NSLOT].st = ABANDON_ACKED
+				:: else -> skip
+				fi
+			};
+			goto send
+		fi
+#ifndef BUG_NO_GOBACKN
+	/* go-back-N: CURSOR passed the slot of the oldest unacked message and
+	 * ACKED[p] did not: it was dropped; resend it and everything after it. */
+	:: d_step { acked[p] < nxt && cursor > sl[acked[p]] -> nxt = acked[p] }
+#endif
+	:: acked[p] == NMSG -> break      /* flushed: every message acknowledged */
+	od
+	} unless {
+		/* crash: stop forever, at whatever point we are (see Crasher) */
+		crash_req[p] -> dead[p] = true
+	};
+	nfin++
+}
+
+/* Picks (at most MAXCRASH) producer and crashes it at an arbitrary moment. */
+active proctype Crasher()
+{
+#if MAXCRASH > 0
+	byte q = 0;
+	do
+	:: q < NPROD - 1 -> q++
+	:: crash_req[q] = true; break
+	:: break                           /* no crash in this run */
+	od
+#else
+	skip
+#endif
+}
+
+/* ---------------- consumer ---------------- */
+/* consumer bookkeeping for slots in [HEAD, CURSOR) */
+#define F_NONE     0
+#define F_SKIPPED  1    /* corrupt / duplicate / out of order / stolen FREE */
+#define F_QUAR     2    /* stolen RESERVED: span quarantined */
+#define F_HELD     3    /* delivered, view not yet released */
+#define F_RELEASED 4
+
+#define FINISHED(x) \
+	(fin[x] == F_SKIPPED || fin[x] == F_RELEASED || \
+	 (fin[x] == F_QUAR && (w0[x].st == ABANDON_ACKED || dead[qown[x]])))
+
+/* HEAD advances over the longest prefix of finished slots; for each one it
+ * first resets W0 to (c + S, FREE) for the next lap, then publishes HEAD and
+ * ACKED[p] (released messages of p, in order).  Used inside d_steps. */
+inline advance_head()
+{
+	do
+	:: head_s < cursor && FINISHED(head_s % NSLOT) ->
+		y = head_s % NSLOT;
+		if
+		:: cu[y] != 0 ->
+			head_b = w1[y].start + PAD(w1[y].start, cu[y]) + cu[y]
+		:: else ->
+			/* stolen FREE: its span ends where the next slot's W1 starts, or at
+			 * TAIL; if neither is known yet keep HEAD's bytes (conservative) */
+			if
+			:: tail_s == head_s + 1 -> head_b = tail_b
+			:: tail_s != head_s + 1 && w1[(head_s + 1) % NSLOT].lap == head_s + 1 ->
+				head_b = w1[(head_s + 1) % NSLOT].start
+			:: else -> skip
+			fi
+		fi;
+		if
+		:: who[y] != 0 -> acked[who[y] - 1]++
+		:: else -> skip
+		fi;
+		w0[y].lap = head_s + NSLOT; w0[y].st = FREE; w0[y].p = 0; w0[y].u = 0;
+		fin[y] = F_NONE; cu[y] = 0; who[y] = 0; qown[y] = 0; resv[y] = 0;
+		head_s++;
+		if
+		:: head_s == tail_s -> head_b = tail_b   /* every reserved span is free */
+		:: else -> skip
+		fi
+	:: else -> break
+	od;
+	y = 0
+}
+
+active proctype Consumer()
+{
+	byte expect[NPROD];      /* next sequence expected from each producer */
+	byte fin[NSLOT];         /* F_* per physical slot of the window */
+	byte cu[NSLOT];          /* units the consumer learned from W0 (0 = unknown) */
+	byte qown[NSLOT];        /* owner of a quarantined span */
+	byte who[NSLOT];         /* delivered producer + 1, 0 if none */
+	byte held = NONE;        /* slot of the view the application holds */
+	byte hrs, hu, hstamp;    /* that view: record start, units, stamp */
+	byte x, y, p, u, rs, stamp, i;
+	bool ok;
+
+	do
+	/* [C] (c, COMMITTED, p, u): verify magic, lengths, producer id, checksum */
+	:: d_step {
+		cursor < tail_s && held == NONE && w0[cursor % NSLOT].st == COMMITTED ->
+		x = cursor % NSLOT;
+		assert(w0[x].lap == cursor);              /* lap-specific words: no ABA */
+		assert(w1[x].lap == cursor);              /* [P3] precedes [P4] */
+		p = w0[x].p; u = w0[x].u;
+		cu[x] = u;
+		rs = w1[x].start + PAD(w1[x].start, u);
+		stamp = buf[rs % NBUF];
+		ok = (stamp != 0 && S_PROD(stamp) == p);
+		i = 1;
+		do
+		:: i < u -> ok = ok && buf[(rs + i) % NBUF] == stamp; i++
+		:: else -> break
+		od
+	   };
+		if
+		:: ok && corrupts < MAXCORRUPT -> corrupts++; ok = false   /* bit flip */
+		:: true -> skip
+		fi;
+		d_step {
+			if
+#ifdef BUG_NO_DEDUP
+			:: ok ->
+				expect[p] = S_SEQ(stamp) + 1;
+#else
+			:: ok && S_SEQ(stamp) == expect[p] ->   /* next expected: deliver */
+				expect[p]++;
+#endif
+				/* invariants: no duplicate, per-producer order */
+				assert(S_SEQ(stamp) == dlv[p]);
+				dlv[p]++;
+				fin[x] = F_HELD; who[x] = p + 1;
+				held = cursor; hrs = rs; hu = u; hstamp = stamp
+			:: else -> fin[x] = F_SKIPPED          /* corrupt, duplicate or out of order */
+			fi;
+			cursor++;
+			x = 0; p = 0; u = 0; rs = 0; stamp = 0; i = 0; ok = false;
+			advance_head()
+		}
+	/* [C] (c, FREE) with TAIL past c, or (c, RESERVED, ...): the lock timeout
+	 * fires -> steal: CAS(W0, seen, (c, ABANDONED, ...)) */
+	:: d_step {
+		cursor < tail_s &&
+		(w0[cursor % NSLOT].st == FREE || w0[cursor % NSLOT].st == RESERVED) &&
+		(steals < MAXSTEAL ||
+		 dead[(w0[cursor % NSLOT].st == FREE -> resv[cursor % NSLOT] : w0[cursor % NSLOT].p)]) ->
+		x = cursor % NSLOT;
+		assert(w0[x].lap == cursor);
+		if
+		:: w0[x].st == FREE ->
+			/* never had a byte written; span = up to next W1 or TAIL */
+			p = resv[x]; fin[x] = F_SKIPPED; cu[x] = 0
+		:: else ->
+			p = w0[x].p; cu[x] = w0[x].u;
+#ifdef BUG_NO_QUARANTINE
+			fin[x] = F_SKIPPED
+#else
+			fin[x] = F_QUAR; qown[x] = p      /* may still be written: quarantine */
+#endif
+		fi;
+		if
+		:: !dead[p] -> steals++
+		:: else -> skip
+		fi;
+		w0[x].st = ABANDONED;
+		cursor++;
+		x = 0; p = 0;
+		advance_head()
+	   }
+	/* the application releases the delivered view: its data must still be
+	 * exactly the record that was verified and delivered */
+	:: d_step {
+		held != NONE ->
+		i = 0;
+		do
+		:: i < hu -> assert(buf[(hrs + i) % NBUF] == hstamp); i++   /* nothing corrupt delivered */
+		:: else -> break
+		od;
+		fin[held % NSLOT] = F_RELEASED;
+		held = NONE; hrs = 0; hu = 0; hstamp = 0; i = 0;
+		advance_head()
+	   }
+	/* HEAD advance after a fenced producer acknowledged (ABANDON_ACKED) or
+	 * died: the consumer notices on its next poll */
+	:: d_step {
+		head_s < cursor && FINISHED(head_s % NSLOT) ->
+		advance_head()
+	   }
+	/* all producers finished (flushed) or crashed */
+	:: nfin == NPROD && held == NONE -> break
+	od;
+
+	/* final check: no loss -- every message of every producer that did not
+	 * crash was delivered (exactly once, in order, by the asserts above) */
+	p = 0;
+	do
+	:: p < NPROD -> assert(dead[p] || dlv[p] == NMSG); p++
+	:: else -> break
+	od
+}
+
+init
+{
+	byte j;
+	atomic {
+		j = 0;
+		do
+		:: j < NSLOT -> w0[j].lap = j; w0[j].st = FREE; w1[j].lap = NONE; j++
+		:: else -> break
+		od;
+		j = 0;
+		do
+		:: j < NPROD -> run Producer(j); j++
+		:: else -> break
+		od
+	}
+}
