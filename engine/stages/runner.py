@@ -130,11 +130,13 @@ class LocalRunner:
             values.update(out)
             carried = {k: values[k] for k in self.spec.carried_after(name)}
             tensors, blobs = values_to_message(carried)
+            # Every stage's outputs must match the spec's dtype/shape rules:
+            # a worker on the other side of a ring relies on them.
+            compute_dtype = getattr(self.executors[name], "dtype_name", "float32")
             bound: dict[str, int] = {}
             for k, t in tensors.items():
                 if k in {o.name for o in stage.outputs}:
-                    self.spec.check_tensor(k, t.dtype, t.shape, params, self.executors[name].__dict__.get(
-                        "dtype_name", "float32"), bound)
+                    self.spec.check_tensor(k, t.dtype, t.shape, params, compute_dtype, bound)
             header.timestamps[name] = time.time()
             nxt = route.index(name) + 1
             header.stage = route[nxt] if nxt < len(route) else name
