@@ -232,33 +232,46 @@ class RingProducer(_RingBase):
 
         The producer keeps a reference to ``data`` (not a copy) until the consumer
         releases the message, to resend it if it was dropped: do not mutate it.
+        If this raises (:class:`RingFull`, :class:`ConsumerGone`), the message was
+        not accepted and nothing of it will be delivered.
         """
         size = data.nbytes if isinstance(data, memoryview) else len(data)
         self._check_size(size)
         self.poll()
+        self._resend_pending(timeout)
         out = _Outgoing(self._next_seq, size, data, None)
-        self._next_seq += 1
-        self._unacked.append(out)
-        self._transmit(out, timeout)
+        self._accept(out)
+        try:
+            self._transmit(out, timeout)
+        except BaseException:
+            self._unaccept(out)
+            raise
         return out.seq
 
     def reserve(self, size: int, *, timeout: float | None = None) -> Reservation:
         """Reserve ``size`` payload bytes and return a writable view into the ring (zero-copy)."""
         self._check_size(size)
         self.poll()
+        self._resend_pending(timeout)
         out = _Outgoing(self._next_seq, size, None, None)
-        self._next_seq += 1
-        self._unacked.append(out)
-        while True:
-            got = self._reserve_span(out, timeout)
-            if got is not None:
-                slot, units, phys = got
-                view = self._payload_view(phys, size)
-                return Reservation(self, size, view, (out, slot, units, phys))
-            self.stats.fenced += 1
+        self._accept(out)
+        try:
+            while True:
+                got = self._reserve_span(out, timeout)
+                if got is not None:
+                    break
+                self.stats.fenced += 1
+        except BaseException:
+            self._unaccept(out)
+            raise
+        slot, units, phys = got
+        return Reservation(self, size, self._payload_view(phys, size), (out, slot, units, phys))
 
     def poll(self) -> int:
-        """Drop acknowledged messages, resend dropped ones; returns how many are unacknowledged."""
+        """Drop acknowledged messages, resend dropped ones; returns how many are unacknowledged.
+
+        Never blocks: resends that find the ring full stay pending for the next call.
+        """
         r = self.region
         if not self._unacked:
             return 0
@@ -268,19 +281,36 @@ class RingProducer(_RingBase):
             self._unacked.popleft()
         if not self._unacked:
             return 0
-        first = self._unacked[0]
-        if first.slot is None:
-            return len(self._unacked)
-        cursor = r.load(L.C_CURSOR)
-        if L.slot_diff(cursor, first.slot) > 0:
+        first = next((o for o in self._unacked if o.slot is not None), None)
+        if first is not None and L.slot_diff(r.load(L.C_CURSOR), first.slot) > 0:
             delivered = self._seq_for_epoch(r.load(off + L.P_DELIVERED))
             if delivered <= first.seq:
                 # the consumer passed it without delivering it: go back N
-                for out in list(self._unacked):
+                for out in self._unacked:
                     if out.seq >= delivered and out.slot is not None:
+                        out.slot = None
                         self.stats.retransmits += 1
-                        self._transmit(out, None)
+        try:
+            self._resend_pending(0.0)
+        except RingFull:
+            pass
         return len(self._unacked)
+
+    def _accept(self, out: _Outgoing) -> None:
+        self._next_seq += 1
+        self._unacked.append(out)
+
+    def _unaccept(self, out: _Outgoing) -> None:
+        # nothing with this sequence number was committed: take it back so the stream has no gap
+        if self._unacked and self._unacked[-1] is out:
+            self._unacked.pop()
+            self._next_seq -= 1
+
+    def _resend_pending(self, timeout: float | None) -> None:
+        """Retransmit, in order, every kept message whose copy in the ring was dropped."""
+        for out in self._unacked:
+            if out.slot is None:
+                self._transmit(out, timeout)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the consumer has released every message sent so far (resending as needed)."""
@@ -374,7 +404,7 @@ class RingProducer(_RingBase):
             if deadline is None:
                 deadline = now + (self.send_timeout if timeout is None else timeout)
             self._check_consumer()
-            if now > deadline:
+            if now >= deadline:
                 raise RingFull(
                     f"ring {r.name!r} full for {self.send_timeout if timeout is None else timeout:.1f}s: "
                     f"{used} of {self.buffer_bytes} bytes and {(ts - hs) & L.SLOT_MASK} of {self.slots} slots in use, "
@@ -384,7 +414,7 @@ class RingProducer(_RingBase):
             try:
                 bell = r.load(bell_off) & 0xFFFFFFFF
                 if r.load(L.C_HEAD) == head:
-                    r.wait(bell_off, bell, 0.05)
+                    r.wait(bell_off, bell, min(0.05, deadline - now))
             finally:
                 r.fetch_add(L.C_SPACE_WAITERS, (1 << 64) - 1)
         slot, start = ts, tb
