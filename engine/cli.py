@@ -14,6 +14,7 @@ from collections.abc import Sequence
 # name -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("engine.launcher", "run everything on this machine with embedded defaults"),
+    "bench": ("engine.bench", "benchmarks that print ratios against baselines run side by side"),
     "models": ("engine.stages.models_cli", "build tiny test checkpoints; check a model folder"),
     "run": ("engine.stages.run_cli", "run one request through a workflow's stages in this process"),
 }

@@ -38,7 +38,8 @@ from engine.transport.region import MemoryRegion
 Buffer = bytes | bytearray | memoryview
 Refill = Callable[[memoryview], None]
 
-_COPY_CHUNK = 256 << 10  # copy and hash in L2-sized chunks: one pass over memory
+_COPY_CHUNK = 256 << 10
+LOOKAHEAD = 64  # how far past a stalled slot the consumer looks for committed records  # copy and hash in L2-sized chunks: one pass over memory
 
 
 @dataclass
@@ -202,6 +203,7 @@ class RingProducer(_RingBase):
         self.producer_id, self.epoch = self._register(producer_id)
         self._next_seq = 0
         self._unacked: collections.deque[_Outgoing] = collections.deque()
+        self._to_resend = 0  # kept messages whose copy in the ring was dropped
         self._last_hb = (region.load(L.C_HEARTBEAT), time.monotonic())
         self._closed = False
         # Test hook: called with "reserved", "claimed", "mid_payload" or "before_commit" (fault injection).
@@ -289,11 +291,13 @@ class RingProducer(_RingBase):
                 for out in self._unacked:
                     if out.seq >= delivered and out.slot is not None:
                         out.slot = None
+                        self._to_resend += 1
                         self.stats.retransmits += 1
-        try:
-            self._resend_pending(0.0)
-        except RingFull:
-            pass
+        if self._to_resend:
+            try:
+                self._resend_pending(0.0)
+            except RingFull:
+                pass
         return len(self._unacked)
 
     def _accept(self, out: _Outgoing) -> None:
@@ -308,9 +312,12 @@ class RingProducer(_RingBase):
 
     def _resend_pending(self, timeout: float | None) -> None:
         """Retransmit, in order, every kept message whose copy in the ring was dropped."""
+        if not self._to_resend:
+            return
         for out in self._unacked:
             if out.slot is None:
                 self._transmit(out, timeout)
+                self._to_resend -= 1
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the consumer has released every message sent so far (resending as needed)."""
@@ -599,6 +606,7 @@ class RingConsumer(_RingBase):
         self._head_slot, self._head_bytes = L.unpack_pos(head)
         self._cursor, self._cursor_bytes = self._head_slot, self._head_bytes
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._ahead: dict[int, _Pending] = {}  # slots past the cursor already taken (see _look_ahead)
         self._expected: dict[int, tuple[int, int]] = {}
         if recover:
             for p in range(self.max_producers):
@@ -705,10 +713,11 @@ class RingConsumer(_RingBase):
         except Exception:
             pass
         self._ro.release()
-        for p in self._pending:
+        for p in [*self._pending, *self._ahead.values()]:
             if p.view is not None:
                 p.view.release()
         self._pending.clear()
+        self._ahead.clear()
         self.region.close()
 
     def __enter__(self) -> RingConsumer:
@@ -720,7 +729,7 @@ class RingConsumer(_RingBase):
     @property
     def held(self) -> int:
         """Slots between HEAD and the cursor (delivered-unreleased, quarantined or finished-not-freed)."""
-        return len(self._pending)
+        return len(self._pending) + len(self._ahead)
 
     # the step: examine the slot at the cursor ----------------------------------------------------
     def _quarantine_waiting(self) -> bool:
@@ -731,26 +740,28 @@ class RingConsumer(_RingBase):
         if self._pending:
             self._advance_head()
         ts, tb = L.unpack_pos(r.load(L.C_TAIL))
-        if ts == self._cursor:
-            return None
         c = self._cursor
-        s_off = self._slot_off(c)
-        w0 = r.load(s_off + L.S_W0)
+        while c in self._ahead:  # taken out of order earlier: the cursor just walks over it
+            e = self._ahead.pop(c)
+            self._pending.append(e)
+            c = self._advance_cursor(c, e.units)
+        if ts == c:
+            return None
+        w0 = r.load(self._slot_off(c) + L.S_W0)
         slot, state, producer, units = L.unpack_w0(w0)
         if slot != c & L.SLOT_MASK:
             slot, state = c, L.FREE  # still last lap's FREE word: reserved, not yet claimed
             w0 = None
         if state == L.COMMITTED:
             self._stalled_since = None
-            return self._take(c, producer, units)
+            return self._take(c, self._cursor_bytes, producer, units, ahead=False)
         if state in (L.FREE, L.RESERVED):
             now = time.monotonic()
             if self._stalled_since is None or self._stalled_since[0] != c:
                 self._stalled_since = (c, now)
-                return None
-            if now - self._stalled_since[1] < self.lock_timeout:
-                return None
-            return self._steal(c, w0, state, producer, units, ts, tb)
+            elif now - self._stalled_since[1] >= self.lock_timeout:
+                return self._steal(c, w0, state, producer, units, ts, tb)
+            return self._look_ahead(c, ts)
         # ABANDONED / ABANDON_ACKED at the cursor: a previous consumer stole it before a crash
         self._stalled_since = None
         if state == L.ABANDONED and producer != L.NOBODY:
@@ -758,6 +769,35 @@ class RingConsumer(_RingBase):
         else:
             self._finish_slot(c, units, "skip")
         return None
+
+    def _look_ahead(self, c: int, ts: int) -> Delivery | None:
+        """Deliver a committed record past the stalled slot at the cursor.
+
+        Safe for per-producer order: a producer has at most one reservation open,
+        so the stalled slot's producer has no later slot, and every other
+        producer's later records come after its earlier ones in slot order.
+        This is what keeps one descheduled producer from stalling all the others.
+        """
+        r = self.region
+        end = min(L.slot_diff(ts, c), LOOKAHEAD)
+        for i in range(1, end):
+            k = (c + i) & L.SLOT_MASK
+            if k in self._ahead:
+                continue
+            slot, state, producer, units = L.unpack_w0(r.load(self._slot_off(k) + L.S_W0))
+            if slot != k or state != L.COMMITTED:
+                continue
+            w1 = r.load(self._slot_off(k) + L.S_W1)
+            if w1 >> L.BYTE_BITS != k:
+                continue
+            return self._take(k, w1 & L.BYTE_MASK, producer, units, ahead=True)
+        return None
+
+    def _advance_cursor(self, c: int, units: int) -> int:
+        self._cursor = c = (c + 1) & L.SLOT_MASK
+        self._cursor_bytes = (self._cursor_bytes + units * L.UNIT) & L.BYTE_MASK
+        self.region.store(L.C_CURSOR, c)
+        return c
 
     def _steal(self, c: int, w0: int | None, state: int, producer: int, units: int, ts: int, tb: int) -> None:
         r = self.region
@@ -796,36 +836,40 @@ class RingConsumer(_RingBase):
         entry = _Pending(c, self._cursor_bytes, units, kind, producer)
         entry.released = kind == "skip"
         self._pending.append(entry)
-        self._cursor = (c + 1) & L.SLOT_MASK
-        self._cursor_bytes = (self._cursor_bytes + units * L.UNIT) & L.BYTE_MASK
-        self.region.store(L.C_CURSOR, self._cursor)
+        self._advance_cursor(c, units)
 
-    def _take(self, c: int, producer: int, units: int) -> Delivery | None:
-        phys = self._data_phys(self._cursor_bytes, units)
-        base = self.b_off + phys
+    def _settle(self, entry: _Pending, ahead: bool) -> None:
+        if ahead:
+            self._ahead[entry.slot] = entry
+        else:
+            self._pending.append(entry)
+            self._advance_cursor(entry.slot, entry.units)
+
+    def _take(self, c: int, start: int, producer: int, units: int, ahead: bool) -> Delivery | None:
+        base = self.b_off + self._data_phys(start, units)
         view = self._ro
         ok = False
         try:
             rec = L.parse_record(view, base, units * L.UNIT)
             if rec.producer == producer and rec.slot == c & L.SLOT_MASK:
-                h = xxhash.xxh3_64()
-                h.update(view[base : base + L.CHECKSUM_COVERS])
                 payload = view[base + L.RECORD_HEADER : base + L.RECORD_HEADER + rec.length]
+                h = xxhash.xxh3_64(view[base : base + L.CHECKSUM_COVERS])
                 h.update(payload)
                 ok = h.intdigest() == rec.checksum
         except RecordError:
             ok = False
+        skip = _Pending(c, start, units, "skip", released=True)
         if not ok:
             self.stats.corrupt += 1
-            self._finish_slot(c, units, "skip")
+            self._settle(skip, ahead)
             return None
         flags, epoch, seq = rec.flags, rec.epoch, rec.seq
         # ordering and de-duplication per (producer, epoch)
         known = self._expected.get(producer)
-        owner_epoch = self.region.load(self._prod_off(producer) + L.P_OWNER) >> 8
-        if epoch != owner_epoch & 0xFFFFFF or (known is not None and epoch < known[0]):
-            self.stats.stale_epoch += 1
-            self._finish_slot(c, units, "skip")
+        owner_epoch = (self.region.load(self._prod_off(producer) + L.P_OWNER) >> 8) & 0xFFFFFF
+        if epoch != owner_epoch or (known is not None and epoch < known[0]):
+            self.stats.stale_epoch += 1  # an older incarnation of a re-registered producer: fenced
+            self._settle(skip, ahead)
             return None
         nxt = known[1] if known is not None and known[0] == epoch else 0
         if seq != nxt:
@@ -833,18 +877,15 @@ class RingConsumer(_RingBase):
                 self.stats.duplicates += 1
             else:
                 self.stats.out_of_order += 1
-            self._finish_slot(c, units, "skip")
+            self._settle(skip, ahead)
             return None
         self._expected[producer] = (epoch, seq + 1)
         self.region.store(self._prod_off(producer) + L.P_DELIVERED, L.pack_epoch_seq(epoch, seq + 1))
-        skip = bool(flags & L.FLAG_SKIP)
-        entry = _Pending(c, self._cursor_bytes, units, "delivered", producer, epoch, seq,
-                         released=skip, view=None if skip else payload)
-        self._pending.append(entry)
-        self._cursor = (c + 1) & L.SLOT_MASK
-        self._cursor_bytes = (self._cursor_bytes + units * L.UNIT) & L.BYTE_MASK
-        self.region.store(L.C_CURSOR, self._cursor)
-        if skip:
+        is_skip = bool(flags & L.FLAG_SKIP)
+        entry = _Pending(c, start, units, "delivered", producer, epoch, seq,
+                         released=is_skip, view=None if is_skip else payload)
+        self._settle(entry, ahead)
+        if is_skip:
             payload.release()
             return None
         self.stats.delivered += 1

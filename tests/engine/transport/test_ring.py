@@ -142,13 +142,14 @@ def test_stalled_claim_is_stolen_fenced_and_resent(ring) -> None:
     def stall(where: str) -> None:
         if where == "before_commit" and state["armed"]:
             state["armed"] = False
-            # while we 'sleep' here, the consumer times us out and moves on
+            # while we 'sleep' here, other producers' records are delivered past our slot...
             fast.send(b"fast")
+            state["got"] = c.recv_bytes(2)
+            assert c.stats.steals == 0
+            # ...and once we pass the lock timeout, the consumer steals our slot
             deadline = time.monotonic() + 2
-            got = None
-            while got is None and time.monotonic() < deadline:
-                got = c.recv_bytes(0.02)
-            state["got"] = got
+            while c.stats.steals == 0 and time.monotonic() < deadline:
+                assert c.recv_bytes(0.02) is None
 
     slow.fault_hook = stall
     slow.send(b"slow")  # commit is fenced inside; the producer resends by itself
