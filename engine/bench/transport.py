@@ -47,7 +47,7 @@ def _rtt_count(size: int) -> int:
     return max(6, min(2_000, (128 << 20) // size))
 
 
-def _ring_config(size: int):  # noqa: ANN202
+def _ring_config(size: int):
     from engine.transport.ring import RingConfig
 
     buf = max(8 << 20, 4 * (size + 4096))

@@ -17,8 +17,14 @@
  *    stale (HEAD in [P1]) read the current value;
  *  - doorbells/futexes are blocking guards; timeouts are nondeterministic
  *    choices (strictly more adversarial than a clock);
+ *  - the consumer advances HEAD in the same step as the release / skip /
+ *    steal that finished a slot (a separate step when a quarantine clears);
+ *    the application may keep at most MAXHOLD delivered views across other
+ *    steps, every other view is released right after delivery (still a
+ *    separate step from the checksum verification);
  *  - epochs (producer re-registration) and consumer crash/re-attach are not
- *    modelled; "dead" detection of a crashed producer is immediate.
+ *    modelled; "dead" detection of a crashed producer is immediate; sends
+ *    never give up with RingFull (a wait that never ends is a deadlock).
  *
  * Faults: any producer may stall at any point (interleaving); the consumer
  * may steal a pending slot at any point (at most MAXSTEAL times from live
@@ -26,11 +32,24 @@
  * eventually); at most MAXCRASH producers crash (stop forever) at any point;
  * at most MAXCORRUPT committed records fail their checksum (bit flip).
  *
+ * Invariants (assert):
+ *  - no duplicate, per-producer order: the k-th delivery of p is seq k;
+ *  - nothing corrupt delivered: when the application releases a delivered
+ *    view every unit still carries the record's (p, seq) stamp;
+ *  - quarantine: a producer only ever writes units its own reservation owns
+ *    (ghost `own`; -DNO_WRITE_MONITOR drops this check);
+ *  - lap-specific words: the consumer never sees a W0/W1 of another lap;
+ *  - no loss: at the end every message of every non-crashed producer was
+ *    delivered; no invalid end state (deadlock): pan's end-state check.
+ *
  * Mutants (spin -D...): each must make the verifier report an error.
  *  BUG_NO_QUARANTINE  a stolen RESERVED slot's span is reusable at once
  *  BUG_NO_FENCE       [P6] commit is a plain store, not a CAS
  *  BUG_NO_DEDUP       [C] any good record is delivered, whatever its seq
  *  BUG_NO_GOBACKN     producers never retransmit dropped messages
+ *  BUG_STEAL_FREE_WAITS_FOR_END  a FREE slot is stolen only once its span
+ *                     end (next W1 or TAIL) is known -- instead of stealing
+ *                     at once and keeping HEAD's bytes until it is known
  */
 
 #ifndef NPROD
@@ -50,6 +69,9 @@
 #endif
 #ifndef MAXCRASH
 #define MAXCRASH 1       /* producer crashes */
+#endif
+#ifndef MAXHOLD
+#define MAXHOLD 1        /* deliveries whose view the app keeps across other steps */
 #endif
 #ifndef MAXCORRUPT
 #define MAXCORRUPT 1     /* checksum failures (bit flips) */
@@ -88,11 +110,12 @@ byte acked[NPROD];           /* ACKED[p]: released messages of p, in order */
 bool dead[NPROD];            /* producer p is known dead (pid gone / conn closed) */
 
 /* fault budgets and the crash trigger */
-byte steals, corrupts;
+byte steals, corrupts, holds;
 bool crash_req[NPROD];
 
 /* ghosts (not part of the protocol, only used by assertions / fairness) */
 byte resv[NSLOT];            /* who reserved the slot in its current lap */
+byte own[NBUF];              /* slot whose record currently owns each unit */
 byte dlv[NPROD];             /* messages of p delivered so far */
 byte nfin;                   /* producer processes that have terminated */
 
@@ -107,8 +130,8 @@ proctype Producer(byte p)
 	{
 	do
 	:: nxt < acked[p] -> nxt = acked[p]    /* acked messages leave the retransmit buffer */
-	:: nxt >= acked[p] && nxt < NMSG ->
-		k = nxt; u = MSZ(p, k); stamp = STAMP(p, k);
+	:: d_step { nxt >= acked[p] && nxt < NMSG ->
+		k = nxt; u = MSZ(p, k); stamp = STAMP(p, k) };
 send:	skip;
 		/* [P1]+[P2] wait for room (slot and units, incl. wrap padding), then
 		 * CAS(TAIL, T, T + (1 slot, pad + u units)). */
@@ -118,7 +141,9 @@ send:	skip;
 			s = tail_s; st = tail_b; pad = PAD(st, u);
 			tail_s++; tail_b = st + pad + u;
 			assert(tail_s < 200);
-			resv[s % NSLOT] = p
+			resv[s % NSLOT] = p;
+			own[(st + pad) % NBUF] = s;
+			own[(st + pad + u - 1) % NBUF] = s     /* u <= 2 */
 		};
 		/* [P3] publish the span start; a W1 naming a later lap means we are a
 		 * zombie from an older lap: abort (nothing written, retransmit). */
@@ -134,7 +159,8 @@ send:	skip;
 			:: ok && w0[s % NSLOT].lap == s && w0[s % NSLOT].st == FREE ->
 				w0[s % NSLOT].st = RESERVED; w0[s % NSLOT].p = p; w0[s % NSLOT].u = u
 			:: else -> ok = false
-			fi
+			fi;
+			i = 0
 		};
 		if
 		:: !ok -> goto send            /* abort, retransmit as a new reservation */
@@ -142,9 +168,15 @@ send:	skip;
 		fi;
 		/* [P5] write header+payload, one unit per step: a producer stalled
 		 * here may land its remaining writes arbitrarily late. */
-		i = 0;
 		do
-		:: i < u -> atomic { buf[(st + pad + i) % NBUF] = stamp; i++ }
+		:: i < u ->
+			atomic {
+#ifndef NO_WRITE_MONITOR
+				/* a (late) write only lands in space nobody else owns */
+				assert(own[(st + pad + i) % NBUF] == s);
+#endif
+				buf[(st + pad + i) % NBUF] = stamp; i++
+			}
 		:: else -> break
 		od;
 		/* [P6] commit: CAS(W0, (s, RESERVED, p, u), (s, COMMITTED, p, u)) */
@@ -157,7 +189,7 @@ send:	skip;
 			:: w0[s % NSLOT].lap == s && w0[s % NSLOT].st == RESERVED &&
 			   w0[s % NSLOT].p == p ->
 				w0[s % NSLOT].st = COMMITTED; ok = true
-			:: else -> ok = false
+			:: else -> ok = false                 /* fault:steal (fenced) */
 			fi
 #endif
 		};
@@ -167,7 +199,7 @@ send:	skip;
 		:: else ->
 			/* fenced: CAS(W0, (s, ABANDONED, p, u), (s, ABANDON_ACKED, p, u)),
 			 * we will never touch the span again; then retransmit. */
-			d_step {
+			d_step {                             /* fault:steal */
 				if
 				:: w0[s % NSLOT].lap == s && w0[s % NSLOT].st == ABANDONED &&
 				   w0[s % NSLOT].p == p -> w0[s % NSLOT].st = ABANDON_ACKED
@@ -185,20 +217,22 @@ send:	skip;
 	od
 	} unless {
 		/* crash: stop forever, at whatever point we are (see Crasher) */
-		crash_req[p] -> dead[p] = true
+		crash_req[p] -> dead[p] = true      /* fault:crash */
 	};
 	nfin++
 }
 
-/* Picks (at most MAXCRASH) producer and crashes it at an arbitrary moment. */
+/* Crashes at most MAXCRASH producers, each at an arbitrary moment: the
+ * victim's next step is its `unless` escape (escapes have priority). */
 active proctype Crasher()
 {
 #if MAXCRASH > 0
-	byte q = 0;
+	byte q = 0, n = 0;
 	do
 	:: q < NPROD - 1 -> q++
-	:: crash_req[q] = true; break
-	:: break                           /* no crash in this run */
+	:: n < MAXCRASH && !crash_req[q] ->
+		crash_req[q] = true; n++          /* crash producer q (its next step) */
+	:: break                            /* no (more) crashes */
 	od
 #else
 	skip
@@ -254,6 +288,23 @@ inline advance_head()
 	y = 0
 }
 
+/* The application releases the delivered view: its data must still be
+ * exactly the record that was verified and delivered. */
+inline release_view()
+{
+	if
+	:: held != NONE ->
+		i = 0;
+		do
+		:: i < hu -> assert(buf[(hrs + i) % NBUF] == hstamp); i++   /* nothing corrupt delivered */
+		:: else -> break
+		od;
+		fin[held % NSLOT] = F_RELEASED;
+		held = NONE; hrs = 0; hu = 0; hstamp = 0; i = 0
+	:: else -> skip
+	fi
+}
+
 active proctype Consumer()
 {
 	byte expect[NPROD];      /* next sequence expected from each producer */
@@ -264,7 +315,7 @@ active proctype Consumer()
 	byte held = NONE;        /* slot of the view the application holds */
 	byte hrs, hu, hstamp;    /* that view: record start, units, stamp */
 	byte x, y, p, u, rs, stamp, i;
-	bool ok;
+	bool ok, hold;
 
 	do
 	/* [C] (c, COMMITTED, p, u): verify magic, lengths, producer id, checksum */
@@ -285,7 +336,8 @@ active proctype Consumer()
 		od
 	   };
 		if
-		:: ok && corrupts < MAXCORRUPT -> corrupts++; ok = false   /* bit flip */
+		:: ok && corrupts < MAXCORRUPT -> corrupts++; ok = false   /* fault:corrupt (bit flip) */
+		:: ok && holds < MAXHOLD -> holds++; hold = true  /* app keeps the view a while */
 		:: true -> skip
 		fi;
 		d_step {
@@ -306,6 +358,10 @@ active proctype Consumer()
 			fi;
 			cursor++;
 			x = 0; p = 0; u = 0; rs = 0; stamp = 0; i = 0; ok = false;
+			if
+			:: !hold -> release_view()             /* the app is done at once */
+			:: else -> hold = false
+			fi;
 			advance_head()
 		}
 	/* [C] (c, FREE) with TAIL past c, or (c, RESERVED, ...): the lock timeout
@@ -314,7 +370,14 @@ active proctype Consumer()
 		cursor < tail_s &&
 		(w0[cursor % NSLOT].st == FREE || w0[cursor % NSLOT].st == RESERVED) &&
 		(steals < MAXSTEAL ||
-		 dead[(w0[cursor % NSLOT].st == FREE -> resv[cursor % NSLOT] : w0[cursor % NSLOT].p)]) ->
+		 dead[(w0[cursor % NSLOT].st == FREE -> resv[cursor % NSLOT] : w0[cursor % NSLOT].p)])
+#ifdef BUG_STEAL_FREE_WAITS_FOR_END
+		/* only steal a FREE slot once its span end is known: deadlocks when the
+		 * next slot's producer died before [P3] (needs MAXCRASH >= 2) */
+		&& (w0[cursor % NSLOT].st != FREE || tail_s == cursor + 1 ||
+		    w1[(cursor + 1) % NSLOT].lap == cursor + 1)
+#endif
+		->
 		x = cursor % NSLOT;
 		assert(w0[x].lap == cursor);
 		if
@@ -342,13 +405,7 @@ active proctype Consumer()
 	 * exactly the record that was verified and delivered */
 	:: d_step {
 		held != NONE ->
-		i = 0;
-		do
-		:: i < hu -> assert(buf[(hrs + i) % NBUF] == hstamp); i++   /* nothing corrupt delivered */
-		:: else -> break
-		od;
-		fin[held % NSLOT] = F_RELEASED;
-		held = NONE; hrs = 0; hu = 0; hstamp = 0; i = 0;
+		release_view();
 		advance_head()
 	   }
 	/* HEAD advance after a fenced producer acknowledged (ABANDON_ACKED) or

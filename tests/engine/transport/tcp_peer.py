@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from engine.transport.ring import RingConfig, RingConsumer  # noqa: E402
+from engine.transport.ring import RingConfig, RingConsumer
 
 
 def main(bind: str, count: int) -> None:

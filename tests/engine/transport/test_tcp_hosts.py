@@ -71,13 +71,14 @@ def test_ring_over_tcp_between_two_hosts(two_hosts) -> None:
     try:
         address = consumer.stdout.readline().strip()
         assert address.startswith(f"tcp://{addr_a}:"), consumer.stderr.read()
+        root = str(Path(__file__).resolve().parents[3])
         producer_code = (
-            "import sys; sys.path.insert(0, %r);"
+            f"import sys; sys.path.insert(0, {root!r});"
             "from engine.transport.ring import attach_producer;"
-            "p = attach_producer(%r, 0);"
-            "[p.send(bytes([i %% 251]) * (1000 + 37 * i)) for i in range(%d)];"
+            f"p = attach_producer({address!r}, 0);"
+            f"[p.send(bytes([i % 251]) * (1000 + 37 * i)) for i in range({count})];"
             "p.flush(30); p.close(); p.region.close(); print('sent')"
-        ) % (str(Path(__file__).resolve().parents[3]), address, count)
+        )
         prod = subprocess.run([*prefix_b, sys.executable, "-c", producer_code], capture_output=True, text=True,
                               timeout=120)
         assert prod.returncode == 0 and "sent" in prod.stdout, prod.stderr
