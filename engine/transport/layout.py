@@ -33,6 +33,7 @@ OWNER_FREE, OWNER_ALIVE, OWNER_CLOSED = 0, 1, 2
 
 SLOT_ENTRY = 64
 S_W0, S_W1 = 0, 8
+S_W2 = 16  # consumer-private: (slot:24 | 1) once the message in the slot was released
 
 # slot states (4 bits of W0)
 FREE, RESERVED, COMMITTED, ABANDONED, ABANDON_ACKED = 0, 1, 2, 3, 4

@@ -35,11 +35,18 @@ from engine.transport.errors import (
 )
 from engine.transport.region import MemoryRegion
 
+try:  # native fast paths; absent when the extension was built without xxhash.h
+    from engine.transport._atomics import ring_send as _ring_send
+    from engine.transport._atomics import ring_take as _ring_take
+except ImportError:  # pragma: no cover - depends on the build
+    _ring_send = _ring_take = None
+
 Buffer = bytes | bytearray | memoryview
 Refill = Callable[[memoryview], None]
 
 _COPY_CHUNK = 256 << 10
-LOOKAHEAD = 64  # how far past a stalled slot the consumer looks for committed records  # copy and hash in L2-sized chunks: one pass over memory
+LOOKAHEAD = 64  # how far past a stalled slot the consumer looks for committed records
+FREE_BATCH = 16  # the consumer frees space (and acknowledges) every this many finished slots  # copy and hash in L2-sized chunks: one pass over memory
 
 
 @dataclass
@@ -196,10 +203,7 @@ class RingProducer(_RingBase):
         self.send_timeout = send_timeout
         self.consumer_timeout = consumer_timeout
         self._view = region.local_view()
-        if self._view is not None:
-            from engine.transport import _atomics
-
-            self._copy = _atomics.copy
+        self._fast = self._view is not None and _ring_send is not None and hasattr(region, "base")
         self.producer_id, self.epoch = self._register(producer_id)
         self._next_seq = 0
         self._unacked: collections.deque[_Outgoing] = collections.deque()
@@ -363,6 +367,8 @@ class RingProducer(_RingBase):
         return memoryview(bytearray(size))  # remote: staged locally, written on commit
 
     def _transmit(self, out: _Outgoing, timeout: float | None) -> None:
+        if self._fast and out.data is not None and self.fault_hook is None:
+            return self._transmit_fast(out, timeout)
         while True:
             got = self._reserve_span(out, timeout)
             if got is None:
@@ -381,12 +387,61 @@ class RingProducer(_RingBase):
                 return
             self.stats.fenced += 1
 
+    def _wait_for_space(self, head: int, deadline: float | None, timeout: float | None, units: int) -> float:
+        """The ring is full: sleep on the space bell until the consumer frees something.
+
+        Returns the deadline (set on the first call); raises RingFull past it and
+        ConsumerGone when the consumer is dead or closed.
+        """
+        r = self.region
+        self.stats.space_waits += 1
+        now = time.monotonic()
+        limit = self.send_timeout if timeout is None else timeout
+        if deadline is None:
+            deadline = now + limit
+        self._check_consumer()
+        if now >= deadline:
+            ts, tb = L.unpack_pos(r.load(L.C_TAIL))
+            hs, hb = L.unpack_pos(r.load(L.C_HEAD))
+            raise RingFull(
+                f"ring {r.name!r} full for {limit:.1f}s: {(tb - hb) & L.BYTE_MASK} of {self.buffer_bytes} bytes "
+                f"and {(ts - hs) & L.SLOT_MASK} of {self.slots} slots in use, need {units * L.UNIT} bytes; "
+                f"the consumer is alive but not draining"
+            )
+        r.fetch_add(L.C_SPACE_WAITERS, 1)
+        try:
+            bell = r.load(L.C_SPACE_BELL) & 0xFFFFFFFF
+            if r.load(L.C_HEAD) == head:
+                r.wait(L.C_SPACE_BELL, bell, min(0.05, deadline - now))
+        finally:
+            r.fetch_add(L.C_SPACE_WAITERS, (1 << 64) - 1)
+        return deadline
+
+    def _transmit_fast(self, out: _Outgoing, timeout: float | None) -> None:
+        """Steps 1-7 in one native call (local regions only; same protocol as the Python steps)."""
+        r, deadline = self.region, None
+        args = (self.region.base, self.b_off, self.s_off, self.p_off, self.slots, self.buffer_bytes,  # type: ignore[attr-defined]
+                self.producer_id, self.epoch, out.seq, out.flags)
+        data = out.data
+        while True:
+            self.stats.cas_attempts += 1
+            status, slot, units, retries = _ring_send(*args, data)
+            self.stats.cas_retries += retries
+            if status == 0:
+                out.slot = slot
+                self.stats.sent += 1
+                return
+            if status == 1:
+                self.stats.cas_retries += 1
+                deadline = self._wait_for_space(r.load(L.C_HEAD), deadline, timeout, L.units_for(out.length))
+            else:
+                self.stats.fenced += 1
+
     def _reserve_span(self, out: _Outgoing, timeout: float | None) -> tuple[int, int, int] | None:
         """Steps 1-4 of the protocol. Returns (slot, units, data phys offset), or None if fenced."""
         r = self.region
         need = L.units_for(out.length)
         deadline = None
-        bell_off = L.C_SPACE_BELL
         while True:
             self.stats.cas_attempts += 1
             tail = r.load(L.C_TAIL)
@@ -404,26 +459,8 @@ class RingProducer(_RingBase):
                     break
                 self.stats.cas_retries += 1
                 continue
-            # full: sleep on the space bell until the consumer frees something
             self.stats.cas_retries += 1
-            self.stats.space_waits += 1
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + (self.send_timeout if timeout is None else timeout)
-            self._check_consumer()
-            if now >= deadline:
-                raise RingFull(
-                    f"ring {r.name!r} full for {self.send_timeout if timeout is None else timeout:.1f}s: "
-                    f"{used} of {self.buffer_bytes} bytes and {(ts - hs) & L.SLOT_MASK} of {self.slots} slots in use, "
-                    f"need {units * L.UNIT} bytes; the consumer is alive but not draining"
-                )
-            r.fetch_add(L.C_SPACE_WAITERS, 1)
-            try:
-                bell = r.load(bell_off) & 0xFFFFFFFF
-                if r.load(L.C_HEAD) == head:
-                    r.wait(bell_off, bell, min(0.05, deadline - now))
-            finally:
-                r.fetch_add(L.C_SPACE_WAITERS, (1 << 64) - 1)
+            deadline = self._wait_for_space(head, deadline, timeout, units)
         slot, start = ts, tb
         s_off = self._slot_off(slot)
         # step 3: publish the span's start, unless a later lap already owns the entry
@@ -607,14 +644,13 @@ class RingConsumer(_RingBase):
         self._cursor, self._cursor_bytes = self._head_slot, self._head_bytes
         self._pending: collections.deque[_Pending] = collections.deque()
         self._ahead: dict[int, _Pending] = {}  # slots past the cursor already taken (see _look_ahead)
-        self._expected: dict[int, tuple[int, int]] = {}
+        self._unfreed = 0  # finished slots not yet freed (freeing is batched)
+        self._free_batch = max(1, min(FREE_BATCH, self.slots // 4))
+        self._fast = _ring_take is not None and hasattr(region, "base")
+        if self._fast:
+            self._geom = (region.base, self.b_off, self.s_off, self.p_off, self.slots, self.buffer_bytes)  # type: ignore[attr-defined]
         if recover:
-            for p in range(self.max_producers):
-                e, s = L.unpack_epoch_seq(region.load(self._prod_off(p) + L.P_ACKED))
-                if e:
-                    self._expected[p] = (e, s)
-                    region.store(self._prod_off(p) + L.P_DELIVERED, L.pack_epoch_seq(e, s))
-            region.store(L.C_CURSOR, self._cursor)
+            self._recover()
         self._stalled_since: tuple[int, float] | None = None
         from engine.transport.shm import process_start_time
 
@@ -641,6 +677,26 @@ class RingConsumer(_RingBase):
                      (L.C_MAX_PRODUCERS, c.max_producers), (L.C_TOTAL, need), (L.C_BUF_OFFSET, b_off)):
             r.store(k, v)
         r.store(L.C_MAGIC, L.MAGIC)  # last: an attacher sees a complete header or none
+
+    def _recover(self) -> None:
+        """Resume after a consumer crash: skip what the dead consumer released, redeliver the rest."""
+        r = self.region
+        for p in range(self.max_producers):
+            r.store(self._prod_off(p) + L.P_DELIVERED, r.load(self._prod_off(p) + L.P_ACKED))
+        ts, _ = L.unpack_pos(r.load(L.C_TAIL))
+        c = self._cursor
+        while c != ts:
+            s_off = self._slot_off(c)
+            slot, state, producer, units = L.unpack_w0(r.load(s_off + L.S_W0))
+            if slot != c or state != L.COMMITTED or r.load(s_off + L.S_W2) != L.pack_w1(c, 1):
+                break
+            rec = L.parse_record(self._view, self.b_off + self._data_phys(self._cursor_bytes, units), units * L.UNIT)
+            r.store(self._prod_off(producer) + L.P_DELIVERED, L.pack_epoch_seq(rec.epoch, rec.seq + 1))
+            self._pending.append(_Pending(c, self._cursor_bytes, units, "delivered", producer, rec.epoch, rec.seq,
+                                          released=True))
+            c = self._advance_cursor(c, units)
+        r.store(L.C_CURSOR, self._cursor)
+        self._advance_head()
 
     def _heartbeat(self) -> None:
         n = 0
@@ -683,7 +739,10 @@ class RingConsumer(_RingBase):
             spins += 1
             if spins < 200:
                 continue  # a short spin catches back-to-back messages without a syscall
-            # sleep on the doorbell; wake at least every 50 ms to steal from stalled producers
+            # going idle: free what was released, then sleep on the doorbell; wake at least
+            # every 50 ms to steal from stalled producers and re-check quarantined spans
+            if self._pending:
+                self._advance_head()
             bell = r.load(L.C_DOORBELL) & 0xFFFFFFFF
             r.fetch_add(L.C_CONSUMER_WAITING, 1)
             try:
@@ -737,14 +796,37 @@ class RingConsumer(_RingBase):
 
     def _step(self) -> Delivery | None:
         r = self.region
-        if self._pending:
+        if self._pending and (self._unfreed >= self._free_batch or r.load(L.C_SPACE_WAITERS)):
             self._advance_head()
-        ts, tb = L.unpack_pos(r.load(L.C_TAIL))
         c = self._cursor
-        while c in self._ahead:  # taken out of order earlier: the cursor just walks over it
+        while self._ahead and c in self._ahead:  # taken out of order earlier: the cursor just walks over it
             e = self._ahead.pop(c)
             self._pending.append(e)
             c = self._advance_cursor(c, e.units)
+        if self._fast:
+            status, producer, epoch, seq, flags, off, length, units = _ring_take(*self._geom, c, self._cursor_bytes)
+            if status == 0:  # the common case, verified and ordered natively (CURSOR already published)
+                self._stalled_since = None
+                start = self._cursor_bytes
+                self._cursor = (c + 1) & L.SLOT_MASK
+                self._cursor_bytes = (start + units * L.UNIT) & L.BYTE_MASK
+                skip = bool(flags & L.FLAG_SKIP)
+                payload = None if skip else self._ro[off : off + length]
+                entry = _Pending(c, start, units, "delivered", producer, epoch, seq, released=skip, view=payload)
+                self._pending.append(entry)
+                if skip:
+                    self._unfreed += 1
+                    return None
+                self.stats.delivered += 1
+                return Delivery(producer, epoch, seq, payload, self, entry)  # type: ignore[arg-type]
+            if status == 1:
+                return None
+            if status >= 3:
+                self._stalled_since = None
+                self._count_skip(status)
+                self._finish_slot(c, units, "skip")
+                return None
+        ts, tb = L.unpack_pos(r.load(L.C_TAIL))
         if ts == c:
             return None
         w0 = r.load(self._slot_off(c) + L.S_W0)
@@ -835,8 +917,19 @@ class RingConsumer(_RingBase):
     def _finish_slot(self, c: int, units: int, kind: str, producer: int = 0) -> None:
         entry = _Pending(c, self._cursor_bytes, units, kind, producer)
         entry.released = kind == "skip"
+        self._unfreed += 1
         self._pending.append(entry)
         self._advance_cursor(c, units)
+
+    def _count_skip(self, status: int) -> None:
+        if status == 3:
+            self.stats.corrupt += 1
+        elif status == 4:
+            self.stats.stale_epoch += 1
+        elif status == 5:
+            self.stats.duplicates += 1
+        else:
+            self.stats.out_of_order += 1
 
     def _settle(self, entry: _Pending, ahead: bool) -> None:
         if ahead:
@@ -865,13 +958,13 @@ class RingConsumer(_RingBase):
             return None
         flags, epoch, seq = rec.flags, rec.epoch, rec.seq
         # ordering and de-duplication per (producer, epoch)
-        known = self._expected.get(producer)
+        known = L.unpack_epoch_seq(self.region.load(self._prod_off(producer) + L.P_DELIVERED))
         owner_epoch = (self.region.load(self._prod_off(producer) + L.P_OWNER) >> 8) & 0xFFFFFF
-        if epoch != owner_epoch or (known is not None and epoch < known[0]):
+        if epoch != owner_epoch:
             self.stats.stale_epoch += 1  # an older incarnation of a re-registered producer: fenced
             self._settle(skip, ahead)
             return None
-        nxt = known[1] if known is not None and known[0] == epoch else 0
+        nxt = known[1] if known[0] == epoch else 0
         if seq != nxt:
             if seq < nxt:
                 self.stats.duplicates += 1
@@ -879,7 +972,6 @@ class RingConsumer(_RingBase):
                 self.stats.out_of_order += 1
             self._settle(skip, ahead)
             return None
-        self._expected[producer] = (epoch, seq + 1)
         self.region.store(self._prod_off(producer) + L.P_DELIVERED, L.pack_epoch_seq(epoch, seq + 1))
         is_skip = bool(flags & L.FLAG_SKIP)
         entry = _Pending(c, start, units, "delivered", producer, epoch, seq,
@@ -898,10 +990,22 @@ class RingConsumer(_RingBase):
             return
         e.released = True
         self.stats.released += 1
+        # mark it in the slot, so a consumer that recovers after our crash never delivers it again
+        self.region.store(self._slot_off(e.slot) + L.S_W2, L.pack_w1(e.slot, 1))
         if e.view is not None:
             e.view.release()
             e.view = None
-        self._advance_head()
+        # Freeing is batched while more messages are already waiting for us (a burst):
+        # producers learn of free space and acknowledgements every FREE_BATCH releases, at
+        # once when one of them waits for space, and immediately when we are caught up.
+        self._unfreed += 1
+        r = self.region
+        if (
+            self._unfreed >= self._free_batch
+            or r.load(L.C_SPACE_WAITERS)
+            or L.unpack_pos(r.load(L.C_TAIL))[0] == self._cursor
+        ):
+            self._advance_head()
 
     def _quarantine_cleared(self, e: _Pending) -> bool:
         r = self.region
@@ -931,6 +1035,7 @@ class RingConsumer(_RingBase):
             self._head_slot = (e.slot + 1) & L.SLOT_MASK
             self._head_bytes = (e.start + e.units * L.UNIT) & L.BYTE_MASK
             moved = True
+        self._unfreed = 0
         if not moved:
             return
         for p, (epoch, seq) in acked.items():

@@ -15,15 +15,25 @@ from engine.transport.ring import RingConfig, RingConsumer, attach_producer
 SMALL = RingConfig(slots=16, buffer_bytes=1 << 14, max_producers=4, lock_timeout=0.05)
 
 
-@pytest.fixture(params=["shm", "tcp"])
+@pytest.fixture(params=["shm", "shm-python", "shm-mixed", "tcp"])
 def ring(request, ring_name):
-    addr = f"shm://{ring_name}" if request.param == "shm" else f"tcp://127.0.0.1:0/{ring_name}"
+    """A small ring and a producer factory.
+
+    ``shm`` uses the native fast paths on both ends, ``shm-python`` the Python steps on
+    both, ``shm-mixed`` native producers with a Python consumer (records written by one
+    implementation are checked by the other), ``tcp`` remote Python producers.
+    """
+    addr = f"tcp://127.0.0.1:0/{ring_name}" if request.param == "tcp" else f"shm://{ring_name}"
     c = RingConsumer.create(addr, SMALL)
+    if request.param in ("shm-python", "shm-mixed"):
+        c._fast = False
     address = getattr(c.region, "address", addr)
     producers = []
 
     def producer(pid: int | None = None, **kw):
         p = attach_producer(address, pid, **kw)
+        if request.param == "shm-python":
+            p._fast = False
         producers.append(p)
         return p
 
