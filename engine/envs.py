@@ -50,6 +50,8 @@ _VARS: dict[str, Callable[[], Any]] = {
     "RING_BYTES": _int("ONEPIECE_RING_BYTES", 64 << 20),
     "RING_SLOTS": _int("ONEPIECE_RING_SLOTS", 1024),
     "RING_LOCK_TIMEOUT_S": _float("ONEPIECE_RING_LOCK_TIMEOUT_S", 0.5),
+    # How long a ring consumer polls before it sleeps on the doorbell (microseconds).
+    "RING_SPIN_US": _float("ONEPIECE_RING_SPIN_US", 50.0),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
 }

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from engine import envs
 from engine.transport import layout as L
 from engine.transport.errors import (
     ConsumerGone,
@@ -46,6 +47,7 @@ Refill = Callable[[memoryview], None]
 
 _COPY_CHUNK = 256 << 10
 LOOKAHEAD = 64  # how far past a stalled slot the consumer looks for committed records
+POLL_EVERY = 32  # a producer checks acknowledgements every this many sends (or 1 ms)
 FREE_BATCH = 16  # the consumer frees space (and acknowledges) every this many finished slots  # copy and hash in L2-sized chunks: one pass over memory
 
 
@@ -145,7 +147,7 @@ class _RingBase:
 # producer
 
 
-@dataclass
+@dataclass(slots=True)
 class _Outgoing:
     seq: int
     length: int
@@ -208,6 +210,9 @@ class RingProducer(_RingBase):
         self._next_seq = 0
         self._unacked: collections.deque[_Outgoing] = collections.deque()
         self._to_resend = 0  # kept messages whose copy in the ring was dropped
+        # send() looks for acknowledgements and losses every POLL_EVERY sends or 1 ms
+        self._sends_since_poll = 0
+        self._last_poll = 0.0
         self._last_hb = (region.load(L.C_HEARTBEAT), time.monotonic())
         self._closed = False
         # Test hook: called with "reserved", "claimed", "mid_payload" or "before_commit" (fault injection).
@@ -243,7 +248,9 @@ class RingProducer(_RingBase):
         """
         size = data.nbytes if isinstance(data, memoryview) else len(data)
         self._check_size(size)
-        self.poll()
+        self._sends_since_poll += 1
+        if self._sends_since_poll >= POLL_EVERY or self._to_resend or time.monotonic() - self._last_poll > 0.001:
+            self.poll()
         self._resend_pending(timeout)
         out = _Outgoing(self._next_seq, size, data, None)
         self._accept(out)
@@ -279,6 +286,8 @@ class RingProducer(_RingBase):
         Never blocks: resends that find the ring full stay pending for the next call.
         """
         r = self.region
+        self._sends_since_poll = 0
+        self._last_poll = time.monotonic()
         if not self._unacked:
             return 0
         off = self._prod_off(self.producer_id)
@@ -584,7 +593,7 @@ class RingProducer(_RingBase):
 # consumer
 
 
-@dataclass
+@dataclass(slots=True)
 class Delivery:
     """A message handed to the consumer: a read-only view valid until :meth:`release`."""
 
@@ -606,7 +615,7 @@ class Delivery:
         self.release()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     slot: int
     start: int
@@ -639,6 +648,9 @@ class RingConsumer(_RingBase):
         self._view = view
         self._ro = view.toreadonly()
         self.lock_timeout = self.config.lock_timeout
+        # Seconds recv() polls before sleeping on the doorbell. Short on purpose: on a
+        # loaded host a long spin steals the very core the producer needs.
+        self.spin = envs.RING_SPIN_US / 1e6
         head = region.load(L.C_HEAD)
         self._head_slot, self._head_bytes = L.unpack_pos(head)
         self._cursor, self._cursor_bytes = self._head_slot, self._head_bytes
@@ -726,8 +738,9 @@ class RingConsumer(_RingBase):
     # public API ---------------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> Delivery | None:
         """The next message, or None when ``timeout`` passes first (None waits forever)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        spins = 0
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        spin_until = now + self.spin
         r = self.region
         while True:
             d = self._step()
@@ -736,8 +749,7 @@ class RingConsumer(_RingBase):
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return None
-            spins += 1
-            if spins < 200:
+            if now < spin_until:
                 continue  # a short spin catches back-to-back messages without a syscall
             # going idle: free what was released, then sleep on the doorbell; wake at least
             # every 50 ms to steal from stalled producers and re-check quarantined spans

@@ -12,6 +12,9 @@ import os
 from urllib.parse import ParseResult
 
 from engine.transport import _atomics as _a
+from engine.transport._atomics import cas64 as _cas64
+from engine.transport._atomics import load64 as _load64
+from engine.transport._atomics import store64 as _store64
 from engine.transport.errors import RegionError
 from engine.transport.layout import REMOTE
 from engine.transport.region import MemoryRegion
@@ -50,13 +53,16 @@ class ShmRegion(MemoryRegion):
         self.size = size
         self.owner = owner
         self._path = path
-        self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        # MAP_POPULATE faults every page in now, not one page per message on the first lap
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self._mm = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         if fd >= 0:
             os.close(fd)
         anchor = ctypes.c_char.from_buffer(self._mm)
         self.base = ctypes.addressof(anchor)
         del anchor  # release the export so close() can unmap
         self._view = memoryview(self._mm)
+        self._last_word = size - 8
         self._closed = False
 
     # one-sided operations -------------------------------------------------
@@ -75,17 +81,26 @@ class ShmRegion(MemoryRegion):
             raise RegionError(f"region {self.name!r}: bad 64-bit word offset {offset}")
         return self.base + offset
 
+    # the checks are inlined: these four are on every message's path
     def cas(self, offset: int, expected: int, desired: int) -> int:
-        return _a.cas64(self._word(offset), expected, desired)
+        if offset & 7 or not 0 <= offset <= self._last_word:
+            self._word(offset)
+        return _cas64(self.base + offset, expected, desired)
 
     def fetch_add(self, offset: int, delta: int) -> int:
-        return _a.faa64(self._word(offset), delta)
+        if offset & 7 or not 0 <= offset <= self._last_word:
+            self._word(offset)
+        return _a.faa64(self.base + offset, delta)
 
     def load(self, offset: int) -> int:
-        return _a.load64(self._word(offset))
+        if offset & 7 or not 0 <= offset <= self._last_word:
+            self._word(offset)
+        return _load64(self.base + offset)
 
     def store(self, offset: int, value: int) -> None:
-        _a.store64(self._word(offset), value)
+        if offset & 7 or not 0 <= offset <= self._last_word:
+            self._word(offset)
+        _store64(self.base + offset, value)
 
     def local_view(self) -> memoryview:
         return self._view
