@@ -230,8 +230,13 @@ active proctype Crasher()
 	byte q = 0, n = 0;
 	do
 	:: q < NPROD - 1 -> q++
-	:: n < MAXCRASH && !crash_req[q] ->
-		crash_req[q] = true; n++          /* crash producer q (its next step) */
+	:: atomic {
+		crash_req[q] = true; n++;         /* crash producer q (its next step) */
+		if
+		:: n == MAXCRASH || q == NPROD - 1 -> break
+		:: else -> q++
+		fi
+	   }
 	:: break                            /* no (more) crashes */
 	od
 #else
@@ -305,6 +310,15 @@ inline release_view()
 	fi
 }
 
+#ifdef BUG_STEAL_FREE_WAITS_FOR_END
+/* only steal a FREE slot once its span end is known: deadlocks when the next
+ * slot's producer died before [P3] (needs MAXCRASH >= 2) */
+#define END_KNOWN(c) (w0[(c) % NSLOT].st != FREE || tail_s == (c) + 1 || \
+                      w1[((c) + 1) % NSLOT].lap == (c) + 1)
+#else
+#define END_KNOWN(c) true  /* steal at once; HEAD keeps its bytes until the end is known */
+#endif
+
 active proctype Consumer()
 {
 	byte expect[NPROD];      /* next sequence expected from each producer */
@@ -369,15 +383,9 @@ active proctype Consumer()
 	:: d_step {
 		cursor < tail_s &&
 		(w0[cursor % NSLOT].st == FREE || w0[cursor % NSLOT].st == RESERVED) &&
+		END_KNOWN(cursor) &&
 		(steals < MAXSTEAL ||
-		 dead[(w0[cursor % NSLOT].st == FREE -> resv[cursor % NSLOT] : w0[cursor % NSLOT].p)])
-#ifdef BUG_STEAL_FREE_WAITS_FOR_END
-		/* only steal a FREE slot once its span end is known: deadlocks when the
-		 * next slot's producer died before [P3] (needs MAXCRASH >= 2) */
-		&& (w0[cursor % NSLOT].st != FREE || tail_s == cursor + 1 ||
-		    w1[(cursor + 1) % NSLOT].lap == cursor + 1)
-#endif
-		->
+		 dead[(w0[cursor % NSLOT].st == FREE -> resv[cursor % NSLOT] : w0[cursor % NSLOT].p)]) ->
 		x = cursor % NSLOT;
 		assert(w0[x].lap == cursor);
 		if
