@@ -31,8 +31,13 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
 
 
 def _onepiece_shm() -> set[str]:
+    """This test run's segments: tests name them ``test-<pid>-...`` (the ring_name fixture does).
+
+    Segments of other processes on the host (a benchmark, another test run) are not ours to judge.
+    """
+    prefix = f"onepiece-test-{os.getpid()}-"
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("onepiece")}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
     except FileNotFoundError:
         return set()
 

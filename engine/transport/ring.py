@@ -626,6 +626,7 @@ class _Pending:
     seq: int = 0
     released: bool = False
     view: memoryview | None = None
+    sized: bool = True  # False while a stolen, never-published span's size is unknown
 
 
 class RingConsumer(_RingBase):
@@ -656,6 +657,7 @@ class RingConsumer(_RingBase):
         self._cursor, self._cursor_bytes = self._head_slot, self._head_bytes
         self._pending: collections.deque[_Pending] = collections.deque()
         self._ahead: dict[int, _Pending] = {}  # slots past the cursor already taken (see _look_ahead)
+        self._unsized: list[_Pending] = []  # stolen never-published slots whose span end is not yet known
         self._unfreed = 0  # finished slots not yet freed (freeing is batched)
         self._free_batch = max(1, min(FREE_BATCH, self.slots // 4))
         self._fast = _ring_take is not None and hasattr(region, "base")
@@ -815,6 +817,8 @@ class RingConsumer(_RingBase):
             e = self._ahead.pop(c)
             self._pending.append(e)
             c = self._advance_cursor(c, e.units)
+        if self._unsized and not self._resolve_unsized(c):
+            return self._step_unsized(c)
         if self._fast:
             status, producer, epoch, seq, flags, off, length, units = _ring_take(*self._geom, c, self._cursor_bytes)
             if status == 0:  # the common case, verified and ordered natively (CURSOR already published)
@@ -858,11 +862,28 @@ class RingConsumer(_RingBase):
             return self._look_ahead(c, ts)
         # ABANDONED / ABANDON_ACKED at the cursor: a previous consumer stole it before a crash
         self._stalled_since = None
-        if state == L.ABANDONED and producer != L.NOBODY:
+        if state == L.ABANDONED and producer == L.NOBODY:
+            self._unsized_slot(c)
+        elif state == L.ABANDONED:
             self._finish_slot(c, units, "quarantine", producer)
         else:
             self._finish_slot(c, units, "skip")
         return None
+
+    def _step_unsized(self, c: int) -> Delivery | None:
+        """The cursor's slot follows stolen slots of unknown size and has not published its start."""
+        r = self.region
+        ts, _tb = L.unpack_pos(r.load(L.C_TAIL))
+        w0 = r.load(self._slot_off(c) + L.S_W0)
+        slot, state, _producer, _units = L.unpack_w0(w0)
+        if slot != c or state != L.FREE:
+            return None  # it published and claimed meanwhile: the next step sizes the run
+        now = time.monotonic()
+        if self._stalled_since is None or self._stalled_since[0] != c:
+            self._stalled_since = (c, now)
+        elif now - self._stalled_since[1] >= self.lock_timeout:
+            return self._steal(c, w0, state, 0, 0, ts, 0)
+        return self._look_ahead(c, ts)
 
     def _look_ahead(self, c: int, ts: int) -> Delivery | None:
         """Deliver a committed record past the stalled slot at the cursor.
@@ -898,16 +919,14 @@ class RingConsumer(_RingBase):
         s_off = self._slot_off(c)
         expected = w0 if w0 is not None else L.pack_w0(c, L.FREE)
         if state == L.FREE:
-            # a span nobody has written: its end is the next slot's published start, or TAIL
-            end = self._span_end(c, ts, tb)
-            if end is None:
-                return None  # the next slot's producer is also mid-reservation; look again soon
-            units = ((end - self._cursor_bytes) & L.BYTE_MASK) // L.UNIT
-            if r.cas(s_off + L.S_W0, expected, L.pack_w0(c, L.ABANDONED, L.NOBODY, units)) != expected:
+            # A span nobody has written (its producer's claim CAS will now fail). Its size is
+            # not known yet: it ends where the next published slot starts, or at TAIL. The
+            # cursor moves on; _resolve_unsized settles the bytes (waiting on nothing).
+            if r.cas(s_off + L.S_W0, expected, L.pack_w0(c, L.ABANDONED, L.NOBODY, 0)) != expected:
                 return None  # it changed under us: examine it again
             self.stats.steals += 1
             self._stalled_since = None
-            self._finish_slot(c, units, "skip")
+            self._unsized_slot(c)
             return None
         stolen = L.pack_w0(c, L.ABANDONED, producer, units)
         if r.cas(s_off + L.S_W0, expected, stolen) != expected:
@@ -918,13 +937,34 @@ class RingConsumer(_RingBase):
         self._finish_slot(c, units, "quarantine", producer)
         return None
 
-    def _span_end(self, c: int, ts: int, tb: int) -> int | None:
-        if (c + 1) & L.SLOT_MASK == ts:
-            return tb
-        w1 = self.region.load(self._slot_off(c + 1) + L.S_W1)
-        if (w1 >> L.BYTE_BITS) == (c + 1) & L.SLOT_MASK:
-            return w1 & L.BYTE_MASK
-        return None
+    def _unsized_slot(self, c: int) -> None:
+        start = self._cursor_bytes if not self._unsized else self._unsized[0].start
+        entry = _Pending(c, start, 0, "skip", released=True, sized=False)
+        self._pending.append(entry)
+        self._unsized.append(entry)
+        self._unfreed += 1
+        self._cursor = (c + 1) & L.SLOT_MASK
+        self.region.store(L.C_CURSOR, self._cursor)
+
+    def _resolve_unsized(self, ts: int) -> bool:
+        """Size the run of stolen, never-published slots behind the cursor, if its end is known."""
+        r = self.region
+        c = self._cursor
+        tail = r.load(L.C_TAIL)
+        if tail >> L.BYTE_BITS == c:
+            end = tail & L.BYTE_MASK  # TAIL packs (slot, bytes): its bytes are where slot c starts
+        else:
+            w1 = r.load(self._slot_off(c) + L.S_W1)
+            if w1 >> L.BYTE_BITS != c:
+                return False
+            end = w1 & L.BYTE_MASK
+        first = self._unsized[0]
+        first.units = ((end - first.start) & L.BYTE_MASK) // L.UNIT
+        for e in self._unsized:
+            e.sized = True
+        self._unsized.clear()
+        self._cursor_bytes = end
+        return True
 
     def _finish_slot(self, c: int, units: int, kind: str, producer: int = 0) -> None:
         entry = _Pending(c, self._cursor_bytes, units, kind, producer)
@@ -1035,6 +1075,8 @@ class RingConsumer(_RingBase):
         acked: dict[int, tuple[int, int]] = {}
         while self._pending:
             e = self._pending[0]
+            if not e.sized:
+                break
             if e.kind == "quarantine":
                 if not self._quarantine_cleared(e):
                     break

@@ -283,3 +283,46 @@ def test_late_write_of_a_fenced_producer_never_touches_a_delivered_record(ring_n
         p.close()
         p.region.close()
     c.close()
+
+
+class _Died(Exception):
+    pass
+
+
+@pytest.mark.parametrize("later_traffic", [False, True])
+def test_two_producers_dying_between_reservation_and_publication(ring_name, later_traffic) -> None:
+    """Found by the model checker: two adjacent slots reserved, neither publishes its start.
+
+    The consumer cannot know where the first span ends until it steals the second
+    too; it must neither wait forever nor mis-size the spans.
+    """
+    cfg = RingConfig(slots=8, buffer_bytes=1 << 13, max_producers=4, lock_timeout=0.02)
+    c = RingConsumer.create(f"shm://{ring_name}", cfg)
+    ps = [attach_producer(f"shm://{ring_name}", i, send_timeout=2) for i in range(3)]
+
+    def die(where: str) -> None:
+        if where == "reserved":
+            raise _Died
+
+    try:
+        for p in ps[:2]:
+            p.fault_hook = die
+            with pytest.raises(_Died):
+                p.send(b"lost" * 100)
+        if later_traffic:
+            ps[2].send(b"after")
+            assert c.recv_bytes(1)[2] == b"after"  # delivered past the stalled slots
+        deadline = time.monotonic() + 2
+        while c.stats.steals < 2:
+            assert c.recv(0.01) is None
+            assert time.monotonic() < deadline, "the consumer is stuck behind unpublished slots"
+        for i in range(30):  # the ring keeps working across many wraps afterwards
+            ps[2].send(bytes([i]) * 700)
+            assert c.recv_bytes(1)[2] == bytes([i]) * 700
+        ps[2].flush(2)
+        assert c.held == 0
+    finally:
+        for p in ps:
+            p.close()
+            p.region.close()
+        c.close()

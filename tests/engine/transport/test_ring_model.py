@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import struct
 
@@ -30,7 +31,7 @@ class RingVsReference(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        name = f"model-{next(_names)}"
+        name = f"test-{os.getpid()}-model-{next(_names)}"
         self.cfg = RingConfig(slots=8, buffer_bytes=4096, max_producers=4, lock_timeout=0.01)
         self.c = RingConsumer.create(f"shm://{name}", self.cfg)
         self.ps = [attach_producer(f"shm://{name}", i, send_timeout=0.05) for i in range(self.NPROD)]
