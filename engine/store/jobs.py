@@ -1,0 +1,209 @@
+"""The result store and the job-event stream, on Redis.
+
+Contract:
+  * every accepted UID gets a status hash (``keys.job_key``) and an ``accepted``
+    event; it then reaches exactly one terminal state, whatever the number of
+    workers that race to finish it: terminal transitions run as one Lua script
+    that refuses to leave a terminal state;
+  * the result bytes are written only by the transition to ``completed``, so a
+    redelivered or recomputed request can never produce a second result or a
+    second ``completed`` event;
+  * everything expires (``ttl``): Redis holds transient state, the platform's
+    database ledger is the truth about jobs.
+
+Events go to one stream (``keys.EVENTS``, capped at ``maxlen`` entries) with
+the fields uid, type, stage, progress, ts, detail.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.store import keys
+
+# Non-terminal events: recorded only while the job is not finished, so a late
+# progress report cannot make a cancelled job look alive again.
+_EVENT = """
+local s = redis.call('HGET', KEYS[1], 'state')
+if s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then return 0 end
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', ARGV[7], 'stage', ARGV[3], 'progress', ARGV[4], 'updated', ARGV[5])
+  redis.call('EXPIRE', KEYS[1], ARGV[8])
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
+           'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6])
+return 1
+"""
+
+# Terminal transition (+ the result for ``completed``), at most once per UID.
+_FINISH = """
+local s = redis.call('HGET', KEYS[1], 'state')
+if s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then return 0 end
+if ARGV[2] == 'completed' then
+  redis.call('SET', KEYS[4], ARGV[9], 'EX', ARGV[7])
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'stage', ARGV[3], 'progress', ARGV[4], 'updated', ARGV[5],
+           'detail', ARGV[6])
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
+           'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the status hash says about one UID."""
+
+    uid: str
+    state: str
+    workflow: str
+    stage: str
+    progress: int
+    created: float
+    updated: float
+    detail: str
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in keys.TERMINAL
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class JobStore:
+    """Results, status hashes, events, cancel flags and in-flight costs of jobs.
+
+    ``client`` is a ``redis.Redis`` (bytes responses). Thread-safe as far as
+    the client is (redis-py's connection pool is).
+    """
+
+    def __init__(self, client: Any, ttl: int = 3600, events_maxlen: int = 100_000) -> None:
+        self.r = client
+        self.ttl = int(ttl)
+        self.maxlen = int(events_maxlen)
+        self._event = client.register_script(_EVENT)
+        self._finish = client.register_script(_FINISH)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> JobStore:
+        import redis
+
+        return cls(redis.Redis.from_url(url), **kwargs)
+
+    def close(self) -> None:
+        self.r.close()
+
+    # -- intake --------------------------------------------------------------------------
+    def accept(self, uid: str, workflow: str, cost: float, detail: str = "") -> None:
+        """Record a newly accepted job (state ``queued``) and count its cost as in flight."""
+        now = time.time()
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(keys.job_key(uid), mapping={
+            "state": keys.QUEUED, "workflow": workflow, "stage": "", "progress": 0, "created": now,
+            "updated": now, "detail": detail, "cost": cost,
+        })
+        pipe.expire(keys.job_key(uid), self.ttl)
+        pipe.zadd(keys.inflight_key(workflow), {uid: cost})
+        pipe.xadd(keys.EVENTS, self._fields(uid, keys.ACCEPTED, "", 0, now, detail), maxlen=self.maxlen,
+                  approximate=True)
+        pipe.execute()
+
+    def inflight(self, workflow: str) -> tuple[int, float]:
+        """(jobs, predicted GPU-seconds) accepted for ``workflow`` and not yet finished."""
+        entries = self.r.zrange(keys.inflight_key(workflow), 0, -1, withscores=True)
+        return len(entries), float(sum(score for _, score in entries))
+
+    # -- events ----------------------------------------------------------------------------
+    def event(self, uid: str, type_: str, stage: str = "", progress: int = 0, detail: str = "",
+              state: str = "") -> bool:
+        """Append a non-terminal event; with ``state``, also update the status hash.
+
+        Returns False (and records nothing) when the job already finished.
+        """
+        if type_ not in keys.EVENT_TYPES or type_ in keys.TERMINAL:
+            raise ValueError(f"not a non-terminal event type: {type_!r}")
+        args = [uid, type_, stage, int(progress), time.time(), detail, state, self.ttl, self.maxlen]
+        return bool(self._event(keys=[keys.job_key(uid), keys.EVENTS], args=args))
+
+    def finish(self, uid: str, workflow: str, state: str, stage: str = "", detail: str = "",
+               result: bytes | bytearray | memoryview | None = None) -> bool:
+        """Move the job to terminal ``state`` (with ``result`` for ``completed``); at most once.
+
+        Returns True if this call made the transition, False if the job had
+        already finished (the result, if any, is then not written).
+        """
+        if state not in keys.TERMINAL:
+            raise ValueError(f"not a terminal state: {state!r}")
+        if (state == keys.COMPLETED) != (result is not None):
+            raise ValueError("a result goes with the completed state, and only with it")
+        progress = 100 if state == keys.COMPLETED else int(self._field(uid, "progress") or 0)
+        args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen,
+                           bytes(result) if result is not None else b""]
+        ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow), keys.result_key(uid)]
+        return bool(self._finish(keys=ks, args=args))
+
+    def events(self, uid: str | None = None, count: int = 10_000) -> list[dict[str, str]]:
+        """Events in stream order (all jobs, or one UID's); a convenience for tests and tools."""
+        out = []
+        for _id, fields in self.r.xrange(keys.EVENTS, count=count):
+            e = {k.decode(): v.decode() for k, v in fields.items()}
+            if uid is None or e["uid"] == uid:
+                out.append(e)
+        return out
+
+    # -- status, results, cancel --------------------------------------------------------------
+    def status(self, uid: str) -> JobStatus | None:
+        h = self.r.hgetall(keys.job_key(uid))
+        if not h:
+            return None
+        g = {k.decode(): v.decode() for k, v in h.items()}
+        return JobStatus(uid, g.get("state", ""), g.get("workflow", ""), g.get("stage", ""),
+                         int(float(g.get("progress", 0))), float(g.get("created", 0)),
+                         float(g.get("updated", 0)), g.get("detail", ""))
+
+    def state(self, uid: str) -> str | None:
+        v = self._field(uid, "state")
+        return v or None
+
+    def result(self, uid: str) -> bytes | None:
+        return self.r.get(keys.result_key(uid))
+
+    def request_cancel(self, uid: str) -> None:
+        """Flag ``uid`` so that the worker running it stops at its next step check."""
+        self.r.set(keys.cancel_key(uid), 1, ex=self.ttl)
+
+    def cancel_requested(self, uid: str) -> bool:
+        return bool(self.r.exists(keys.cancel_key(uid)))
+
+    # -- worker bookkeeping -------------------------------------------------------------------
+    def mark_done(self, uid: str, stage: str) -> None:
+        self.r.set(keys.done_key(uid, stage), 1, ex=self.ttl)
+
+    def is_done(self, uid: str, stage: str) -> bool:
+        return bool(self.r.exists(keys.done_key(uid, stage)))
+
+    def record_instance(self, instance: str, fields: Mapping[str, float | int | str], busy_s: float) -> None:
+        """Per-instance counters the TaskManager reports (requests, busy seconds, last stage time)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.instance_key(instance), mapping=dict(fields))
+        pipe.hincrby(keys.instance_key(instance), "requests", 1)
+        pipe.hincrbyfloat(keys.instance_key(instance), "busy_s", busy_s)
+        pipe.execute()
+
+    def instance_stats(self, instance: str) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.instance_key(instance)).items()}
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _field(self, uid: str, name: str) -> str:
+        v = self.r.hget(keys.job_key(uid), name)
+        return v.decode() if v is not None else ""
+
+    @staticmethod
+    def _fields(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str) -> dict[str, Any]:
+        return {"uid": uid, "type": type_, "stage": stage, "progress": progress, "ts": ts, "detail": detail}

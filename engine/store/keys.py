@@ -1,0 +1,57 @@
+"""Redis key names, job states and event types shared by the Proxy, the workers and the web layer.
+
+One module so that every reader and writer agrees on the names; nothing here
+touches the network.
+"""
+
+from __future__ import annotations
+
+PREFIX = "onepiece"
+EVENTS = f"{PREFIX}:events"  # one stream for every job's events (the web layer tails it)
+
+# job states (the status hash's ``state`` field); the last four are terminal
+QUEUED = "queued"
+IN_PROGRESS = "in_progress"
+COMPLETED = "completed"
+FAILED = "failed"
+CANCELLED = "cancelled"
+EXPIRED = "expired"
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
+
+# event types (the stream's ``type`` field); terminal events carry the state's name
+ACCEPTED = "accepted"
+STAGE_STARTED = "stage_started"
+STAGE_FINISHED = "stage_finished"
+STAGE_STOPPED = "stage_stopped"  # a stage gave up between steps (cancel, deadline); detail says where
+PROGRESS = "progress"
+EVENT_TYPES = frozenset({ACCEPTED, STAGE_STARTED, STAGE_FINISHED, STAGE_STOPPED, PROGRESS, *TERMINAL})
+
+
+def result_key(uid: str) -> str:
+    """The final output's bytes (png, mp4), written once by the last stage."""
+    return f"{PREFIX}:result:{uid}"
+
+
+def job_key(uid: str) -> str:
+    """The status hash: state, workflow, stage, progress, created, updated, detail, cost."""
+    return f"{PREFIX}:job:{uid}"
+
+
+def cancel_key(uid: str) -> str:
+    """Present while a cancel is pending; workers poll it between steps."""
+    return f"{PREFIX}:cancel:{uid}"
+
+
+def done_key(uid: str, stage: str) -> str:
+    """Set once ``stage`` handed its output on: a redelivered input is then dropped."""
+    return f"{PREFIX}:done:{uid}:{stage}"
+
+
+def inflight_key(workflow: str) -> str:
+    """Sorted set uid -> predicted GPU-seconds of the workflow's accepted, unfinished jobs."""
+    return f"{PREFIX}:inflight:{workflow}"
+
+
+def instance_key(instance: str) -> str:
+    """A worker instance's counters (requests, busy seconds, last stage time)."""
+    return f"{PREFIX}:instance:{instance}"

@@ -1,0 +1,78 @@
+"""The result store and event stream on a real redis-server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from engine.store import JobStore, keys
+
+
+@pytest.fixture
+def store(redis_server) -> Iterator[JobStore]:
+    s = JobStore.from_url(redis_server.url, ttl=60)
+    s.r.flushdb()
+    yield s
+    s.close()
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex
+
+
+def test_accept_then_complete_once(store: JobStore) -> None:
+    uid = _uid()
+    store.accept(uid, "sd-t2i", 2.5)
+    st = store.status(uid)
+    assert st is not None and st.state == keys.QUEUED and st.workflow == "sd-t2i"
+    assert store.inflight("sd-t2i") == (1, 2.5)
+    assert store.event(uid, keys.STAGE_STARTED, "denoise", 10, state=keys.IN_PROGRESS)
+    assert store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png-1")
+    # a second finisher (a redelivered request) writes nothing: no duplicate result, no second event
+    assert not store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png-2")
+    assert not store.finish(uid, "sd-t2i", keys.FAILED, "image_encode", detail="late")
+    assert store.result(uid) == b"png-1"
+    assert store.inflight("sd-t2i") == (0, 0.0)
+    types = [e["type"] for e in store.events(uid)]
+    assert types == [keys.ACCEPTED, keys.STAGE_STARTED, keys.COMPLETED]
+    st = store.status(uid)
+    assert st is not None and st.state == keys.COMPLETED and st.progress == 100 and st.terminal
+    assert 0 < store.r.ttl(keys.result_key(uid)) <= 60
+
+
+def test_no_events_after_a_terminal_state(store: JobStore) -> None:
+    uid = _uid()
+    store.accept(uid, "wan2.1-i2v", 1.0)
+    assert store.finish(uid, "wan2.1-i2v", keys.CANCELLED, detail="by client")
+    assert not store.event(uid, keys.PROGRESS, "denoise", 50, state=keys.IN_PROGRESS)
+    st = store.status(uid)
+    assert st is not None and st.state == keys.CANCELLED
+    assert store.result(uid) is None
+
+
+def test_event_fields_and_validation(store: JobStore) -> None:
+    uid = _uid()
+    store.accept(uid, "sd-t2i", 1.0)
+    store.event(uid, keys.PROGRESS, "denoise", 42, detail="step 2/5")
+    e = store.events(uid)[-1]
+    assert set(e) == {"uid", "type", "stage", "progress", "ts", "detail"}
+    assert (e["type"], e["stage"], e["progress"], e["detail"]) == ("progress", "denoise", "42", "step 2/5")
+    with pytest.raises(ValueError):
+        store.event(uid, keys.COMPLETED)
+    with pytest.raises(ValueError):
+        store.finish(uid, "sd-t2i", keys.COMPLETED)  # completed needs its result
+    with pytest.raises(ValueError):
+        store.finish(uid, "sd-t2i", "running")
+
+
+def test_cancel_flag_and_done_markers(store: JobStore) -> None:
+    uid = _uid()
+    assert not store.cancel_requested(uid)
+    store.request_cancel(uid)
+    assert store.cancel_requested(uid)
+    assert not store.is_done(uid, "denoise")
+    store.mark_done(uid, "denoise")
+    assert store.is_done(uid, "denoise") and not store.is_done(uid, "vae_decode")
+    assert store.status(_uid()) is None
