@@ -54,6 +54,22 @@ _VARS: dict[str, Callable[[], Any]] = {
     "RING_SPIN_US": _float("ONEPIECE_RING_SPIN_US", 50.0),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
+    # Seconds results, status hashes and cancel flags live in Redis.
+    "RESULT_TTL_S": _int("ONEPIECE_RESULT_TTL_S", 3600),
+    # A worker publishes progress events at most this often (milliseconds).
+    "PROGRESS_INTERVAL_MS": _int("ONEPIECE_PROGRESS_INTERVAL_MS", 250),
+    # This node's name in etcd (default: the host name).
+    "NODE_NAME": _str("ONEPIECE_NODE_NAME", None),
+    # TTL of a node's etcd lease; the TaskManager refreshes it every third of this.
+    "NODE_LEASE_TTL_S": _int("ONEPIECE_NODE_LEASE_TTL_S", 10),
+    # How stale a worker's or the Proxy's cached route table may get (seconds).
+    "ROUTE_REFRESH_S": _float("ONEPIECE_ROUTE_REFRESH_S", 1.0),
+    # Default ResultDeliver policy: round-robin | least-outstanding | cost-aware.
+    "DELIVER": _str("ONEPIECE_DELIVER", "least-outstanding"),
+    # Proxy: port, bound on accepted unfinished requests per workflow, ring send timeout.
+    "PROXY_PORT": _int("ONEPIECE_PROXY_PORT", 8100),
+    "PROXY_MAX_QUEUE": _int("ONEPIECE_PROXY_MAX_QUEUE", 64),
+    "PROXY_SEND_TIMEOUT_S": _float("ONEPIECE_PROXY_SEND_TIMEOUT_S", 2.0),
 }
 
 

@@ -1,0 +1,1 @@
+"""The Proxy: request intake, UIDs, Request Monitor (admission control); see app.py."""

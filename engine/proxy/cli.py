@@ -1,0 +1,64 @@
+"""``onepiece proxy``: serve the Proxy's HTTP intake until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine import envs
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=None, help="address to bind (default: ONEPIECE_BIND_HOST)")
+    p.add_argument("--port", type=int, default=None, help="port (default: ONEPIECE_PROXY_PORT; 0 picks a free one)")
+    p.add_argument("--etcd-url", default=None, help="etcd client URL (default: ONEPIECE_ETCD_URL)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: ONEPIECE_REDIS_URL)")
+    p.add_argument("--max-queue", type=int, default=None, help="accepted unfinished requests per workflow")
+    p.add_argument("--deliver", default=None, help="ResultDeliver policy for the first stage")
+
+
+async def serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    from engine.embedded import free_port
+    from engine.proxy.app import make_app
+    from engine.proxy.injector import Injector
+    from engine.proxy.monitor import RequestMonitor
+    from engine.store import JobStore
+    from engine.worker.routes import RouteTable, etcd_client
+
+    etcd_url, redis_url = args.etcd_url or envs.ETCD_URL, args.redis_url or envs.REDIS_URL
+    if not etcd_url or not redis_url:
+        print("error: --etcd-url and --redis-url (or ONEPIECE_ETCD_URL / ONEPIECE_REDIS_URL) are required")
+        return 2
+    host = args.host or envs.BIND_HOST
+    port = envs.PROXY_PORT if args.port is None else args.port
+    port = port or free_port(host)
+    store = JobStore.from_url(redis_url, ttl=envs.RESULT_TTL_S)
+    routes = RouteTable(etcd_client(etcd_url), envs.ROUTE_REFRESH_S)
+    injector = Injector(routes, args.deliver or envs.DELIVER, envs.PROXY_SEND_TIMEOUT_S)
+    app = make_app(store, routes, injector, RequestMonitor(args.max_queue or envs.PROXY_MAX_QUEUE))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.TCPSite(runner, host, port).start()
+        print(f"proxy: http://{host}:{port}", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        injector.close()
+        store.close()
+    print("proxy stopped", flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    return asyncio.run(serve(args))

@@ -1,0 +1,75 @@
+"""What a node runs: its instances (the assignment) and how their rings are sized.
+
+An assignment is JSON, kept in etcd under ``/onepiece/assignments/<node>``
+(the Node Manager will write it; until then ``onepiece up`` / ``onepiece node
+--config`` write a static one)::
+
+    {"instances": [{"id": "sd-t2i.denoise.0", "workflow": "sd-t2i", "stage": "denoise",
+                    "device": "cpu", "step_delay_s": 0.0}, ...],
+     "model_dirs": {"sd-t2i": "/models/sd-t2i"}, "deliver": {"sd-t2i": "least-outstanding"}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine.workflow import get_workflow
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One stage instance. ``step_delay_s`` sleeps after every denoising step (demos and tests
+    that need a request to stay mid-denoise for a while; 0 in production)."""
+
+    id: str
+    workflow: str
+    stage: str
+    device: str | None = None
+    step_delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        get_workflow(self.workflow).stage(self.stage)  # KeyError for an unknown workflow or stage
+        if not self.id or "/" in self.id or len(self.id) > 100:
+            raise ValueError(f"instance id must be 1-100 characters without '/', got {self.id!r}")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The desired instances of one node, their model folders and delivery policies."""
+
+    instances: tuple[InstanceSpec, ...] = ()
+    model_dirs: dict[str, str] = field(default_factory=dict)
+    deliver: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ids = [i.id for i in self.instances]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"duplicate instance ids in assignment: {sorted(ids)}")
+        for i in self.instances:
+            if i.workflow not in self.model_dirs:
+                raise ValueError(f"instance {i.id}: no model folder for workflow {i.workflow!r}")
+
+    def to_json(self) -> str:
+        return json.dumps({"instances": [asdict(i) for i in self.instances], "model_dirs": self.model_dirs,
+                           "deliver": self.deliver}, sort_keys=True)
+
+    @classmethod
+    def from_obj(cls, obj: dict[str, Any]) -> Assignment:
+        return cls(tuple(InstanceSpec(**i) for i in obj.get("instances", ())), dict(obj.get("model_dirs", {})),
+                   dict(obj.get("deliver", {})))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Assignment:
+        return cls.from_obj(json.loads(text))
+
+
+def default_assignment(model_dirs: dict[str, str], device: str | None = None,
+                       step_delay_s: float = 0.0) -> Assignment:
+    """One instance per stage of every workflow in ``model_dirs`` (what ``onepiece up`` runs)."""
+    instances = [
+        InstanceSpec(f"{wf}.{stage}.0", wf, stage, device, step_delay_s if stage == "denoise" else 0.0)
+        for wf in sorted(model_dirs) for stage in get_workflow(wf).route()
+    ]
+    return Assignment(tuple(instances), dict(model_dirs))

@@ -1,0 +1,278 @@
+"""TaskManager: one per node; keeps the node's TaskWorker processes matching its assignment.
+
+Each tick (``tick()``, every ``interval`` seconds) it reconciles desired state
+(the assignment in etcd, or a static one) with actual state (its worker
+processes), in the manner of a controller loop that never dies: an error in
+one tick is logged and the next tick starts afresh.
+
+- Membership: the node registers ``/onepiece/nodes/<node>`` bound to an etcd
+  lease that the loop refreshes; the value is the node's report (per-instance
+  pid, readiness, restarts, requests, busy and last stage seconds).
+- Workers: one process per instance (:mod:`engine.worker.proc`). A worker
+  that dies is restarted with exponential backoff (0.5 s doubling to 10 s).
+- Rings: each instance's inbox is ``shm://<ring_prefix><instance>``; the worker
+  is its consumer (see :mod:`engine.worker.taskworker` for why). The route
+  stays published while a dead worker restarts: the ring survives the crash,
+  so upstream stages keep handing requests to it and the new worker serves
+  them after recovery. At start and at shutdown the manager unlinks every
+  segment under its prefix, so nothing is left in /dev/shm.
+- Routes: published (bound to the node's lease) once a worker reports ready;
+  withdrawn when its instance is removed from the assignment or the node stops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.worker.config import Assignment, InstanceSpec
+from engine.worker.routes import Route, assignment_key, etcd_client, node_key, publish_route, withdraw_route
+
+log = logging.getLogger("onepiece.node")
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "onepiece-"  # engine.transport.shm's prefix; not imported, to keep this process light
+BACKOFF_MIN_S = 0.5
+BACKOFF_MAX_S = 10.0
+
+
+@dataclass
+class _Instance:
+    spec: InstanceSpec
+    address: str
+    model_dir: str
+    deliver: str
+    proc: subprocess.Popen[bytes] | None = None
+    ready: bool = False
+    restarts: int = 0
+    next_start: float = 0.0
+    published: bool = False
+    history: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Where the node's services are and how it sizes its rings."""
+
+    node: str
+    etcd_url: str
+    redis_url: str
+    run_dir: Path
+    ring_prefix: str = ""
+    ring_slots: int = 256
+    ring_bytes: int = 64 << 20
+    lease_ttl_s: int = 10
+    deliver: str = "least-outstanding"
+    progress_interval_s: float = 0.25
+    result_ttl_s: int = 3600
+    route_refresh_s: float = 1.0
+
+
+class TaskManager:
+    """Reconciles the node's worker processes with its assignment; see the module docstring."""
+
+    def __init__(self, settings: NodeSettings, static: Assignment | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.s = settings
+        self.static = static
+        self.clock = clock
+        self.prefix = settings.ring_prefix or f"{settings.node}-"
+        self.instances: dict[str, _Instance] = {}
+        self.desired = Assignment()
+        self.client: Any = None
+        self.lease: Any = None
+        self._lease_refreshed = 0.0
+        self._reported = 0.0
+        self.tick_seconds = 0.0
+        self.logs = settings.run_dir / "logs"
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._unlink_segments()
+        self.client = etcd_client(self.s.etcd_url)
+        self.lease = self.client.lease(self.s.lease_ttl_s)
+        self._lease_refreshed = self.clock()
+        if self.static is not None:
+            self.client.put(assignment_key(self.s.node), self.static.to_json())
+        self._report(force=True)
+
+    def run(self, should_stop: Callable[[], bool], interval: float = 0.2) -> None:
+        """Tick until ``should_stop()``; a failing tick is logged, never fatal."""
+        while not should_stop():
+            t0 = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # the control loop must not die
+                log.exception("tick failed")
+            self.tick_seconds = time.monotonic() - t0
+            time.sleep(max(0.0, interval - self.tick_seconds))
+
+    def tick(self) -> None:
+        now = self.clock()
+        if now - self._lease_refreshed > self.s.lease_ttl_s / 3:
+            self.lease.refresh()
+            self._lease_refreshed = now
+        self._read_assignment()
+        wanted = {i.id: i for i in self.desired.instances}
+        for iid, inst in list(self.instances.items()):
+            if iid not in wanted or wanted[iid] != inst.spec:
+                self._remove(inst)
+        for iid, spec in wanted.items():
+            if iid not in self.instances:
+                self.instances[iid] = _Instance(
+                    spec, f"shm://{self.prefix}{iid}", self.desired.model_dirs[spec.workflow],
+                    self.desired.deliver.get(spec.workflow, self.s.deliver))
+        for inst in self.instances.values():
+            self._supervise(inst, now)
+        self._report()
+
+    def shutdown(self, timeout: float = 15.0) -> None:
+        """Stop every worker (SIGTERM, then SIGKILL), withdraw routes, drop the lease, unlink rings."""
+        for inst in self.instances.values():
+            if inst.proc is not None and inst.proc.poll() is None:
+                inst.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for inst in self.instances.values():
+            if inst.proc is not None:
+                try:
+                    inst.proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    inst.proc.kill()
+                    inst.proc.wait()
+        if self.client is not None:
+            for inst in self.instances.values():
+                self._try(withdraw_route, self.client, self._route(inst))
+            if self.static is not None:
+                self._try(self.client.delete, assignment_key(self.s.node))
+            self._try(self.client.delete, node_key(self.s.node))
+            if self.lease is not None:
+                self._try(self.lease.revoke)
+        self.instances.clear()
+        self._unlink_segments()
+
+    # -- reconciliation ----------------------------------------------------------------------------
+    def _read_assignment(self) -> None:
+        try:
+            values = self.client.get(assignment_key(self.s.node))
+        except Exception:  # etcd unreachable: keep the last desired state
+            log.warning("cannot read the assignment; keeping the last one")
+            return
+        if values:
+            try:
+                self.desired = Assignment.from_json(values[0])
+            except (ValueError, TypeError, KeyError) as exc:
+                log.error("ignoring a malformed assignment: %s", exc)
+        else:
+            self.desired = Assignment()
+
+    def _supervise(self, inst: _Instance, now: float) -> None:
+        if inst.proc is not None and inst.proc.poll() is not None:
+            code = inst.proc.returncode
+            inst.proc, inst.ready = None, False
+            delay = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2 ** min(inst.restarts, 5))
+            inst.next_start = now + delay
+            inst.restarts += 1
+            log.warning("worker %s exited with %s; restarting in %.1fs", inst.spec.id, code, delay)
+        if inst.proc is None and now >= inst.next_start:
+            self._spawn(inst)
+        if inst.proc is not None and not inst.ready and self._ready_pid(inst) == inst.proc.pid:
+            inst.ready = True
+            if not inst.published:
+                publish_route(self.client, self._route(inst), self.lease)
+                inst.published = True
+            log.info("worker %s ready (pid %d)", inst.spec.id, inst.proc.pid)
+
+    def _spawn(self, inst: _Instance) -> None:
+        from engine.worker.proc import config_to_json
+        from engine.worker.taskworker import WorkerConfig
+
+        ready = self._ready_file(inst)
+        ready.unlink(missing_ok=True)
+        cfg = WorkerConfig(
+            instance=inst.spec.id, workflow=inst.spec.workflow, stage=inst.spec.stage, model_dir=inst.model_dir,
+            address=inst.address, redis_url=self.s.redis_url, etcd_url=self.s.etcd_url,
+            ring_slots=self.s.ring_slots, ring_bytes=self.s.ring_bytes, deliver=inst.deliver,
+            device=inst.spec.device, step_delay_s=inst.spec.step_delay_s,
+            progress_interval_s=self.s.progress_interval_s, result_ttl_s=self.s.result_ttl_s,
+            route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
+        )
+        with open(self.logs / f"{inst.spec.id}.log", "ab") as out:
+            inst.proc = subprocess.Popen(
+                [sys.executable, "-m", "engine.worker.proc", config_to_json(cfg)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches the manager, which stops workers in order
+            )
+        inst.history.append(time.time())
+        log.info("started worker %s (pid %d)", inst.spec.id, inst.proc.pid)
+
+    def _remove(self, inst: _Instance) -> None:
+        if inst.published:
+            self._try(withdraw_route, self.client, self._route(inst))
+        if inst.proc is not None and inst.proc.poll() is None:
+            inst.proc.terminate()
+            try:
+                inst.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                inst.proc.kill()
+                inst.proc.wait()
+        self._unlink(inst.address)
+        self.instances.pop(inst.spec.id, None)
+
+    # -- reporting ---------------------------------------------------------------------------------
+    def _report(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._reported < 2.0:
+            return
+        self._reported = now
+        report = {
+            "node": self.s.node, "pid": os.getpid(), "ts": time.time(), "tick_seconds": self.tick_seconds,
+            "instances": {
+                iid: {"workflow": i.spec.workflow, "stage": i.spec.stage, "address": i.address,
+                      "pid": i.proc.pid if i.proc else None, "ready": i.ready, "restarts": i.restarts}
+                for iid, i in self.instances.items()
+            },
+        }
+        self.client.put(node_key(self.s.node), json.dumps(report), lease=self.lease)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _route(self, inst: _Instance) -> Route:
+        return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node)
+
+    def _ready_file(self, inst: _Instance) -> Path:
+        return self.s.run_dir / f"{inst.spec.id}.ready"
+
+    def _ready_pid(self, inst: _Instance) -> int | None:
+        try:
+            return int(self._ready_file(inst).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _unlink(self, address: str) -> None:
+        if address.startswith("shm://"):
+            Path(SHM_DIR, SHM_PREFIX + address[len("shm://"):]).unlink(missing_ok=True)
+
+    def _unlink_segments(self) -> None:
+        try:
+            names = os.listdir(SHM_DIR)
+        except FileNotFoundError:
+            return
+        for n in names:
+            if n.startswith(SHM_PREFIX + self.prefix):
+                Path(SHM_DIR, n).unlink(missing_ok=True)
+
+    @staticmethod
+    def _try(fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # best effort during shutdown
+            log.warning("%s failed during shutdown: %s", getattr(fn, "__name__", fn), exc)

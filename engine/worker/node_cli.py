@@ -1,0 +1,66 @@
+"""``onepiece node``: run this machine's TaskManager until SIGINT/SIGTERM.
+
+With ``--assignment FILE`` the node writes that static assignment (JSON, see
+:mod:`engine.worker.config`) to etcd before it starts; without it, it serves
+whatever ``/onepiece/assignments/<node>`` holds and follows its changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+from pathlib import Path
+
+from engine import envs
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", default=None, help="node name in etcd (default: ONEPIECE_NODE_NAME or the host name)")
+    p.add_argument("--etcd-url", default=None, help="etcd client URL (default: ONEPIECE_ETCD_URL)")
+    p.add_argument("--redis-url", default=None, help="Redis URL (default: ONEPIECE_REDIS_URL)")
+    p.add_argument("--run-dir", type=Path, default=None, help="ready files and worker logs (default: STATE_DIR/node)")
+    p.add_argument("--assignment", type=Path, default=None, help="a static assignment to serve (JSON file)")
+    p.add_argument("--ring-prefix", default="", help="shared-memory name prefix of this node's rings")
+    p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per inbox ring")
+    p.add_argument("--ring-slots", type=int, default=None, help="slots per inbox ring")
+    p.add_argument("--deliver", default=None, help="default ResultDeliver policy")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from engine.worker.config import Assignment
+    from engine.worker.manager import NodeSettings, TaskManager
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s node %(levelname)s %(message)s")
+    etcd_url, redis_url = args.etcd_url or envs.ETCD_URL, args.redis_url or envs.REDIS_URL
+    if not etcd_url or not redis_url:
+        print("error: --etcd-url and --redis-url (or ONEPIECE_ETCD_URL / ONEPIECE_REDIS_URL) are required")
+        return 2
+    node = args.node or envs.NODE_NAME or socket.gethostname()
+    static = Assignment.from_json(args.assignment.read_text()) if args.assignment else None
+    settings = NodeSettings(
+        node=node, etcd_url=etcd_url, redis_url=redis_url,
+        run_dir=(args.run_dir or envs.STATE_DIR / "node").resolve(), ring_prefix=args.ring_prefix,
+        ring_slots=args.ring_slots or min(envs.RING_SLOTS, 256), ring_bytes=args.ring_bytes or envs.RING_BYTES,
+        lease_ttl_s=envs.NODE_LEASE_TTL_S, deliver=args.deliver or envs.DELIVER,
+        progress_interval_s=envs.PROGRESS_INTERVAL_MS / 1000, result_ttl_s=envs.RESULT_TTL_S,
+        route_refresh_s=envs.ROUTE_REFRESH_S,
+    )
+    stop = {"flag": False}
+
+    def _on_signal(signum: int, frame: object) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    manager = TaskManager(settings, static)
+    manager.start()
+    print(f"node: {node} (etcd {etcd_url}, logs {settings.run_dir / 'logs'})", flush=True)
+    try:
+        manager.run(lambda: stop["flag"])
+    finally:
+        manager.shutdown()
+    print("node stopped", flush=True)
+    return 0

@@ -1,0 +1,131 @@
+"""Instance routes in etcd: where each stage instance's inbox ring listens.
+
+Keys (values are JSON)::
+
+    /onepiece/routes/<workflow>/<stage>/<instance>  {"address": "shm://...", "node": "...", "instance": "..."}
+    /onepiece/assignments/<node>                     the node's desired instances (see engine.worker.config)
+    /onepiece/nodes/<node>                           the node's registration, bound to its lease
+
+A TaskManager publishes a route once the instance's worker is ready and removes
+it when the instance is stopped; routes are bound to the node's lease, so a
+node that dies takes its routes with it. Readers (workers, the Proxy) keep a
+:class:`RouteTable`: a cached copy refreshed at most every ``refresh_s``, so
+the etcd round trip is never on a request's path.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = "/onepiece"
+
+
+def routes_prefix(workflow: str = "", stage: str = "") -> str:
+    parts = [p for p in (workflow, stage) if p]
+    return f"{ROOT}/routes/" + "".join(f"{p}/" for p in parts)
+
+
+def route_key(workflow: str, stage: str, instance: str) -> str:
+    return f"{routes_prefix(workflow, stage)}{instance}"
+
+
+def assignment_key(node: str) -> str:
+    return f"{ROOT}/assignments/{node}"
+
+
+def node_key(node: str) -> str:
+    return f"{ROOT}/nodes/{node}"
+
+
+def etcd_client(url: str, timeout: float = 5.0) -> Any:
+    """An ``etcd3gw`` client for ``http://host:port`` (imported lazily: it pulls in requests)."""
+    import etcd3gw
+
+    u = urlparse(url)
+    return etcd3gw.client(host=u.hostname or "127.0.0.1", port=u.port or 2379, protocol=u.scheme or "http",
+                          timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One instance of one stage: its id and its inbox ring's address."""
+
+    workflow: str
+    stage: str
+    instance: str
+    address: str
+    node: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps({"address": self.address, "node": self.node, "instance": self.instance})
+
+
+def publish_route(client: Any, route: Route, lease: Any = None) -> None:
+    client.put(route_key(route.workflow, route.stage, route.instance), route.to_json(), lease=lease)
+
+
+def withdraw_route(client: Any, route: Route) -> None:
+    client.delete(route_key(route.workflow, route.stage, route.instance))
+
+
+class RouteTable:
+    """A cached view of every published route, refreshed from etcd at most every ``refresh_s``.
+
+    ``candidates(workflow, stage)`` never blocks on etcd for longer than the
+    client's timeout, and only when the cache is stale; when etcd cannot be
+    reached the last known routes are kept (a control-plane outage must not
+    stop the data path).
+    """
+
+    def __init__(self, client: Any, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._routes: dict[tuple[str, str], list[Route]] = {}
+        self._fetched = -1e18
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        found: dict[tuple[str, str], list[Route]] = {}
+        for value, meta in self.client.get_prefix(routes_prefix()):
+            key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
+            parts = key[len(routes_prefix()):].split("/")
+            if len(parts) != 3:
+                continue
+            workflow, stage, instance = parts
+            try:
+                data = json.loads(value)
+            except ValueError:
+                continue  # a malformed route is skipped, not fatal
+            found.setdefault((workflow, stage), []).append(
+                Route(workflow, stage, instance, str(data["address"]), str(data.get("node", ""))))
+        for rs in found.values():
+            rs.sort(key=lambda r: r.instance)
+        with self._lock:
+            self._routes = found
+            self._fetched = self.clock()
+
+    def candidates(self, workflow: str, stage: str, *, fresh: bool = False) -> list[Route]:
+        """The published instances of ``stage`` (possibly empty), sorted by instance id."""
+        if fresh or self.clock() - self._fetched > self.refresh_s:
+            try:
+                self.refresh()
+            except Exception:  # etcd down or slow: keep serving from the cache
+                pass
+        with self._lock:
+            return list(self._routes.get((workflow, stage), ()))
+
+    def wait_for(self, workflow: str, stage: str, timeout: float) -> list[Route]:
+        """Poll until ``stage`` has at least one route (start-up); empty after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.candidates(workflow, stage, fresh=True)
+            if found or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.1)

@@ -1,0 +1,254 @@
+"""TaskWorker: one stage instance in its own process.
+
+It loads its stage executor once, consumes its inbox ring, runs the stage for
+each Workflow Message, hands the result to an instance of the next stage
+chosen by the ResultDeliver policy (or, at the last stage, writes the result
+to the store), and only then releases its input.
+
+Why release last: the ring keeps a delivered-but-unreleased message, and a
+consumer that re-attaches with :meth:`RingConsumer.recover` gets it again. So
+a worker killed mid-request loses nothing: its TaskManager restarts it, the
+new process recovers the same ring and runs the request again. What it may
+repeat (a send that happened just before the kill) is made harmless by the
+store: a stage whose ``done`` marker is set drops the redelivered input, and
+the result is written only by the single transition to ``completed``.
+
+Ring ownership: the worker process is its ring's consumer and so its owner.
+It creates the shared-memory segment on first start and recovers it when the
+segment exists (a restart after a crash); a clean stop closes and unlinks it.
+The TaskManager removes segments left by workers that never came back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
+from engine.store import JobStore, keys
+from engine.transport.ring import Delivery, RingConfig, RingConsumer, RingProducer
+from engine.worker.deliver import Outstanding, make_deliver
+from engine.worker.routes import Route, RouteTable
+from engine.workflow import get_workflow
+from engine.workflow import message as wm
+
+log = logging.getLogger("onepiece.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything one TaskWorker process needs (passed as JSON by its TaskManager)."""
+
+    instance: str
+    workflow: str
+    stage: str
+    model_dir: str
+    address: str
+    redis_url: str
+    etcd_url: str
+    ring_slots: int = 256
+    ring_bytes: int = 64 << 20
+    deliver: str = "least-outstanding"
+    device: str | None = None
+    step_delay_s: float = 0.0
+    progress_interval_s: float = 0.25
+    result_ttl_s: int = 3600
+    route_refresh_s: float = 1.0
+    send_timeout_s: float = 30.0
+    ready_file: str = ""
+
+
+def open_ring(address: str, config: RingConfig) -> RingConsumer:
+    """Create the inbox ring, or recover it if a previous incarnation left it behind."""
+    from engine.transport.errors import RegionError
+
+    try:
+        return RingConsumer.create(address, config)
+    except RegionError as exc:
+        if "already exists" not in str(exc):
+            raise
+        log.warning("recovering ring %s left by a previous worker", address)
+        return RingConsumer.recover(address, config)
+
+
+class TaskWorker:
+    """The core loop of one stage instance (no process concerns: see :func:`main`)."""
+
+    def __init__(self, config: WorkerConfig, store: JobStore, routes: RouteTable,
+                 executor: StageExecutor, consumer: RingConsumer) -> None:
+        self.config = config
+        self.store = store
+        self.routes = routes
+        self.executor = executor
+        self.consumer = consumer
+        self.spec = get_workflow(config.workflow)
+        self.route = self.spec.route()
+        i = self.route.index(config.stage)
+        self.next_stage = self.route[i + 1] if i + 1 < len(self.route) else None
+        self._producers: dict[str, tuple[str, RingProducer]] = {}
+        self.outstanding = Outstanding(lambda inst: self._producers[inst][1].unacked if inst in self._producers else 0)
+        self.deliver = make_deliver(config.deliver, self.outstanding)
+        self.handled = 0
+
+    # -- loop --------------------------------------------------------------------------------
+    def serve(self, should_stop: Callable[[], bool]) -> None:
+        """Handle messages until ``should_stop()``; checked at least every 100 ms while idle."""
+        while not should_stop():
+            d = self.consumer.recv(timeout=0.1)
+            if d is None:
+                for _, p in self._producers.values():
+                    p.poll()  # retransmit what a restarted downstream consumer dropped
+                continue
+            self.handle(d)
+
+    def handle(self, d: Delivery) -> None:
+        """Run the stage on one message; the input is released on every path, last."""
+        try:
+            msg = wm.decode(d.view)
+        except wm.MessageError as exc:
+            log.error("dropping a malformed message from producer %d: %s", d.producer, exc)
+            d.release()
+            return
+        h = msg.header
+        try:
+            if self._admit(h):
+                self._run(h, msg)
+        except Exception as exc:  # one bad request must not stop the instance
+            log.exception("request %s failed in %s", h.uid, self.config.stage)
+            self.store.finish(h.uid, h.workflow, keys.FAILED, self.config.stage, detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            del msg
+            d.release()
+        self.handled += 1
+
+    def _admit(self, h: wm.Header) -> bool:
+        """Whether to run the stage at all: not misrouted, finished, repeated, cancelled or expired."""
+        st, uid = self.config.stage, h.uid
+        if h.workflow != self.config.workflow or h.stage != st:
+            raise ValueError(f"misrouted: message for {h.workflow}/{h.stage} reached {self.config.instance}")
+        if self.store.state(uid) in keys.TERMINAL or self.store.is_done(uid, st):
+            return False  # finished meanwhile, or a redelivery of work already handed on
+        if self.store.cancel_requested(uid):
+            self.store.finish(uid, h.workflow, keys.CANCELLED, st, detail=f"cancelled before {st}")
+            return False
+        if h.deadline is not None and time.time() > h.deadline:
+            self.store.finish(uid, h.workflow, keys.EXPIRED, st, detail=f"deadline passed before {st} started")
+            return False
+        return True
+
+    def _run(self, h: wm.Header, msg: wm.Message) -> None:
+        from engine.stages.components import to_torch, values_to_message
+
+        cfg, uid, st = self.config, h.uid, self.config.stage
+        costs = self.spec.estimate_cost(h.params)
+        total = sum(costs.values()) or 1.0
+        before = sum(costs.get(s, 0.0) for s in self.route[:self.route.index(st)])
+        share = costs.get(st, 0.0)
+        self.store.event(uid, keys.STAGE_STARTED, st, int(100 * before / total), state=keys.IN_PROGRESS)
+        last = {"t": 0.0, "step": 0, "total": 0}
+
+        def progress(step: int, n: int) -> None:
+            last["step"], last["total"] = step, n
+            now = time.monotonic()
+            if step == n or now - last["t"] >= cfg.progress_interval_s:
+                last["t"] = now
+                pct = int(100 * (before + share * step / max(n, 1)) / total)
+                self.store.event(uid, keys.PROGRESS, st, pct, detail=f"step {step}/{n}", state=keys.IN_PROGRESS)
+            if cfg.step_delay_s:
+                time.sleep(cfg.step_delay_s)
+
+        ctx = StageContext(progress=progress, cancelled=lambda: self.store.cancel_requested(uid), deadline=h.deadline)
+        values: dict[str, Any] = {k: to_torch(t) for k, t in msg.tensors.items()}
+        values.update(msg.blobs)
+        stage = self.spec.stage(st)
+        t0 = time.perf_counter()
+        try:
+            out = self.executor.run({k: values[k] for k in stage.inputs}, h.params, ctx)
+        except (Cancelled, DeadlineExceeded) as exc:
+            where = f"stopped at step {last['step']} of {last['total']}: {exc}"
+            self.store.event(uid, keys.STAGE_STOPPED, st, detail=where)
+            state = keys.CANCELLED if isinstance(exc, Cancelled) else keys.EXPIRED
+            self.store.finish(uid, h.workflow, state, st, detail=where)
+            return
+        elapsed = time.perf_counter() - t0
+        values.update(out)
+        tensors, blobs = values_to_message({k: values[k] for k in self.spec.carried_after(st)})
+        h.timestamps[st] = time.time()
+        if self.next_stage is None:
+            final = blobs.get(self.spec.final_output)
+            if final is None:
+                raise RuntimeError(f"last stage {st} did not produce {self.spec.final_output!r}")
+            self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
+        else:
+            h.stage = self.next_stage
+            self._send(h, tensors, blobs, costs.get(self.next_stage, 0.0))
+            self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (before + share) / total),
+                             detail=f"{elapsed:.3f}s")
+        self.store.mark_done(uid, st)
+        self.store.record_instance(cfg.instance, {"workflow": cfg.workflow, "stage": st,
+                                                  "last_stage_s": round(elapsed, 6)}, elapsed)
+
+    # -- delivery --------------------------------------------------------------------------------
+    def _send(self, h: wm.Header, tensors: dict[str, wm.TensorData], blobs: dict[str, Any], cost: float) -> None:
+        """Encode straight into a reserved span of the chosen instance's ring (no staging buffer).
+
+        No refill callback is given: the carried inputs are views into our own
+        inbox slot, which is released right after, so the producer keeps a copy
+        for retransmission instead.
+        """
+        from engine.transport.errors import TransportError
+
+        assert self.next_stage is not None
+        size = wm.encoded_size(h, tensors, blobs)
+        deadline = time.monotonic() + self.config.send_timeout_s
+        delay = 0.05
+        while True:
+            candidates = self.routes.candidates(h.workflow, self.next_stage)
+            if candidates:
+                route = self.deliver.choose(candidates, cost)
+                try:
+                    producer = self._producer(route)
+                    res = producer.reserve(size, timeout=1.0)
+                    wm.encode_into(res.view, h, tensors, blobs)
+                    res.commit()
+                    self.outstanding.sent(route.instance, cost)
+                    return
+                except TransportError as exc:
+                    log.warning("send to %s failed (%s); retrying", route.instance, exc)
+                    self._drop_producer(route.instance)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no instance of {h.workflow}/{self.next_stage} took the request "
+                                   f"within {self.config.send_timeout_s:.0f}s")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            self.routes.candidates(h.workflow, self.next_stage, fresh=True)
+
+    def _producer(self, route: Route) -> RingProducer:
+        got = self._producers.get(route.instance)
+        if got is not None and got[0] == route.address:
+            return got[1]
+        if got is not None:
+            self._drop_producer(route.instance)
+        from engine.transport.ring import attach_producer
+
+        # A fresh producer entry (id None), never the dead incarnation's: records
+        # it committed before dying stay deliverable instead of being fenced.
+        p = attach_producer(route.address, None, send_timeout=self.config.send_timeout_s)
+        self._producers[route.instance] = (route.address, p)
+        return p
+
+    def _drop_producer(self, instance: str) -> None:
+        got = self._producers.pop(instance, None)
+        if got is not None:
+            try:
+                got[1].close()
+            except Exception:  # the region may already be gone
+                pass
+
+    def close(self) -> None:
+        for inst in list(self._producers):
+            self._drop_producer(inst)
+        self.consumer.close()

@@ -1,0 +1,153 @@
+"""A real one-node deployment for the runtime tests, started once per session.
+
+Redis and etcd (the session fixtures), the tiny models, ``onepiece node`` with
+one worker process per stage of both workflows, and ``onepiece proxy``: the
+same commands an operator runs. Rings are named ``onepiece-test-<pid>-*`` and
+the fixture checks at teardown that none is left behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.stages.conftest import input_png, tiny_models  # noqa: F401 - fixtures reused here
+
+# sd-t2i's denoise sleeps this long after every step, so cancel and SIGKILL
+# tests can catch a request mid-denoise (see InstanceSpec.step_delay_s).
+SD_STEP_DELAY_S = 0.05
+STARTUP_TIMEOUT_S = 240
+
+
+@dataclass
+class Cluster:
+    proxy: str
+    node: subprocess.Popen[str]
+    proxy_proc: subprocess.Popen[str]
+    store: Any
+    etcd: Any
+    run_dir: Path
+    ring_prefix: str
+
+    # -- HTTP helpers -------------------------------------------------------------------------
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any, dict[str, str]]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.proxy + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                raw, status, headers = r.read(), r.status, dict(r.headers)
+        except urllib.error.HTTPError as e:
+            raw, status, headers = e.read(), e.code, dict(e.headers)
+        ctype = headers.get("Content-Type", "")
+        return status, (json.loads(raw) if ctype.startswith("application/json") else raw), headers
+
+    def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes] | None = None,
+               **extra: Any) -> str:
+        body = {"workflow": workflow, "params": params,
+                "inputs": {k: base64.b64encode(v).decode() for k, v in (inputs or {}).items()}, **extra}
+        status, doc, _ = self.call("POST", "/v1/requests", body)
+        assert status == 202, doc
+        return str(doc["uid"])
+
+    def wait(self, uid: str, states: set[str], timeout: float = 120) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            status, doc, _ = self.call("GET", f"/v1/requests/{uid}")
+            assert status == 200, doc
+            if doc["state"] in states:
+                return dict(doc)
+            assert time.monotonic() < deadline, f"{uid} still {doc} after {timeout}s"
+            time.sleep(0.05)
+
+    def events(self, uid: str) -> list[dict[str, str]]:
+        return list(self.store.events(uid))
+
+    def node_report(self) -> dict[str, Any]:
+        values = self.etcd.get("/onepiece/nodes/test-node")
+        return json.loads(values[0]) if values else {}
+
+
+def _stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
+
+
+@pytest.fixture(scope="session")
+def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  # noqa: F811
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from engine.store import JobStore
+    from engine.worker.config import Assignment, default_assignment
+    from engine.worker.routes import etcd_client
+
+    store = JobStore.from_url(redis_server.url, ttl=600)
+    store.r.flushdb()
+    etcd = etcd_client(etcd_server.url)
+    etcd.delete_prefix("/onepiece/")
+    base = default_assignment({k: str(v) for k, v in tiny_models.items()}, device="cpu")
+    instances = tuple(
+        type(i)(i.id, i.workflow, i.stage, i.device, SD_STEP_DELAY_S if i.id == "sd-t2i.denoise.0" else 0.0)
+        for i in base.instances
+    )
+    assignment = Assignment(instances, base.model_dirs)
+    run_dir = tmp_path_factory.mktemp("node")
+    (run_dir / "assignment.json").write_text(assignment.to_json())
+    prefix = f"test-{os.getpid()}-"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
+    env.update(ONEPIECE_REDIS_URL=redis_server.url, ONEPIECE_ETCD_URL=etcd_server.url, ONEPIECE_DEVICE="cpu",
+               ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2")
+    onepiece = [sys.executable, "-m", "engine.cli"]
+    node = subprocess.Popen(
+        [*onepiece, "node", "--node", "test-node", "--run-dir", str(run_dir), "--assignment",
+         str(run_dir / "assignment.json"), "--ring-prefix", prefix, "--ring-bytes", str(8 << 20),
+         "--ring-slots", "64"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proxy = subprocess.Popen([*onepiece, "proxy", "--port", "0"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proxy.stdout is not None
+        line = proxy.stdout.readline()
+        assert line.startswith("proxy: "), line + _stop(proxy)
+        c = Cluster(line.split(": ", 1)[1].strip(), node, proxy, store, etcd, run_dir, prefix)
+        want = {i.id for i in instances}
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix("/onepiece/routes/")}
+            if published >= want:
+                break
+            assert node.poll() is None, _stop(node)
+            assert time.monotonic() < deadline, f"workers not ready: {sorted(want - published)}"
+            time.sleep(0.25)
+        yield c
+    finally:
+        proxy_out = _stop(proxy)
+        node_out = _stop(node)
+        store.close()
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
+        assert not left, f"rings left behind: {left}\n{node_out}"
+        assert proxy.returncode == 0, proxy_out
+        assert node.returncode == 0, node_out
+
+
+def logs(c: Cluster, instance: str) -> str:
+    path = c.run_dir / "logs" / f"{instance}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
