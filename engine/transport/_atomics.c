@@ -130,9 +130,14 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
  * and tests run both against each other. Layout constants mirror engine/transport/layout.py.
  * ------------------------------------------------------------------------------------------ */
 #if defined(__has_include)
-#if __has_include(<xxhash.h>)
+#if __has_include(<xxhash.h>) && defined(__x86_64__)
+/* xxh3 picks its SIMD width at compile time; compile it and the fast paths for AVX2 and
+ * use them only where the CPU has AVX2 (module init checks), else the Python path runs. */
 #define ONEPIECE_FAST 1
+#pragma GCC push_options
+#pragma GCC target("avx2")
 #define XXH_INLINE_ALL
+#define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
 #endif
 #endif
@@ -158,6 +163,9 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 #define RECORD_MAGIC 0x3152504FU
 #define FLAG_SKIP 1
 #define HEADER_COVERED 40
+#ifndef CHUNK
+#define CHUNK (128u << 10)
+#endif
 
 #pragma pack(push, 1)
 typedef struct {
@@ -246,10 +254,10 @@ static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
         const char *src = (const char *)data.buf;
         if (len >= (1u << 16)) {
             Py_BEGIN_ALLOW_THREADS
-            for (uint64_t a = 0; a < len; a += (256u << 10)) {  /* copy and hash while in cache */
-                uint64_t n = len - a < (256u << 10) ? len - a : (256u << 10);
-                memcpy(dst + a, src + a, n);
+            for (uint64_t a = 0; a < len; a += CHUNK) {  /* hash, then copy while still in cache */
+                uint64_t n = len - a < CHUNK ? len - a : CHUNK;
                 XXH3_64bits_update(&state, src + a, n);
+                memcpy(dst + a, src + a, n);
             }
             Py_END_ALLOW_THREADS
         } else {
@@ -331,6 +339,7 @@ static PyObject *ring_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
                          (unsigned long long)(g.b_off + phys + UNIT), (unsigned long long)rec->length,
                          (unsigned long long)units);
 }
+#pragma GCC pop_options
 #endif /* ONEPIECE_FAST */
 
 static PyMethodDef methods[] = {
@@ -352,4 +361,14 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_atomics", "Native atomics for shared memory.", -1, methods};
 
-PyMODINIT_FUNC PyInit__atomics(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__atomics(void) {
+#ifdef ONEPIECE_FAST
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2")) {
+        /* hide the AVX2 fast paths: engine.transport.ring falls back to its Python steps */
+        for (PyMethodDef *m = methods; m->ml_name; m++)
+            if (strncmp(m->ml_name, "ring_", 5) == 0) { m->ml_name = "_unsupported_cpu"; }
+    }
+#endif
+    return PyModule_Create(&module);
+}
