@@ -1,0 +1,113 @@
+"""Cancel, deadlines and a worker SIGKILL, through the Proxy and real worker processes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.engine.runtime.conftest import SD_STEP_DELAY_S, Cluster
+
+pytestmark = pytest.mark.models
+
+SLOW = dict(prompt="a red car in snow", height=64, width=64, num_inference_steps=100, seed=11)
+
+
+def _denoise_steps(c: Cluster, uid: str) -> int:
+    steps = [int(e["detail"].split()[1].split("/")[0]) for e in c.events(uid)
+             if e["type"] == "progress" and e["stage"] == "denoise"]
+    return max(steps, default=0)
+
+
+def _wait_steps(c: Cluster, uid: str, n: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while (got := _denoise_steps(c, uid)) < n:
+        assert time.monotonic() < deadline, c.events(uid)
+        time.sleep(0.02)
+    return got
+
+
+def test_cancel_mid_denoise_stops_within_one_step(cluster: Cluster) -> None:
+    uid = cluster.submit("sd-t2i", SLOW)
+    _wait_steps(cluster, uid, 3)
+    status, doc, _ = cluster.call("DELETE", f"/v1/requests/{uid}")
+    assert status == 202 and doc["cancel_requested"], doc
+    seen = _denoise_steps(cluster, uid)  # steps finished by the time the flag was visible
+    done = cluster.wait(uid, {"cancelled", "completed", "failed"}, timeout=30)
+    assert done["state"] == "cancelled", done
+    stopped = [e for e in cluster.events(uid) if e["type"] == "stage_stopped"]
+    assert len(stopped) == 1 and stopped[0]["stage"] == "denoise"
+    at = int(re.match(r"stopped at step (\d+) of 100", stopped[0]["detail"]).group(1))
+    assert at <= seen + 1, (at, seen)
+    assert at < 100
+    started = [e["stage"] for e in cluster.events(uid) if e["type"] == "stage_started"]
+    assert started == ["text_encode", "denoise"]  # nothing after denoise ran
+    status, doc, _ = cluster.call("GET", f"/v1/requests/{uid}/result")
+    assert status == 409 and doc["state"] == "cancelled"
+    status, doc, _ = cluster.call("DELETE", f"/v1/requests/{uid}")
+    assert status == 409  # already finished
+
+
+def test_an_expired_deadline_never_starts_a_stage(cluster: Cluster) -> None:
+    # A deadline that passes before the request could start is refused at once, never queued.
+    n_events = len(cluster.store.events())
+    status, doc, headers = cluster.call("POST", "/v1/requests", {
+        "workflow": "sd-t2i", "params": dict(SLOW, num_inference_steps=3), "deadline_s": 0.001})
+    assert status == 503 and "deadline" in doc["error"] and int(headers["Retry-After"]) >= 1, doc
+    assert len(cluster.store.events()) == n_events  # nothing accepted, nothing queued
+
+    # Expired while queued behind a long request at denoise: denoise never starts it.
+    blocker = cluster.submit("sd-t2i", SLOW)
+    _wait_steps(cluster, blocker, 1)
+    late = cluster.submit("sd-t2i", dict(SLOW, num_inference_steps=3), deadline_s=1.0)
+    done = cluster.wait(late, {"expired", "completed", "failed"}, timeout=60)
+    assert done["state"] == "expired" and "before denoise started" in done["detail"], done
+    started = [e["stage"] for e in cluster.events(late) if e["type"] == "stage_started"]
+    assert started == ["text_encode"]
+    cluster.call("DELETE", f"/v1/requests/{blocker}")
+    cluster.wait(blocker, {"cancelled", "completed", "failed"}, timeout=30)
+
+
+def test_sigkill_of_the_denoise_worker_mid_request(cluster: Cluster, tiny_models: dict[str, Path]) -> None:
+    import torch
+    from diffusers import StableDiffusionPipeline
+    from PIL import Image
+
+    params = dict(SLOW, num_inference_steps=40, seed=3)
+    rings_before = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{cluster.ring_prefix}"))
+    before = cluster.node_report()["instances"]["sd-t2i.denoise.0"]
+    uid = cluster.submit("sd-t2i", params)
+    _wait_steps(cluster, uid, 3)
+    os.kill(before["pid"], signal.SIGKILL)
+    done = cluster.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=180)
+    assert done["state"] == "completed", done
+
+    # completed once, one result, equal to the one-call pipeline
+    events = cluster.events(uid)
+    assert [e["type"] for e in events].count("completed") == 1
+    denoise_starts = [e for e in events if e["type"] == "stage_started" and e["stage"] == "denoise"]
+    assert len(denoise_starts) == 2  # the restarted worker ran the redelivered request again
+    assert [e["stage"] for e in events if e["type"] == "stage_started"].count("vae_decode") == 1
+    _, png, _ = cluster.call("GET", f"/v1/requests/{uid}/result")
+    pipe = StableDiffusionPipeline.from_pretrained(tiny_models["sd-t2i"])
+    kwargs = {k: v for k, v in params.items() if k != "seed"}
+    reference = pipe(generator=torch.Generator().manual_seed(params["seed"]), output_type="pil",
+                     **kwargs).images[0]
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png))), np.asarray(reference))
+
+    # the TaskManager restarted the worker on the same ring, and the ring is all that exists
+    deadline = time.monotonic() + 10
+    while (after := cluster.node_report()["instances"]["sd-t2i.denoise.0"])["restarts"] < 1:
+        assert time.monotonic() < deadline, json.dumps(after)
+        time.sleep(0.2)
+    assert after["pid"] != before["pid"] and after["address"] == before["address"]
+    rings_after = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{cluster.ring_prefix}"))
+    assert rings_after == rings_before
+    assert SD_STEP_DELAY_S > 0  # the test relies on denoise being slow enough to catch
