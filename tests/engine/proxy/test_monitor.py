@@ -1,0 +1,45 @@
+"""The Request Monitor decides at once from a snapshot; the Proxy's modules stay light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.proxy.monitor import Load, RequestMonitor
+from tests.conftest import REPO_ROOT
+
+
+def test_admits_when_there_is_room() -> None:
+    d = RequestMonitor(4).decide(Load(1, 10.0, 5, 1), cost=3.0, now=100.0, deadline=None)
+    assert d.admit and d.predicted_wait_s == 2.0
+
+
+def test_rejects_a_full_queue_with_retry_after() -> None:
+    d = RequestMonitor(2).decide(Load(2, 9.0, 2, 1), cost=1.0, now=0.0, deadline=None)
+    assert not d.admit and "queue full" in d.reason and d.retry_after == 5
+
+
+def test_rejects_what_cannot_start_before_its_deadline() -> None:
+    m = RequestMonitor(100)
+    load = Load(3, 30.0, 3, 1)  # 10 s of work ahead per instance
+    assert not m.decide(load, 1.0, now=0.0, deadline=9.0).admit
+    assert m.decide(load, 1.0, now=0.0, deadline=11.0).admit
+
+
+def test_rejects_without_instances() -> None:
+    d = RequestMonitor(10).decide(Load(0, 0.0, 0, 0), 1.0, 0.0, None)
+    assert not d.admit and d.retry_after >= 1
+
+
+def test_bad_bound() -> None:
+    with pytest.raises(ValueError):
+        RequestMonitor(0)
+
+
+def test_proxy_node_and_cli_import_no_torch() -> None:
+    code = ("import sys, engine.cli, engine.proxy.app, engine.proxy.cli, engine.worker.manager, "
+            "engine.worker.node_cli; engine.cli.build_parser(); "
+            "bad = [m for m in ('torch', 'diffusers', 'django') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
