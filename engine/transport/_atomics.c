@@ -124,7 +124,7 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 
 /* ------------------------------------------------------------------------------------------
  * Fast paths of the ring protocol for a region mapped in this process (shm, or the owner of a
- * tcp/verbs region). They do exactly what engine/transport/ring.py does step by step (see
+ * tcp/verbs region). They do exactly what engine/transport/ring/ does step by step (see
  * docs/ring-protocol.md), in one call, because the Python version costs ~10 us per message.
  * The Python version stays the reference: remote regions and fault-injection tests use it,
  * and tests run both against each other. Layout constants mirror engine/transport/layout.py.

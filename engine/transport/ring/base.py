@@ -1,0 +1,120 @@
+"""Shared pieces of the ring: configuration, counters, geometry, the native fast-path handles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.transport import layout as L
+from engine.transport.errors import (
+    RegionMismatch,
+)
+from engine.transport.region import MemoryRegion
+
+try:  # native fast paths; absent when the extension was built without xxhash.h
+    from engine.transport._atomics import ring_send as _ring_send
+    from engine.transport._atomics import ring_take as _ring_take
+except ImportError:  # pragma: no cover - depends on the build
+    _ring_send = _ring_take = None
+
+Buffer = bytes | bytearray | memoryview
+Refill = Callable[[memoryview], None]
+
+_COPY_CHUNK = 256 << 10  # copy and hash in L2-sized chunks: one pass over memory
+LOOKAHEAD = 64  # how far past a stalled slot the consumer looks for committed records
+POLL_EVERY = 32  # a producer checks acknowledgements every this many sends (or 1 ms)
+FREE_BATCH = 16  # the consumer frees space (and acknowledges) every this many finished slots
+
+
+@dataclass
+class RingStats:
+    """Counters of one ring end; exported as Prometheus metrics by engine.transport.metrics."""
+
+    sent: int = 0
+    cas_attempts: int = 0
+    cas_retries: int = 0
+    space_waits: int = 0
+    fenced: int = 0
+    retransmits: int = 0
+    delivered: int = 0
+    released: int = 0
+    steals: int = 0
+    quarantined: int = 0
+    corrupt: int = 0
+    duplicates: int = 0
+    out_of_order: int = 0
+    stale_epoch: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    slots: int = 1024
+    buffer_bytes: int = 64 << 20
+    max_producers: int = 64
+    lock_timeout: float = 0.5  # seconds a slot may stay claimed-but-uncommitted before it is stolen
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.slots <= (1 << 22):
+            raise ValueError(f"slots must be in [2, 2**22], got {self.slots}")
+        if self.buffer_bytes % L.UNIT or not 4 * L.UNIT <= self.buffer_bytes <= (1 << 36):
+            raise ValueError(f"buffer_bytes must be a multiple of {L.UNIT} in [256, 2**36], got {self.buffer_bytes}")
+        if not 1 <= self.max_producers <= L.MAX_PRODUCERS:
+            raise ValueError(f"max_producers must be in [1, {L.MAX_PRODUCERS}], got {self.max_producers}")
+
+    @property
+    def region_bytes(self) -> int:
+        return L.region_bytes(self.slots, self.buffer_bytes, self.max_producers)
+
+    @property
+    def max_message(self) -> int:
+        """Largest payload: half the buffer (so a record always fits an empty ring, wrap included)."""
+        return min(self.buffer_bytes // 2, L.MAX_UNITS * L.UNIT) - L.RECORD_HEADER
+
+
+class _RingBase:
+    def __init__(self, region: MemoryRegion) -> None:
+        self.region = region
+        self.stats = RingStats()
+
+    def _read_geometry(self) -> None:
+        r = self.region
+        if r.size < L.CTRL_BYTES:
+            raise RegionMismatch(f"region {r.name!r} is {r.size} bytes: too small to hold a ring")
+        magic, version = r.load(L.C_MAGIC), r.load(L.C_VERSION)
+        if magic != L.MAGIC:
+            raise RegionMismatch(f"region {r.name!r} holds no OnePiece ring (magic {magic:#x})")
+        if version != L.VERSION:
+            raise RegionMismatch(f"region {r.name!r} holds ring version {version}, this code speaks {L.VERSION}")
+        self.slots = r.load(L.C_SLOTS)
+        self.buffer_bytes = r.load(L.C_BUF_BYTES)
+        self.max_producers = r.load(L.C_MAX_PRODUCERS)
+        total = r.load(L.C_TOTAL)
+        p_off, s_off, b_off = L.ring_layout(self.slots, self.buffer_bytes, self.max_producers)
+        if total != r.size or b_off + self.buffer_bytes != total or r.load(L.C_BUF_OFFSET) != b_off:
+            raise RegionMismatch(
+                f"region {r.name!r}: header says {total} bytes (buffer at {r.load(L.C_BUF_OFFSET)}), "
+                f"region has {r.size}, layout needs {b_off + self.buffer_bytes}"
+            )
+        self.p_off, self.s_off, self.b_off = p_off, s_off, b_off
+        self.max_message = min(self.buffer_bytes // 2, L.MAX_UNITS * L.UNIT) - L.RECORD_HEADER
+
+    def _slot_off(self, slot: int) -> int:
+        return self.s_off + (slot % self.slots) * L.SLOT_ENTRY
+
+    def _prod_off(self, producer: int) -> int:
+        return self.p_off + producer * L.PRODUCER_ENTRY
+
+    def _data_phys(self, start: int, units: int) -> int:
+        """Physical offset (within the buffer) of a record whose span starts at logical ``start``."""
+        p = start % self.buffer_bytes
+        return 0 if p + units * L.UNIT > self.buffer_bytes else p
+
+    def occupancy(self) -> float:
+        _, hb = L.unpack_pos(self.region.load(L.C_HEAD))
+        _, tb = L.unpack_pos(self.region.load(L.C_TAIL))
+        return ((tb - hb) & L.BYTE_MASK) / self.buffer_bytes
+
+
