@@ -1,8 +1,13 @@
 """``onepiece up``: the whole system on one machine with embedded defaults.
 
 Starts (unless URLs are configured) a redis-server and an etcd on free loopback
-ports, prepares the SQLite ledger, and serves the web platform; prints where
-everything listens; on Ctrl-C (or SIGTERM) stops every child it started.
+ports, prepares the SQLite ledger, serves the web platform, builds the tiny
+models on first run (into the state dir), and runs the engine: a TaskManager
+(``onepiece node``) with one instance per stage of every workflow, under a
+static assignment until the Node Manager writes them, and the Proxy
+(``onepiece proxy``). Prints where everything listens; on Ctrl-C (or SIGTERM)
+stops every child it started, the engine first, so no worker process or
+shared-memory ring is left behind.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", type=Path, default=None, help="where data, models and logs go (default: .onepiece)")
     p.add_argument("--host", default=None, help="address to bind (default: 127.0.0.1)")
     p.add_argument("--web-port", type=int, default=8000, help="web platform port (a free one if taken)")
+    p.add_argument("--proxy-port", type=int, default=None,
+                   help="engine Proxy port (default: ONEPIECE_PROXY_PORT; a free one if taken)")
+    p.add_argument("--models", type=Path, default=None,
+                   help="folder with one model folder per workflow (default: tiny models built in the state dir)")
+    p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per stage inbox ring")
     p.add_argument(
         "--exit-after-ready",
         action="store_true",
@@ -52,11 +62,11 @@ def _port_or_free(host: str, port: int) -> int:
             return free_port(host)
 
 
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], name: str = "web platform") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServiceError(f"web platform exited with {proc.returncode} before it was ready")
+            raise ServiceError(f"{name} exited with {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -64,7 +74,7 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
         except OSError:
             pass
         time.sleep(0.1)
-    raise ServiceError(f"web platform not ready at {url} within {timeout}s")
+    raise ServiceError(f"{name} not ready at {url} within {timeout}s")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
             stack.callback(_terminate, web)
             base = f"http://{host}:{port}"
             _wait_http(base + "/livez", 60, web)
+            engine_procs, proxy_url, instances = _start_engine(args, stack, env, state, host, logs)
         except (ServiceError, subprocess.CalledProcessError) as exc:
             _say(f"error: {exc}")
             return 1
@@ -128,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         _say(f"web: {base}/")
         _say(f"admin: {base}/admin/ (user {admin_user}, password {admin_password})")
         _say(f"health: {base}/livez {base}/readyz")
+        _say(f"proxy: {proxy_url}")
+        _say(f"workers: {instances} stage instances ready (logs: {logs / 'node' / 'logs'})")
         _say(f"state: {state}")
         _say("ready (Ctrl-C stops everything)")
         if args.exit_after_ready:
@@ -136,6 +149,10 @@ def run(args: argparse.Namespace) -> int:
             if web.poll() is not None:
                 _say(f"error: web platform exited with {web.returncode}; see {logs / 'web.log'}")
                 return 1
+            for name, proc in engine_procs.items():
+                if proc.poll() is not None:
+                    _say(f"error: {name} exited with {proc.returncode}; see {logs / (name + '.log')}")
+                    return 1
             time.sleep(0.2)
         _say("stopping")
     _say("stopped")
@@ -170,3 +187,71 @@ def _ensure_admin(manage: list[str], env: dict[str, str], state: Path) -> tuple[
     )
     subprocess.run([*manage, "shell", "-c", code], env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
     return "admin", password
+
+
+def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -> dict[str, str]:
+    """workflow -> model folder; builds the tiny models once (with progress bars) when none are given.
+
+    The build goes to a scratch folder renamed into place, so an interrupted
+    first run never leaves a half-written model behind.
+    """
+    from engine.workflow import workflows
+
+    root = (args.models or state / "models").resolve()
+    if args.models is None and not all((root / w / "model_index.json").exists() for w in workflows()):
+        _say(f"building tiny models into {root} (first run only)")
+        scratch = state / f"models.tmp-{os.getpid()}"
+        subprocess.run([sys.executable, "-m", "engine.cli", "models", "make-tiny", "--out", str(scratch)],
+                       env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+        root.mkdir(parents=True, exist_ok=True)
+        for folder in scratch.iterdir():
+            if not (root / folder.name).exists():
+                folder.rename(root / folder.name)
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+    found = {w: str(root / w) for w in workflows() if (root / w / "model_index.json").exists()}
+    if not found:
+        raise ServiceError(f"no model folder for any workflow under {root}")
+    return found
+
+
+def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str], state: Path, host: str,
+                  logs: Path) -> tuple[dict[str, subprocess.Popen[bytes]], str, int]:
+    """Start ``onepiece node`` (static assignment) and ``onepiece proxy``; wait until every instance serves."""
+    from engine.worker.config import default_assignment
+    from engine.worker.routes import etcd_client, routes_prefix
+
+    models = _ensure_models(args, env, state)
+    assignment = default_assignment(models)
+    node_dir = logs / "node"
+    node_dir.mkdir(exist_ok=True)
+    (node_dir / "assignment.json").write_text(assignment.to_json())
+    cli = [sys.executable, "-m", "engine.cli"]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    node_cmd = [*cli, "node", "--node", "local", "--run-dir", str(node_dir), "--assignment",
+                str(node_dir / "assignment.json"), "--ring-prefix", f"up-{os.getpid()}-"]
+    if args.ring_bytes:
+        node_cmd += ["--ring-bytes", str(args.ring_bytes)]
+    proxy_port = _port_or_free(host, envs.PROXY_PORT if args.proxy_port is None else args.proxy_port)
+    proxy_cmd = [*cli, "proxy", "--host", host, "--port", str(proxy_port)]
+    for name, cmd in (("node", node_cmd), ("proxy", proxy_cmd)):
+        with open(logs / f"{name}.log", "ab") as out:
+            procs[name] = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
+        # the node needs time to stop its workers (they finish the request at hand)
+        stack.callback(_terminate, procs[name], 30.0)
+    proxy_url = f"http://{host}:{proxy_port}"
+    _wait_http(proxy_url + "/livez", 60, procs["proxy"], "proxy")
+    etcd = etcd_client(env["ONEPIECE_ETCD_URL"])
+    want = {i.id for i in assignment.instances}
+    deadline = time.monotonic() + 600
+    while True:
+        published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix(routes_prefix())}
+        if want <= published:
+            return procs, proxy_url, len(want)
+        if procs["node"].poll() is not None:
+            raise ServiceError(f"node exited with {procs['node'].returncode}; see {logs / 'node.log'}")
+        if time.monotonic() > deadline:
+            raise ServiceError(f"stage workers not ready: {sorted(want - published)}; see {node_dir / 'logs'}")
+        time.sleep(0.25)
