@@ -57,6 +57,7 @@ class _Instance:
     next_start: float = 0.0
     published: bool = False
     history: list[float] = field(default_factory=list)
+    busy: tuple[float, float] = (0.0, 0.0)  # (busy seconds, when) at the last report: utilisation baseline
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class TaskManager:
         self.instances: dict[str, _Instance] = {}
         self.desired = Assignment()
         self.client: Any = None
+        self.store: Any = None
         self.lease: Any = None
         self._lease_refreshed = 0.0
         self._reported = 0.0
@@ -99,7 +101,10 @@ class TaskManager:
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._unlink_segments()
+        from engine.store import JobStore
+
         self.client = etcd_client(self.s.etcd_url)
+        self.store = JobStore.from_url(self.s.redis_url, ttl=self.s.result_ttl_s)
         self.lease = self.client.lease(self.s.lease_ttl_s)
         self._lease_refreshed = self.clock()
         if self.static is not None:
@@ -159,6 +164,8 @@ class TaskManager:
                 self._try(self.lease.revoke)
         self.instances.clear()
         self._unlink_segments()
+        if self.store is not None:
+            self.store.close()
 
     # -- reconciliation ----------------------------------------------------------------------------
     def _read_assignment(self) -> None:
@@ -236,13 +243,27 @@ class TaskManager:
         self._reported = now
         report = {
             "node": self.s.node, "pid": os.getpid(), "ts": time.time(), "tick_seconds": self.tick_seconds,
-            "instances": {
-                iid: {"workflow": i.spec.workflow, "stage": i.spec.stage, "address": i.address,
-                      "pid": i.proc.pid if i.proc else None, "ready": i.ready, "restarts": i.restarts}
-                for iid, i in self.instances.items()
-            },
+            "instances": {iid: self._instance_report(i) for iid, i in self.instances.items()},
         }
         self.client.put(node_key(self.s.node), json.dumps(report), lease=self.lease)
+
+    def _instance_report(self, inst: _Instance) -> dict[str, Any]:
+        """Identity and health, plus what the worker measured: requests, busy seconds, last stage time,
+        and utilisation (busy fraction since the previous report)."""
+        out: dict[str, Any] = {"workflow": inst.spec.workflow, "stage": inst.spec.stage, "address": inst.address,
+                               "pid": inst.proc.pid if inst.proc else None, "ready": inst.ready,
+                               "restarts": inst.restarts}
+        try:
+            stats = self.store.instance_stats(inst.spec.id) if self.store is not None else {}
+        except Exception:  # Redis unreachable: report what the node itself knows
+            return out
+        busy, now = float(stats.get("busy_s", 0.0)), time.monotonic()
+        prev_busy, prev_t = inst.busy
+        out.update(requests=int(stats.get("requests", 0)), busy_s=busy,
+                   last_stage_s=float(stats.get("last_stage_s", 0.0)),
+                   utilisation=min(1.0, (busy - prev_busy) / (now - prev_t)) if prev_t and now > prev_t else 0.0)
+        inst.busy = (busy, now)
+        return out
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _route(self, inst: _Instance) -> Route:

@@ -104,10 +104,12 @@ def test_sigkill_of_the_denoise_worker_mid_request(cluster: Cluster, tiny_models
 
     # the TaskManager restarted the worker on the same ring, and the ring is all that exists
     deadline = time.monotonic() + 10
-    while (after := cluster.node_report()["instances"]["sd-t2i.denoise.0"])["restarts"] < 1:
+    while (after := cluster.node_report()["instances"]["sd-t2i.denoise.0"])["restarts"] < 1 or \
+            after.get("requests", 0) < 1:
         assert time.monotonic() < deadline, json.dumps(after)
         time.sleep(0.2)
     assert after["pid"] != before["pid"] and after["address"] == before["address"]
+    assert after["last_stage_s"] > 0 and 0.0 <= after["utilisation"] <= 1.0  # measured stage times reported
     rings_after = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{cluster.ring_prefix}"))
     assert rings_after == rings_before
     assert SD_STEP_DELAY_S > 0  # the test relies on denoise being slow enough to catch

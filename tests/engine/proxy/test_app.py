@@ -1,0 +1,159 @@
+"""The Proxy's HTTP intake in-process, against real Redis and etcd and a real ring (no models)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from engine.proxy.app import make_app
+from engine.proxy.injector import Injector
+from engine.proxy.monitor import RequestMonitor
+from engine.store import JobStore, keys
+from engine.transport.ring import RingConfig, RingConsumer
+from engine.worker.routes import Route, RouteTable, etcd_client, publish_route, withdraw_route
+from engine.workflow import message as wm
+
+SD = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}
+
+
+@pytest.fixture
+def env(redis_server: Any, etcd_server: Any) -> Iterator[dict[str, Any]]:
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    store.r.flushdb()
+    etcd = etcd_client(etcd_server.url)
+    etcd.delete_prefix("/onepiece/")
+    address = f"shm://test-{os.getpid()}-proxy"
+    ring = RingConsumer.create(address, RingConfig(slots=16, buffer_bytes=1 << 20))
+    routes = [Route(wf, "text_encode", f"{wf}.text_encode.0", address) for wf in ("sd-t2i", "wan2.1-i2v")]
+    for r in routes:
+        publish_route(etcd, r)
+    yield {"store": store, "etcd": etcd, "ring": ring, "routes": routes}
+    ring.close()
+    etcd.delete_prefix("/onepiece/")
+    store.close()
+
+
+def _serve(env: dict[str, Any], max_queue: int, body: Callable[[Any], Awaitable[None]]) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    async def main() -> None:
+        injector = Injector(RouteTable(env["etcd"], refresh_s=0.0), "round-robin", 1.0)
+        app = make_app(env["store"], RouteTable(env["etcd"], refresh_s=0.0), injector, RequestMonitor(max_queue))
+        try:
+            async with TestClient(TestServer(app)) as client:
+                await body(client)
+        finally:
+            injector.close()
+
+    asyncio.run(main())
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_accepted_requests_enter_the_first_ring(env: dict[str, Any]) -> None:
+    async def body(client: Any) -> None:
+        r = await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD, "deadline_s": 60})
+        assert r.status == 202, await r.text()
+        doc = await r.json()
+        uid = doc["uid"]
+        assert len(uid) == 32 and doc["state"] == "queued" and doc["cost_gpu_s"] > 0
+        d = env["ring"].recv(timeout=5)
+        assert d is not None
+        with d:
+            msg = wm.decode(d.view)
+            h = msg.header
+            assert (h.uid, h.workflow, h.stage) == (uid, "sd-t2i", "text_encode")
+            assert h.route == ["text_encode", "denoise", "vae_decode", "image_encode"]
+            assert h.params["guidance_scale"] == 7.5 and h.deadline is not None  # resolved, with defaults
+        events = env["store"].events(uid)
+        assert [e["type"] for e in events] == ["accepted"]
+        r = await client.get(f"/v1/requests/{uid}")
+        assert (await r.json())["state"] == "queued"
+        r = await client.delete(f"/v1/requests/{uid}")
+        assert r.status == 202 and env["store"].cancel_requested(uid)
+        r = await client.get(f"/v1/requests/{uid}/result")
+        assert r.status == 409
+
+        # multipart: a JSON part plus the image file
+        from aiohttp import FormData
+
+        form = FormData()
+        form.add_field("request", json.dumps({"workflow": "wan2.1-i2v",
+                                             "params": {"prompt": "a cat", "height": 32, "width": 32,
+                                                        "num_frames": 5, "num_inference_steps": 2}}))
+        form.add_field("image", _png(), filename="first.png", content_type="image/png")
+        r = await client.post("/v1/requests", data=form)
+        assert r.status == 202, await r.text()
+        d = env["ring"].recv(timeout=5)
+        assert d is not None
+        with d:
+            assert bytes(wm.decode(d.view).blobs["image"]) == _png()
+
+    _serve(env, 10, body)
+
+
+def test_invalid_requests_are_refused_with_the_field(env: dict[str, Any]) -> None:
+    cases = [
+        ({"workflow": "sd-t2i", "params": {**SD, "height": 65}}, "height"),
+        ({"workflow": "sd-t2i", "params": {**SD, "stepz": 3}}, "stepz"),
+        ({"workflow": "sd-t2i", "params": {"height": 64}}, "prompt"),
+        ({"workflow": "video", "params": {}}, "workflow"),
+        ({"workflow": "wan2.1-i2v", "params": {"prompt": "a cat"}}, "image"),
+        ({"workflow": "wan2.1-i2v", "params": {"prompt": "a cat"},
+          "inputs": {"image": base64.b64encode(b"not an image").decode()}}, "image"),
+        ({"workflow": "wan2.1-i2v", "params": {"prompt": "a cat"}, "inputs": {"image": "%%%"}}, "image"),
+        ({"workflow": "sd-t2i", "params": SD, "deadline_s": -1}, "deadline_s"),
+        ({"workflow": "sd-t2i", "params": SD, "inputs": {"mask": "AAAA"}}, "mask"),
+    ]
+
+    async def body(client: Any) -> None:
+        for doc, field in cases:
+            r = await client.post("/v1/requests", json=doc)
+            assert r.status == 400, (doc, await r.text())
+            assert (await r.json())["field"] == field, doc
+        r = await client.post("/v1/requests", data=b"{nope", headers={"Content-Type": "application/json"})
+        assert r.status == 400
+        for path in ("/v1/requests/xyz", "/v1/requests/" + "a" * 32):
+            assert (await client.get(path)).status == 404
+            assert (await client.delete(path)).status == 404
+
+    _serve(env, 10, body)
+    assert env["store"].events() == []  # nothing was accepted
+    assert env["ring"].recv(timeout=0.05) is None  # nothing was queued
+
+
+def test_overload_is_refused_at_once_with_retry_after(env: dict[str, Any]) -> None:
+    async def body(client: Any) -> None:
+        for _ in range(2):
+            assert (await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD})).status == 202
+        r = await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD})
+        assert r.status == 503 and int(r.headers["Retry-After"]) >= 1
+        assert "queue full" in (await r.json())["error"]
+        # a finished request frees its place
+        uid = env["store"].events()[0]["uid"]
+        env["store"].finish(uid, "sd-t2i", keys.FAILED, detail="test")
+        assert (await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD})).status == 202
+        # without an instance for the first stage, nothing is accepted
+        withdraw_route(env["etcd"], env["routes"][0])
+        r = await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD})
+        assert r.status == 503 and "no instance" in (await r.json())["error"]
+        r = await client.get("/readyz")
+        checks = (await r.json())["checks"]
+        assert checks == {"redis": "ok", "routes:sd-t2i": "none", "routes:wan2.1-i2v": "ok"}
+
+    _serve(env, 2, body)
+    while (d := env["ring"].recv(timeout=0.05)) is not None:
+        d.release()
