@@ -1,0 +1,70 @@
+"""The TaskManager reconciles worker processes with the assignment in etcd (a real one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.worker.config import Assignment, InstanceSpec
+from engine.worker.manager import NodeSettings, TaskManager
+from engine.worker.routes import assignment_key, etcd_client, node_key, routes_prefix
+
+ID = "sd-t2i.image_encode.0"  # a torch-free stage with no model components: starts in a second
+
+
+def _until(tm: TaskManager, cond: Callable[[], bool], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, {i: (x.proc, x.ready, x.restarts) for i, x in tm.instances.items()}
+        tm.tick()
+        time.sleep(0.1)
+
+
+def _routes(etcd: Any) -> list[str]:
+    return [m["key"].decode() for _, m in etcd.get_prefix(routes_prefix())]
+
+
+def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path: Path) -> None:
+    etcd = etcd_client(etcd_server.url)
+    etcd.delete_prefix("/onepiece/")
+    prefix = f"test-{os.getpid()}-tm-"
+    ring = Path("/dev/shm", f"onepiece-{prefix}{ID}")
+    etcd.put(assignment_key("n1"), Assignment((InstanceSpec(ID, "sd-t2i", "image_encode", "cpu"),),
+                                              {"sd-t2i": str(tmp_path)}).to_json())
+    tm = TaskManager(NodeSettings("n1", etcd_server.url, redis_server.url, tmp_path / "run", ring_prefix=prefix,
+                                  ring_slots=16, ring_bytes=1 << 20))
+    tm.start()
+    try:
+        _until(tm, lambda: tm.instances.get(ID) is not None and tm.instances[ID].ready)
+        assert _routes(etcd) == [f"/onepiece/routes/sd-t2i/image_encode/{ID}"] and ring.exists()
+        first = tm.instances[ID].proc
+        assert first is not None
+
+        # a killed worker is restarted on the same ring; its route stays published meanwhile
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        tm.tick()
+        assert tm.instances[ID].restarts == 1 and not tm.instances[ID].ready
+        assert len(_routes(etcd)) == 1 and ring.exists()
+        _until(tm, lambda: tm.instances[ID].ready)
+        second = tm.instances[ID].proc
+        assert second is not None and second.pid != first.pid
+        tm._report(force=True)
+        report = json.loads(etcd.get(node_key("n1"))[0])
+        assert report["instances"][ID]["pid"] == second.pid and report["instances"][ID]["restarts"] == 1
+
+        # removed from the assignment: stopped, route withdrawn, ring unlinked
+        etcd.put(assignment_key("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
+        tm.tick()
+        assert ID not in tm.instances and _routes(etcd) == [] and not ring.exists()
+        assert second.poll() is not None
+    finally:
+        tm.shutdown()
+    assert not etcd.get(node_key("n1"))  # the lease went with the node
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
+    etcd.delete_prefix("/onepiece/")
