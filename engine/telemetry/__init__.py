@@ -1,0 +1,1 @@
+"""Device and process telemetry (NVML where present, CPU figures otherwise), Prometheus metrics."""
