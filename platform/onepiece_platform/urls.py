@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from onepiece_platform.ops import views as ops
@@ -7,6 +7,9 @@ from onepiece_platform.ops import views as ops
 urlpatterns = [
     path("livez", ops.livez, name="livez"),
     path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/", include("onepiece_platform.accounts.urls")),
+    path("api/v1/", include("onepiece_platform.jobs.urls")),
     path("admin/", admin.site.urls),
 ]

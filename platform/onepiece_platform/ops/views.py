@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 
 def livez(request: HttpRequest) -> JsonResponse:
@@ -26,3 +26,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["redis"] = f"error: {exc}"
     ok = all(v == "ok" for v in checks.values())
     return JsonResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text exposition of this process's metrics."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    from onepiece_platform.ops.metrics import register_collectors
+
+    register_collectors()
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -23,6 +23,10 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "channels",
     "onepiece_platform.ops",
+    "onepiece_platform.accounts",
+    "onepiece_platform.quotas",
+    "onepiece_platform.jobs",
+    "onepiece_platform.engine_link",
 ]
 
 MIDDLEWARE = [
@@ -83,7 +87,24 @@ CHANNEL_LAYERS = {
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "onepiece_platform.accounts.authentication.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Quotas are atomic counters (onepiece_platform.quotas), not DRF's read-then-write throttles.
+    "DEFAULT_THROTTLE_CLASSES": [],
+    "EXCEPTION_HANDLER": "onepiece_platform.api_errors.exception_handler",
 }
+
+# The platform's own settings (defaults and meanings: onepiece_platform/conf.py).
+ONEPIECE = {
+    "PROXY_URL": os.environ.get("ONEPIECE_PROXY_URL", "http://127.0.0.1:8100"),
+    "ENGINE_CLIENT": os.environ.get("ONEPIECE_ENGINE_CLIENT",
+                                    "onepiece_platform.engine_link.proxy.ProxyEngineClient"),
+}
+# Bodies are bounded before parsing (413); Django's own cap sits just above the platform's.
+DATA_UPLOAD_MAX_MEMORY_SIZE = (16 << 20) * 4 // 3 + (128 << 10)
 SPECTACULAR_SETTINGS = {
     "TITLE": "OnePiece API",
     "DESCRIPTION": "Serving multi-stage AIGC workflows (image-to-video, text-to-image).",

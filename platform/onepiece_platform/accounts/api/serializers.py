@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from onepiece_platform.accounts.models import ApiKey
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    """A key as listed: never its secret."""
+
+    active = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at", "active"]
+        read_only_fields = ["id", "prefix", "created_at", "revoked_at", "last_used_at", "active"]
+
+    def validate_expires_at(self, value):  # type: ignore[no-untyped-def]
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("expires_at must be in the future")
+        return value
+
+
+class NewApiKeySerializer(ApiKeySerializer):
+    """The answer to a create: the full key, shown this once."""
+
+    key = serializers.CharField(read_only=True)
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]

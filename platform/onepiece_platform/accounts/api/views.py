@@ -1,0 +1,44 @@
+"""A user's own API keys: list, create (the key is shown once), revoke."""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from onepiece_platform.accounts.api.serializers import ApiKeySerializer, NewApiKeySerializer
+from onepiece_platform.accounts.models import ApiKey, audit
+
+
+class ApiKeyListView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses=ApiKeySerializer(many=True))
+    def get(self, request: Request) -> Response:
+        keys = ApiKey.objects.filter(user=request.user)
+        return Response(ApiKeySerializer(keys, many=True).data)
+
+    @extend_schema(request=ApiKeySerializer, responses={201: NewApiKeySerializer})
+    def post(self, request: Request) -> Response:
+        s = ApiKeySerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        key, raw = ApiKey.issue(request.user, s.validated_data.get("name", ""), s.validated_data.get("expires_at"))
+        audit(request.user, "api_key.issue", key.prefix)
+        key.key = raw  # type: ignore[attr-defined]
+        return Response(NewApiKeySerializer(key).data, status=status.HTTP_201_CREATED)
+
+
+class ApiKeyDetailView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=None, responses={200: ApiKeySerializer})
+    def delete(self, request: Request, pk: int) -> Response:
+        """Revoke (idempotent); another user's key is 404."""
+        key = get_object_or_404(ApiKey, pk=pk, user=request.user)
+        key.revoke()
+        audit(request.user, "api_key.revoke", key.prefix)
+        return Response(ApiKeySerializer(key).data)

@@ -1,0 +1,72 @@
+"""DRF authentication by ``Authorization: Bearer <key>``, with failed attempts rate-limited.
+
+Failures are counted per client address in Redis with one atomic INCR (+ an
+expiry set on the first failure of a window), so concurrent attempts cannot
+slip past the limit the way a read-then-write throttle can. Over the limit,
+every Bearer attempt from that address is answered 429 with Retry-After
+before the key is even looked up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.request import Request
+
+from onepiece_platform import conf
+from onepiece_platform.accounts.models import ApiKey, split_key
+from onepiece_platform.redis_conn import get_redis
+
+_INCR = """
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return {n, redis.call('TTL', KEYS[1])}
+"""
+
+
+def _failure_key(request: Request) -> str:
+    return f"{conf.get('REDIS_PREFIX')}:authfail:{request.META.get('REMOTE_ADDR', '')}"
+
+
+def _check_not_blocked(request: Request) -> None:
+    r = get_redis()
+    key = _failure_key(request)
+    n = r.get(key)
+    if n is not None and int(n) >= conf.get("AUTH_FAILURES_LIMIT"):
+        raise exceptions.Throttled(wait=max(1, r.ttl(key)), detail="too many failed authentications")
+
+
+def _record_failure(request: Request) -> None:
+    get_redis().eval(_INCR, 1, _failure_key(request), int(conf.get("AUTH_FAILURES_WINDOW_S")))
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """``Authorization: Bearer op_<prefix>_<secret>``; no header: not this scheme (returns None)."""
+
+    keyword = b"bearer"
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiKey] | None:
+        auth = get_authorization_header(request).split()
+        if not auth or auth[0].lower() != self.keyword:
+            return None
+        _check_not_blocked(request)
+        if len(auth) != 2:
+            _record_failure(request)
+            raise exceptions.AuthenticationFailed("Authorization must be 'Bearer <key>'")
+        try:
+            raw = auth[1].decode()
+        except UnicodeDecodeError:
+            raw = ""
+        parts = split_key(raw)
+        key = ApiKey.objects.select_related("user").filter(prefix=parts[0]).first() if parts else None
+        if key is None or parts is None or not key.matches(parts[1]) or not key.active or not key.user.is_active:
+            _record_failure(request)
+            raise exceptions.AuthenticationFailed("invalid, expired or revoked API key")
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+        return key.user, key
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="onepiece"'

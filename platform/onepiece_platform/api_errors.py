@@ -1,0 +1,50 @@
+"""One DRF exception handler: the platform's refusals become HTTP answers with a ``detail``.
+
+  Invalid                 400 (413 for sizes), with ``field``
+  QuotaExceeded           429 + Retry-After (the user's quota)
+  IdempotencyInProgress   409
+  EngineRejected          passed through: 400 with ``field``, or 503 + Retry-After (engine capacity)
+  EngineError             503 + Retry-After (engine unreachable)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_handler
+
+from onepiece_platform.engine_link.client import EngineError, EngineRejected
+from onepiece_platform.jobs.services import IdempotencyInProgress, Invalid
+from onepiece_platform.ops import metrics
+from onepiece_platform.quotas.counters import QuotaExceeded
+
+ENGINE_DOWN_RETRY_S = 5
+
+
+def error(status: int, detail: str, field: str = "", retry_after: int | None = None,
+          **extra: Any) -> Response:
+    body: dict[str, Any] = {"detail": detail, **extra}
+    if field:
+        body["field"] = field
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return Response(body, status=status, headers=headers)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, Invalid):
+        metrics.REJECTIONS.labels(reason="invalid").inc()
+        return error(exc.status, exc.message, exc.field)
+    if isinstance(exc, QuotaExceeded):
+        metrics.REJECTIONS.labels(reason=f"quota_{exc.reason}").inc()
+        return error(429, exc.message, retry_after=exc.retry_after, reason=exc.reason)
+    if isinstance(exc, IdempotencyInProgress):
+        return error(409, "a request with this Idempotency-Key is still being submitted; retry shortly",
+                     retry_after=1)
+    if isinstance(exc, EngineRejected):
+        metrics.REJECTIONS.labels(reason="engine_capacity" if exc.status == 503 else "engine_invalid").inc()
+        return error(exc.status, exc.message, exc.field, exc.retry_after if exc.status == 503 else None)
+    if isinstance(exc, EngineError):
+        metrics.REJECTIONS.labels(reason="engine_unreachable").inc()
+        return error(503, f"the engine is unreachable: {exc}", retry_after=ENGINE_DOWN_RETRY_S)
+    return drf_handler(exc, context)

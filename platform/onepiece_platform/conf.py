@@ -1,0 +1,50 @@
+"""The platform's namespaced settings (``settings.ONEPIECE``) with defaults, read at access time.
+
+Like DRF's ``api_settings``: one dict in the settings module, defaults here,
+so tests can override a single key with ``settings.ONEPIECE = {...}``.
+Environment variables are read in the settings modules only, never here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # How the web layer reaches the engine (see onepiece_platform.engine_link.client).
+    "ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
+    "PROXY_URL": "http://127.0.0.1:8100",
+    "PROXY_TIMEOUT_S": 10.0,
+    # Failed API-key authentications allowed per client address and window before 429.
+    "AUTH_FAILURES_LIMIT": 20,
+    "AUTH_FAILURES_WINDOW_S": 60,
+    # Bounds checked before any engine work.
+    "MAX_UPLOAD_BYTES": 16 << 20,
+    "MAX_IMAGE_PIXELS": 4096 * 4096,
+    # Limits of a user without a Quota row.
+    "DEFAULT_QUOTA": {
+        "max_concurrent_jobs": 4,
+        "gpu_seconds_per_day": 3600.0,
+        "max_pixels": 1280 * 720,
+        "max_frames": 129,
+        "max_steps": 100,
+    },
+    # Retry-After for a user at their concurrent-jobs limit.
+    "CONCURRENCY_RETRY_AFTER_S": 5,
+    # A job the engine no longer knows, older than this, is failed by the reconciler's sweep.
+    "LOST_AFTER_S": 30.0,
+    # /v1/images/generations waits this long for its image.
+    "IMAGE_WAIT_S": 120.0,
+    # Ledger rows of finished jobs are deleted by the clean-up task after this many days.
+    "LEDGER_RETENTION_DAYS": 30,
+    # Redis key prefix for the platform's own counters.
+    "REDIS_PREFIX": "onepiece:web",
+}
+
+
+def get(name: str) -> Any:
+    """``settings.ONEPIECE[name]``, else the default; ``KeyError`` for an unknown name."""
+    if name not in DEFAULTS:
+        raise KeyError(f"no ONEPIECE setting {name!r}; known: {sorted(DEFAULTS)}")
+    return getattr(settings, "ONEPIECE", {}).get(name, DEFAULTS[name])

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class EngineLinkConfig(AppConfig):
+    name = "onepiece_platform.engine_link"
+    label = "engine_link"
+    verbose_name = "Engine link"

@@ -1,0 +1,110 @@
+"""The one interface through which the web layer reaches the engine.
+
+The web layer never touches rings, workers or the engine's Redis keys
+directly: it calls an :class:`EngineClient`, chosen in settings by dotted path
+(``ONEPIECE['ENGINE_CLIENT']``) like Django's cache backends:
+
+* :class:`onepiece_platform.engine_link.proxy.ProxyEngineClient`: the Proxy's
+  HTTP API (production, ``onepiece up``);
+* :class:`onepiece_platform.engine_link.local.LocalEngineClient`: an
+  in-process engine front over the real job store (Redis) with no workers,
+  for tests and development; events are produced by whoever plays the workers.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from onepiece_platform import conf
+
+
+@dataclass(frozen=True)
+class Accepted:
+    uid: str
+    cost_gpu_s: float
+    predicted_wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """The engine's view of one job (its Redis status hash)."""
+
+    uid: str
+    state: str
+    workflow: str
+    stage: str
+    progress: int
+    detail: str = ""
+
+
+class EngineError(Exception):
+    """The engine could not be reached or answered nonsense (the API answers 503)."""
+
+
+class EngineRejected(Exception):
+    """The engine refused a submission.
+
+    ``status`` is 400 (invalid: ``field`` names the culprit) or 503 (over
+    capacity: ``retry_after`` seconds); the API passes both through unchanged.
+    """
+
+    def __init__(self, status: int, message: str, field: str = "", retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.retry_after = retry_after
+
+
+class EngineClient(abc.ABC):
+    """Submit, status, cancel and result of engine jobs. Implementations are thread-safe."""
+
+    @abc.abstractmethod
+    def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
+               deadline_s: float | None = None) -> Accepted:
+        """Hand one request to the engine.
+
+        Raises :class:`EngineRejected` (400 invalid, 503 over capacity) or
+        :class:`EngineError` (unreachable). Returns the engine's UID.
+        """
+
+    @abc.abstractmethod
+    def status(self, uid: str) -> EngineStatus | None:
+        """The job's state, or None when the engine does not know the UID (never seen, or expired/lost)."""
+
+    @abc.abstractmethod
+    def cancel(self, uid: str) -> bool:
+        """Ask every stage to drop the job; True if the engine knew it (finished or not)."""
+
+    @abc.abstractmethod
+    def result(self, uid: str) -> bytes | None:
+        """The result bytes of a completed job, or None (not completed, expired or lost)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release connections (optional)."""
+
+
+_engines: dict[tuple[str, str], EngineClient] = {}
+_lock = threading.Lock()
+
+
+def get_engine() -> EngineClient:
+    """The configured client, one per (class, proxy URL)."""
+    path, url = conf.get("ENGINE_CLIENT"), conf.get("PROXY_URL")
+    with _lock:
+        engine = _engines.get((path, url))
+        if engine is None:
+            engine = _engines[(path, url)] = import_string(path)()
+        return engine
+
+
+def reset_engines() -> None:
+    with _lock:
+        for e in _engines.values():
+            e.close()
+        _engines.clear()

@@ -1,0 +1,89 @@
+"""EngineClient over the Proxy's HTTP API (engine/proxy/app.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from onepiece_platform import conf
+from onepiece_platform.engine_link.client import (
+    Accepted,
+    EngineClient,
+    EngineError,
+    EngineRejected,
+    EngineStatus,
+)
+
+
+class ProxyEngineClient(EngineClient):
+    def __init__(self, base_url: str | None = None, timeout: float | None = None) -> None:
+        self.base = (base_url or conf.get("PROXY_URL")).rstrip("/")
+        self.timeout = float(timeout if timeout is not None else conf.get("PROXY_TIMEOUT_S"))
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return r.status, r.read(), r.headers
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), e.headers
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"proxy at {self.base} unreachable: {exc}") from exc
+
+    @staticmethod
+    def _json(raw: bytes) -> dict[str, Any]:
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise EngineError(f"proxy answered non-JSON: {raw[:100]!r}") from exc
+        if not isinstance(doc, dict):
+            raise EngineError("proxy answered a non-object")
+        return doc
+
+    def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
+               deadline_s: float | None = None) -> Accepted:
+        body: dict[str, Any] = {"workflow": workflow, "params": params,
+                                "inputs": {k: base64.b64encode(v).decode() for k, v in inputs.items()}}
+        if deadline_s is not None:
+            body["deadline_s"] = deadline_s
+        code, raw, headers = self._call("POST", "/v1/requests", body)
+        doc = self._json(raw)
+        if code == 202:
+            return Accepted(str(doc["uid"]), float(doc.get("cost_gpu_s", 0.0)),
+                            float(doc.get("predicted_wait_s", 0.0)))
+        if code in (400, 503):
+            retry = headers.get("Retry-After")
+            raise EngineRejected(code, str(doc.get("error", "")), str(doc.get("field", "")),
+                                 int(retry) if retry and retry.isdigit() else None)
+        raise EngineError(f"proxy answered {code}: {doc}")
+
+    def status(self, uid: str) -> EngineStatus | None:
+        code, raw, _ = self._call("GET", f"/v1/requests/{uid}")
+        if code == 404:
+            return None
+        if code != 200:
+            raise EngineError(f"proxy answered {code} to a status request")
+        d = self._json(raw)
+        return EngineStatus(uid, d["state"], d.get("workflow", ""), d.get("stage", ""), int(d.get("progress", 0)),
+                            d.get("detail", ""))
+
+    def cancel(self, uid: str) -> bool:
+        code, _, _ = self._call("DELETE", f"/v1/requests/{uid}")
+        if code in (202, 409):  # 409: already finished, which is fine for an idempotent cancel
+            return True
+        if code == 404:
+            return False
+        raise EngineError(f"proxy answered {code} to a cancel")
+
+    def result(self, uid: str) -> bytes | None:
+        code, raw, _ = self._call("GET", f"/v1/requests/{uid}/result")
+        if code == 200:
+            return raw
+        if code in (404, 409, 410):
+            return None
+        raise EngineError(f"proxy answered {code} to a result request")

@@ -1,0 +1,94 @@
+"""Native jobs API: the submission document and the job as clients see it (all server fields read-only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from engine.workflow import workflows
+from onepiece_platform.jobs.models import STATES, Job
+
+
+class SubmitSerializer(serializers.Serializer):
+    workflow = serializers.CharField(max_length=64, help_text="a name from GET /api/v1/workflows")
+    params = serializers.DictField(required=False, default=dict, help_text="the workflow's parameters")
+    inputs = serializers.DictField(child=serializers.CharField(), required=False, default=dict,
+                                   help_text="input name -> base64 bytes (e.g. image for image-to-video)")
+    deadline_s = serializers.FloatField(required=False, min_value=1.0, max_value=86400.0)
+
+    def validate_workflow(self, value: str) -> str:
+        if value not in workflows():
+            raise serializers.ValidationError(f"unknown workflow; known: {', '.join(sorted(workflows()))}")
+        return value
+
+
+class LinksSerializer(serializers.Serializer):
+    self = serializers.CharField()
+    result = serializers.CharField()
+    cancel = serializers.CharField()
+
+
+class JobSerializer(serializers.ModelSerializer):
+    queue_position = serializers.SerializerMethodField()
+    cancel_requested = serializers.SerializerMethodField()
+    links = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
+                  "stage_times", "cost_estimate_gpu_s", "cost_measured_gpu_s", "created_at", "started_at",
+                  "finished_at", "cancel_requested", "links"]
+        read_only_fields = fields
+
+    def get_queue_position(self, job: Job) -> int | None:
+        return job.queue_position()
+
+    def get_cancel_requested(self, job: Job) -> bool:
+        return job.cancel_requested_at is not None
+
+    @extend_schema_field(LinksSerializer)
+    def get_links(self, job: Job) -> dict[str, str]:
+        d = reverse("job-detail", args=[job.uid])
+        return {"self": d, "result": reverse("job-result", args=[job.uid]), "cancel": d}
+
+
+class JobListFilter(serializers.Serializer):
+    state = serializers.ChoiceField(choices=STATES, required=False)
+    workflow = serializers.CharField(required=False, max_length=64)
+
+
+class ParamSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    type = serializers.CharField()
+    default = serializers.JSONField(allow_null=True)
+    minimum = serializers.FloatField(allow_null=True)
+    maximum = serializers.FloatField(allow_null=True)
+    doc = serializers.CharField()
+
+
+class WorkflowSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    stages = serializers.ListField(child=serializers.CharField())
+    inputs = serializers.ListField(child=serializers.CharField())
+    output = serializers.CharField()
+    params = ParamSerializer(many=True)
+    limits = serializers.DictField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    field = serializers.CharField(required=False)
+
+
+def describe_workflow(spec: Any, limits: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": spec.name, "description": spec.description, "stages": spec.route(),
+        "inputs": [t.name for t in spec.request_inputs], "output": spec.final_output,
+        "params": [{"name": p.name, "type": p.type.__name__, "default": p.default, "minimum": p.minimum,
+                    "maximum": p.maximum, "doc": p.doc} for p in spec.params],
+        "limits": limits,
+    }

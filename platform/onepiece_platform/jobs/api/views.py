@@ -1,0 +1,177 @@
+"""Native jobs API (/api/v1): submit, list, detail, cancel, result, workflows.
+
+Every lookup is scoped to the requesting user, so another user's UID is 404,
+never 403 and never their data.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from engine.workflow import get_workflow, workflows
+from onepiece_platform import conf
+from onepiece_platform.api_errors import error
+from onepiece_platform.jobs import control, services
+from onepiece_platform.jobs.api.serializers import (
+    ErrorSerializer,
+    JobListFilter,
+    JobSerializer,
+    SubmitSerializer,
+    WorkflowSerializer,
+    describe_workflow,
+)
+from onepiece_platform.jobs.models import COMPLETED, STATES, Job
+from onepiece_platform.quotas.models import limits_for
+
+CONTENT_TYPES = {"image": ("image/png", "png"), "video": ("video/mp4", "mp4")}
+ERRORS = {code: OpenApiResponse(ErrorSerializer) for code in (400, 401, 403, 404, 409, 410, 413, 429, 503)}
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    return {c: ERRORS[c] for c in codes}
+
+
+def check_body_size(request: Request) -> None:
+    """413 before parsing anything: the declared body is larger than an upload may be (+ base64 overhead)."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    limit = conf.get("MAX_UPLOAD_BYTES") * 4 // 3 + 64 * 1024
+    if length > limit:
+        raise services.Invalid("body", f"request body of {length} bytes is over the limit of {limit}", 413)
+
+
+def own_job(request: Request, uid: str) -> Job:
+    return get_object_or_404(Job, uid=uid, owner=request.user, hidden=False)
+
+
+class JobPagination(PageNumberPagination):
+    page_size = 20
+    page_size_query_param = "page_size"
+    max_page_size = 100
+
+
+IDEMPOTENCY = OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+                               description="a repeat with the same key returns the first submission's job")
+
+
+class JobListCreateView(APIView):
+    permission_classes = [IsAuthenticated]
+    parser_classes = [JSONParser, MultiPartParser]
+
+    @extend_schema(parameters=[OpenApiParameter("state", str, enum=list(STATES)),
+                               OpenApiParameter("workflow", str),
+                               OpenApiParameter("page", int), OpenApiParameter("page_size", int)],
+                   responses={200: JobSerializer(many=True), **_errors(400, 401, 404)})
+    def get(self, request: Request) -> Response:
+        f = JobListFilter(data=request.query_params)
+        f.is_valid(raise_exception=True)
+        qs = Job.objects.filter(owner=request.user, uid__isnull=False, hidden=False)
+        if "state" in f.validated_data:
+            qs = qs.filter(state=f.validated_data["state"])
+        if "workflow" in f.validated_data:
+            qs = qs.filter(workflow=f.validated_data["workflow"])
+        pager = JobPagination()
+        page = pager.paginate_queryset(qs, request, view=self)
+        return pager.get_paginated_response(JobSerializer(page, many=True).data)
+
+    @extend_schema(request=SubmitSerializer, parameters=[IDEMPOTENCY],
+                   responses={202: JobSerializer, **_errors(400, 401, 409, 413, 429, 503)})
+    def post(self, request: Request) -> Response:
+        check_body_size(request)
+        doc, inputs = self._read(request)
+        s = SubmitSerializer(data=doc)
+        s.is_valid(raise_exception=True)
+        for name, value in s.validated_data["inputs"].items():
+            try:
+                inputs[name] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise services.Invalid(name, f"input {name!r} is not valid base64") from None
+        key = request.headers.get("Idempotency-Key", "")
+        if len(key) > 200:
+            raise services.Invalid("Idempotency-Key", "Idempotency-Key is longer than 200 characters")
+        done = services.submit(request.user, s.validated_data["workflow"], dict(s.validated_data["params"]),
+                               inputs, key, "native", s.validated_data.get("deadline_s"))
+        body = JobSerializer(done.job).data
+        return Response(body, status=status.HTTP_202_ACCEPTED,
+                        headers={"Location": body["links"]["self"]})
+
+    @staticmethod
+    def _read(request: Request) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """(the JSON document, uploaded inputs); multipart carries ``params`` as a JSON string."""
+        if not request.content_type.startswith("multipart/"):
+            data = request.data
+            return (dict(data) if isinstance(data, dict) else {"workflow": None}), {}
+        inputs: dict[str, bytes] = {}
+        for name, f in request.FILES.items():
+            if f.size > conf.get("MAX_UPLOAD_BYTES"):
+                raise services.Invalid(name, f"{name} is over {conf.get('MAX_UPLOAD_BYTES')} bytes", 413)
+            inputs[name] = f.read()
+        try:
+            params = json.loads(request.data.get("params") or "{}")
+        except ValueError:
+            raise services.Invalid("params", "params must be a JSON object") from None
+        return {"workflow": request.data.get("workflow"), "params": params}, inputs
+
+
+class JobDetailView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses={200: JobSerializer, **_errors(401, 404)})
+    def get(self, request: Request, uid: str) -> Response:
+        return Response(JobSerializer(control.refresh(own_job(request, uid))).data)
+
+    @extend_schema(request=None, responses={200: JobSerializer, 202: JobSerializer, **_errors(401, 404, 503)})
+    def delete(self, request: Request, uid: str) -> Response:
+        """Cancel: 202 while stages are being told, 200 once the job is finished (repeats are harmless)."""
+        job = control.cancel(own_job(request, uid))
+        return Response(JobSerializer(job).data, status=200 if job.terminal else 202)
+
+
+class JobResultView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses={(200, "image/png"): OpenApiTypes.BINARY, (200, "video/mp4"): OpenApiTypes.BINARY,
+                              **_errors(401, 404, 409, 410, 503)})
+    def get(self, request: Request, uid: str) -> HttpResponse | Response:
+        job = control.refresh(own_job(request, uid))
+        return result_response(job)
+
+
+def result_response(job: Job) -> HttpResponse | Response:
+    from onepiece_platform.engine_link.client import get_engine
+
+    if job.state != COMPLETED:
+        return error(409, f"the job is {job.state}; there is no result", state=job.state)
+    data = get_engine().result(job.uid or "")
+    if data is None:
+        return error(410, "the result expired or was lost with the result store; submit the job again")
+    ctype, ext = CONTENT_TYPES.get(get_workflow(job.workflow).final_output, ("application/octet-stream", "bin"))
+    resp = HttpResponse(data, content_type=ctype)
+    resp["Content-Disposition"] = f'attachment; filename="{job.uid}.{ext}"'
+    return resp
+
+
+class WorkflowListView(APIView):
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(responses={200: WorkflowSerializer(many=True), **_errors(401)})
+    def get(self, request: Request) -> Response:
+        limits = limits_for(request.user.pk).__dict__
+        return Response([describe_workflow(spec, limits) for _, spec in sorted(workflows().items())])

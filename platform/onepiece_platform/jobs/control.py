@@ -1,0 +1,57 @@
+"""Reading a job's live state from the engine, and cancelling it."""
+
+from __future__ import annotations
+
+import logging
+
+from django.utils import timezone
+
+from engine.store import keys
+from onepiece_platform.engine_link.client import EngineError, get_engine
+from onepiece_platform.jobs import ledger
+from onepiece_platform.jobs.models import CANCELLED, IN_PROGRESS, NON_TERMINAL, Job
+
+log = logging.getLogger(__name__)
+
+
+def refresh(job: Job) -> Job:
+    """Bring an unfinished row up to the engine's status (terminal states through the ledger).
+
+    The reconciler does the same from the event stream; this makes a read
+    current even when the reconciler lags. An unreachable engine leaves the
+    row as it is.
+    """
+    if job.terminal or not job.uid:
+        return job
+    try:
+        st = get_engine().status(job.uid)
+    except EngineError:
+        log.warning("engine unreachable while refreshing %s", job.uid)
+        return job
+    if st is None:
+        return job  # the reconciler's sweep decides when an unknown job counts as lost
+    if st.state in keys.TERMINAL:
+        ledger.finish(job.uid, st.state, st.detail, st.stage or None)
+    elif st.state == IN_PROGRESS:
+        Job.objects.filter(pk=job.pk, state__in=NON_TERMINAL).update(
+            state=IN_PROGRESS, stage=st.stage, progress=max(0, min(99, st.progress)), updated_at=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def cancel(job: Job) -> Job:
+    """Idempotent: a finished job is returned as it is; otherwise every stage is asked to drop it.
+
+    Raises EngineError when the engine cannot be reached (nothing recorded then).
+    """
+    job = refresh(job)
+    if job.terminal or not job.uid:
+        return job
+    known = get_engine().cancel(job.uid)
+    if not known:
+        # the engine lost it (Redis restarted): nothing can still run it to completion
+        ledger.finish(job.uid, CANCELLED, "cancelled; the engine no longer knew this job")
+    elif job.cancel_requested_at is None:
+        Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
+    job.refresh_from_db()
+    return job

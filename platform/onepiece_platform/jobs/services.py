@@ -1,0 +1,134 @@
+"""Submitting a job: validation, per-request limits, quota, ledger row, engine; in that order.
+
+Why this order: everything that can refuse a request without the engine
+(malformed input, an oversized upload, a per-user limit, the user's quota)
+runs first, so nothing reaches the engine that the platform would refuse; the
+ledger row exists before the engine is asked, so an Idempotency-Key repeat
+can never submit twice.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from engine.workflow import InvalidRequest, get_workflow, workflows
+from onepiece_platform import conf
+from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
+from onepiece_platform.jobs.models import NON_TERMINAL, Job
+from onepiece_platform.quotas import counters
+from onepiece_platform.quotas.models import Limits, limits_for
+
+
+class Invalid(Exception):
+    """A request the platform refuses outright (400, or 413 for size); ``field`` names the culprit."""
+
+    def __init__(self, field: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+        self.status = status
+
+
+class IdempotencyInProgress(Exception):
+    """A request with this Idempotency-Key is being submitted right now (409)."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    created: bool  # False: an Idempotency-Key repeat answered with the earlier job
+
+
+def check_image(name: str, data: bytes) -> None:
+    """Bounded before decoding: byte size, then the header's dimensions, then a full verify."""
+    from PIL import Image, UnidentifiedImageError
+
+    if len(data) > conf.get("MAX_UPLOAD_BYTES"):
+        raise Invalid(name, f"{name} is {len(data)} bytes; the limit is {conf.get('MAX_UPLOAD_BYTES')}", 413)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size  # read from the header; no pixels decoded yet
+            if w * h > conf.get("MAX_IMAGE_PIXELS"):
+                raise Invalid(name, f"{name} is {w}x{h}; at most {conf.get('MAX_IMAGE_PIXELS')} pixels")
+            img.verify()
+    except Invalid:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise Invalid(name, f"{name} is not a readable image: {exc}") from None
+
+
+def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], limits: Limits) -> tuple[dict[str, Any], float]:
+    """(resolved params, estimated GPU-seconds); raises :class:`Invalid`."""
+    if workflow not in workflows():
+        raise Invalid("workflow", f"unknown workflow {workflow!r}; known: {', '.join(sorted(workflows()))}")
+    spec = get_workflow(workflow)
+    try:
+        resolved = spec.resolve_params(params)
+    except InvalidRequest as exc:
+        raise Invalid(exc.field, str(exc)) from None
+    wanted = {t.name for t in spec.request_inputs}
+    for extra in sorted(set(inputs) - wanted):
+        raise Invalid(extra, f"{workflow} takes no input {extra!r}")
+    for t in spec.request_inputs:
+        if t.name not in inputs:
+            raise Invalid(t.name, f"{workflow} needs an input {t.name!r}")
+        if t.name == "image":
+            check_image(t.name, inputs[t.name])
+    pixels = int(resolved.get("height", 0)) * int(resolved.get("width", 0))
+    if pixels > limits.max_pixels:
+        raise Invalid("size", f"{pixels} pixels is over your limit of {limits.max_pixels}")
+    if int(resolved.get("num_frames", 0)) > limits.max_frames:
+        raise Invalid("num_frames", f"num_frames is over your limit of {limits.max_frames}")
+    if int(resolved.get("num_inference_steps", 0)) > limits.max_steps:
+        raise Invalid("num_inference_steps", f"num_inference_steps is over your limit of {limits.max_steps}")
+    return resolved, spec.estimate_gpu_seconds(resolved)
+
+
+def _ledger_seed(user_id: int) -> tuple[int, float]:
+    """(unfinished jobs, GPU-seconds charged today) from the ledger: seeds for missing Redis counters."""
+    mine = Job.objects.filter(owner_id=user_id)
+    running = mine.filter(state__in=NON_TERMINAL).count()
+    today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    spent = mine.filter(created_at__gte=today).aggregate(
+        s=Sum(Coalesce("cost_measured_gpu_s", "cost_estimate_gpu_s")))["s"] or 0.0
+    return running, float(spent)
+
+
+def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
+           idempotency_key: str = "", api: str = "native", deadline_s: float | None = None) -> Submitted:
+    """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError."""
+    if idempotency_key:
+        earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if earlier is not None:
+            if earlier.uid is None:
+                raise IdempotencyInProgress(idempotency_key)
+            return Submitted(earlier, False)
+    limits = limits_for(user.pk)
+    resolved, cost = resolve(workflow, params, inputs, limits)
+    day = counters.reserve(user.pk, cost, limits, *_ledger_seed(user.pk))
+    try:
+        with transaction.atomic():
+            job = Job.objects.create(owner=user, workflow=workflow, params=resolved, api=api,
+                                     cost_estimate_gpu_s=cost, quota_day=day, idempotency_key=idempotency_key)
+    except IntegrityError:
+        counters.release(user.pk, day, cost, 0.0)
+        earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
+        if earlier is None or earlier.uid is None:
+            raise IdempotencyInProgress(idempotency_key) from None
+        return Submitted(earlier, False)
+    try:
+        accepted = get_engine().submit(workflow, resolved, inputs, deadline_s)
+    except (EngineRejected, EngineError):
+        job.delete()
+        counters.release(user.pk, day, cost, 0.0)
+        raise
+    job.uid = accepted.uid
+    job.save(update_fields=["uid", "updated_at"])
+    return Submitted(job, True)

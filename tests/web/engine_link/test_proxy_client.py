@@ -1,0 +1,59 @@
+"""ProxyEngineClient against the real Proxy; the web API passes the engine's answers through."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.store import keys
+from onepiece_platform.engine_link.client import EngineError, EngineRejected
+from onepiece_platform.engine_link.proxy import ProxyEngineClient
+from tests.web.conftest import sd_body
+
+pytestmark = pytest.mark.django_db
+SD = sd_body()["params"]
+
+
+def test_submit_status_cancel_result(proxy_url, store) -> None:
+    c = ProxyEngineClient(proxy_url, timeout=5)
+    acc = c.submit("sd-t2i", SD, {})
+    assert len(acc.uid) == 32 and acc.cost_gpu_s > 0
+    st = c.status(acc.uid)
+    assert st is not None and (st.state, st.workflow) == ("queued", "sd-t2i")
+    assert c.result(acc.uid) is None
+    assert c.cancel(acc.uid) and store.cancel_requested(acc.uid)
+    store.finish(acc.uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png!")
+    assert c.result(acc.uid) == b"png!" and c.cancel(acc.uid)  # cancel of a finished job: fine
+    assert c.status("0" * 32) is None and not c.cancel("0" * 32)
+
+
+def test_invalid_is_400_with_field(proxy_url) -> None:
+    with pytest.raises(EngineRejected) as e:
+        ProxyEngineClient(proxy_url).submit("sd-t2i", {**SD, "height": 65}, {})
+    assert (e.value.status, e.value.field) == (400, "height")
+
+
+def test_unreachable_proxy_is_engine_error() -> None:
+    from engine.embedded import free_port
+
+    with pytest.raises(EngineError):
+        ProxyEngineClient(f"http://127.0.0.1:{free_port('127.0.0.1')}", timeout=1).status("0" * 32)
+
+
+def test_engine_capacity_503_passes_through_the_api(proxy_url, alice) -> None:
+    _, c, _ = alice
+    codes = [c.post("/api/v1/jobs", sd_body(seed=i), format="json") for i in range(3)]
+    assert [r.status_code for r in codes] == [202, 202, 503]  # the Proxy's queue holds 2
+    assert int(codes[2].headers["Retry-After"]) >= 1 and "queue full" in codes[2].json()["detail"]
+    from onepiece_platform.jobs.models import Job
+    from onepiece_platform.quotas import counters
+
+    assert Job.objects.count() == 2 and counters.usage(alice[0].pk)[0] == 2  # the refused one released
+
+
+def test_engine_down_is_503_not_500(alice, settings) -> None:
+    from engine.embedded import free_port
+
+    settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
+                         "PROXY_URL": f"http://127.0.0.1:{free_port('127.0.0.1')}", "PROXY_TIMEOUT_S": 1}
+    r = alice[1].post("/api/v1/jobs", sd_body(), format="json")
+    assert r.status_code == 503 and r.headers["Retry-After"]

@@ -1,0 +1,104 @@
+"""Per-user quotas: atomic counters (429 + Retry-After), per-request limits, release exactly once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.store import keys
+from onepiece_platform.jobs.models import Job
+from onepiece_platform.quotas import counters
+from onepiece_platform.quotas.models import Limits, Quota
+from tests.web.conftest import sd_body, wan_body
+
+pytestmark = pytest.mark.django_db
+
+
+def test_concurrent_jobs_limit_is_429_and_freed_by_a_terminal_state(alice, store) -> None:
+    user, c, _ = alice
+    Quota.objects.create(user=user, max_concurrent_jobs=2)
+    uids = [c.post("/api/v1/jobs", sd_body(seed=i), format="json").json()["uid"] for i in range(2)]
+    r = c.post("/api/v1/jobs", sd_body(seed=9), format="json")
+    assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1 and r.json()["reason"] == "concurrent"
+    assert Job.objects.count() == 2
+    store.finish(uids[0], "sd-t2i", keys.FAILED, "denoise", detail="x")
+    c.get(f"/api/v1/jobs/{uids[0]}")  # the transition releases the slot, once
+    c.get(f"/api/v1/jobs/{uids[0]}")
+    assert counters.usage(user.pk)[0] == 1
+    assert c.post("/api/v1/jobs", sd_body(seed=9), format="json").status_code == 202
+
+
+def test_daily_gpu_seconds_is_429_until_midnight(alice) -> None:
+    user, c, _ = alice
+    one = c.post("/api/v1/jobs", sd_body(height=512, width=512, num_inference_steps=50), format="json").json()
+    Quota.objects.create(user=user, gpu_seconds_per_day=one["cost_estimate_gpu_s"] * 1.5)
+    r = c.post("/api/v1/jobs", sd_body(height=512, width=512, num_inference_steps=50, seed=1), format="json")
+    assert r.status_code == 429 and r.json()["reason"] == "gpu_seconds"
+    assert 1 <= int(r.headers["Retry-After"]) <= 86401
+
+
+def test_measured_cost_replaces_the_estimate(alice, store) -> None:
+    user, c, _ = alice
+    job = c.post("/api/v1/jobs", sd_body(), format="json").json()
+    uid = job["uid"]
+    from onepiece_platform.jobs import ledger
+
+    ledger.apply_event(uid, keys.STAGE_STARTED, "denoise", 0, 100.0, "")
+    ledger.apply_event(uid, keys.STAGE_FINISHED, "denoise", 50, 102.5, "")
+    store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png")
+    d = c.get(f"/api/v1/jobs/{uid}").json()
+    assert d["cost_measured_gpu_s"] == pytest.approx(2.5)
+    assert counters.usage(user.pk) == (0, pytest.approx(2.5))
+
+
+def test_cancelled_before_start_refunds_the_estimate(alice, store) -> None:
+    user, c, _ = alice
+    uid = c.post("/api/v1/jobs", sd_body(), format="json").json()["uid"]
+    assert counters.usage(user.pk)[1] > 0
+    store.finish(uid, "sd-t2i", keys.CANCELLED, "", detail="cancelled in queue")
+    c.get(f"/api/v1/jobs/{uid}")
+    assert counters.usage(user.pk) == (0, 0.0)
+
+
+@pytest.mark.parametrize("limit,body,field", [
+    ({"max_pixels": 64 * 64}, sd_body(height=128, width=128), "size"),
+    ({"max_steps": 2}, sd_body(num_inference_steps=3), "num_inference_steps"),
+    ({"max_frames": 5}, wan_body(num_frames=9), "num_frames"),
+])
+def test_per_request_limits_are_400_before_the_engine(alice, store, limit, body, field) -> None:
+    user, c, _ = alice
+    Quota.objects.create(user=user, **limit)
+    r = c.post("/api/v1/jobs", body, format="json")
+    assert r.status_code == 400 and r.json()["field"] == field
+    assert store.events() == []  # the engine never saw it
+
+
+def test_reserve_is_atomic_under_races(web_redis) -> None:
+    limits = Limits(3, 1e9, 1, 1, 1)
+    wins: list[bool] = []
+    barrier = threading.Barrier(16)
+
+    def go() -> None:
+        barrier.wait()
+        try:
+            counters.reserve(4242, 1.0, limits, 0, 0.0)
+            wins.append(True)
+        except counters.QuotaExceeded:
+            wins.append(False)
+
+    threads = [threading.Thread(target=go, name=f"quota-race-{i}") for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wins.count(True) == 3 and counters.usage(4242)[0] == 3
+
+
+def test_counters_lost_with_redis_are_seeded_from_the_ledger(alice, store) -> None:
+    user, c, _ = alice
+    Quota.objects.create(user=user, max_concurrent_jobs=2)
+    for i in range(2):
+        assert c.post("/api/v1/jobs", sd_body(seed=i), format="json").status_code == 202
+    store.r.flushdb()  # Redis restarted: counters gone, the ledger still says 2 running
+    assert c.post("/api/v1/jobs", sd_body(seed=5), format="json").status_code == 429
