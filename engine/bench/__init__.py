@@ -21,9 +21,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--skip-contention", action="store_true", help="skip the CAS and multi-producer figures")
 
 
+    r = sub.add_parser(
+        "rebalance",
+        help="allocator decisions at cluster scale: static vs rebalanced after a load shift (simulation)",
+        description="Sizes the stages of wan2.1-i2v for two request mixes with the Node Manager's allocator, "
+        "simulates the second mix on both allocations, and times a decision at 1,000 devices.",
+    )
+    r.add_argument("--devices", type=int, default=64, help="device budget for the two allocations")
+    r.add_argument("--requests", type=int, default=4000, help="simulated requests per run")
+    r.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.bench == "transport":
         from engine.bench.transport import main
 
         return main(args)
+    if args.bench == "rebalance":
+        from engine.bench.rebalance import main as rebalance_main
+
+        return rebalance_main(args)
     raise SystemExit(f"unknown benchmark {args.bench!r}")
