@@ -27,7 +27,7 @@ class Injector:
         self.send_timeout = send_timeout
         self._producers: dict[str, tuple[str, Any]] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="onepiece-proxy-inject")
-        self.outstanding = Outstanding(lambda i: self._producers[i][1].unacked if i in self._producers else 0)
+        self.outstanding = Outstanding(lambda i: self._producers[i][1].poll() if i in self._producers else 0)
         self.deliver = make_deliver(deliver, self.outstanding)
 
     async def inject(self, header: wm.Header, blobs: dict[str, bytes], cost: float) -> str:

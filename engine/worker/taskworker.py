@@ -89,7 +89,8 @@ class TaskWorker:
         i = self.route.index(config.stage)
         self.next_stage = self.route[i + 1] if i + 1 < len(self.route) else None
         self._producers: dict[str, tuple[str, RingProducer]] = {}
-        self.outstanding = Outstanding(lambda inst: self._producers[inst][1].unacked if inst in self._producers else 0)
+        # poll() (non-blocking) reads the consumer's acknowledgements now, so policies see fresh counts
+        self.outstanding = Outstanding(lambda inst: self._producers[inst][1].poll() if inst in self._producers else 0)
         self.deliver = make_deliver(config.deliver, self.outstanding)
         self.handled = 0
 
