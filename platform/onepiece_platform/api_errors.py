@@ -5,6 +5,7 @@
   IdempotencyInProgress   409
   EngineRejected          passed through: 400 with ``field``, or 503 + Retry-After (engine capacity)
   EngineError             503 + Retry-After (engine unreachable)
+  ApiError                its status
 """
 
 from __future__ import annotations
@@ -20,6 +21,15 @@ from onepiece_platform.ops import metrics
 from onepiece_platform.quotas.counters import QuotaExceeded
 
 ENGINE_DOWN_RETRY_S = 5
+
+
+class ApiError(Exception):
+    """Any other refusal with its status (502 engine failure, 504 wait timed out...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 def error(status: int, detail: str, field: str = "", retry_after: int | None = None,
@@ -47,4 +57,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, EngineError):
         metrics.REJECTIONS.labels(reason="engine_unreachable").inc()
         return error(503, f"the engine is unreachable: {exc}", retry_after=ENGINE_DOWN_RETRY_S)
+    if isinstance(exc, ApiError):
+        return error(exc.status, exc.message)
     return drf_handler(exc, context)

@@ -11,5 +11,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/", include("onepiece_platform.accounts.urls")),
     path("api/v1/", include("onepiece_platform.jobs.urls")),
+    path("v1/", include("onepiece_platform.jobs.openai_urls")),
     path("admin/", admin.site.urls),
 ]

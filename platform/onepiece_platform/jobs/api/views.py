@@ -36,6 +36,7 @@ from onepiece_platform.jobs.api.serializers import (
     describe_workflow,
 )
 from onepiece_platform.jobs.models import COMPLETED, STATES, Job
+from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.quotas.models import limits_for
 
 CONTENT_TYPES = {"image": ("image/png", "png"), "video": ("video/mp4", "mp4")}
@@ -146,6 +147,7 @@ class JobDetailView(APIView):
 
 class JobResultView(APIView):
     permission_classes = [IsAuthenticated]
+    content_negotiation_class = BytesOrJsonNegotiation
 
     @extend_schema(responses={(200, "image/png"): OpenApiTypes.BINARY, (200, "video/mp4"): OpenApiTypes.BINARY,
                               **_errors(401, 404, 409, 410, 503)})

@@ -1,0 +1,273 @@
+"""OpenAI-compatible endpoints beside the native API, so the official ``openai`` client works by base_url.
+
+  POST   /v1/videos                  create (prompt, input_reference file, model, seconds, size)
+  GET    /v1/videos                  list (after, limit, order)
+  GET    /v1/videos/{id}             retrieve
+  GET    /v1/videos/{id}/content     the mp4
+  DELETE /v1/videos/{id}             cancel if unfinished, then hide
+  POST   /v1/images/generations      synchronous: waits for the image(s); b64_json or a signed url
+  GET    /v1/images/content/{token}  the png behind a signed url (no API key: the signature is the grant)
+
+Jobs go through the same services as the native API (validation, limits,
+quota, ledger, engine). Errors use OpenAI's shape ``{"error": {message,
+type, param, code}}`` with the same status codes and Retry-After as the
+native API. OpenAI's statuses have no cancelled/expired: those show as
+``failed`` with ``error.code`` saying which.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from django.core import signing
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from engine.workflow import get_workflow, workflows
+from onepiece_platform import conf
+from onepiece_platform.api_errors import ApiError
+from onepiece_platform.jobs import control, services
+from onepiece_platform.jobs.api import openai_serializers as s
+from onepiece_platform.jobs.api.views import check_body_size, result_response
+from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, Job
+from onepiece_platform.negotiation import BytesOrJsonNegotiation
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_exceeded", 502: "server_error", 503: "server_error",
+          504: "server_error"}
+URL_MAX_AGE_S = 3600
+
+
+def _openai_error(data: Any, status: int) -> dict[str, Any]:
+    message, param = "error", None
+    if isinstance(data, dict):
+        if "detail" in data:
+            message, param = str(data["detail"]), data.get("field")
+        elif data:
+            param = next(iter(data))
+            v = data[param]
+            message = f"{param}: {v[0] if isinstance(v, list) and v else v}"
+    elif isinstance(data, list) and data:
+        message = str(data[0])
+    code = data.get("reason") if isinstance(data, dict) else None
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param,
+                      "code": code}}
+
+
+ERRORS = {c: OpenApiResponse(s.OpenAIErrorSerializer) for c in (400, 401, 404, 409, 410, 413, 429, 502, 503, 504)}
+
+
+def _errors(*codes: int) -> dict[int, OpenApiResponse]:
+    return {c: ERRORS[c] for c in codes}
+
+
+class OpenAIView(APIView):
+    """Errors in OpenAI's shape; everything else as the native API."""
+
+    permission_classes = [IsAuthenticated]
+
+    def handle_exception(self, exc: Exception) -> Response:
+        response = super().handle_exception(exc)
+        response.data = _openai_error(response.data, response.status_code)
+        return response
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(response, Response) and response.status_code >= 400 and "error" not in (response.data or {}):
+            response.data = _openai_error(response.data, response.status_code)
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+def _video_workflows() -> list[str]:
+    return sorted(n for n, w in workflows().items() if w.final_output == "video")
+
+
+def video_object(job: Job) -> dict[str, Any]:
+    p = job.params
+    fps = int(p.get("fps") or 16)
+    error = None
+    status = job.state
+    if job.state in (FAILED, CANCELLED, EXPIRED):
+        status, error = "failed", {"code": job.state, "message": job.detail or job.state}
+    return {
+        "id": job.uid, "object": "video", "model": job.workflow, "status": status, "progress": job.progress,
+        "created_at": int(job.created_at.timestamp()),
+        "completed_at": int(job.finished_at.timestamp()) if job.finished_at and job.state == COMPLETED else None,
+        "expires_at": None, "prompt": p.get("prompt"),
+        "seconds": str(max(0, round((int(p.get("num_frames", 1)) - 1) / fps))),
+        "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": None, "error": error,
+    }
+
+
+def _own_video(request: Request, video_id: str) -> Job:
+    return get_object_or_404(Job, uid=video_id, owner=request.user, hidden=False,
+                             workflow__in=_video_workflows())
+
+
+class VideoListCreateView(OpenAIView):
+    parser_classes = [MultiPartParser, FormParser, JSONParser]
+
+    @extend_schema(request={"multipart/form-data": s.VideoCreateSerializer,
+                            "application/json": s.VideoCreateSerializer},
+                   responses={200: s.VideoSerializer, **_errors(400, 401, 409, 413, 429, 503)})
+    def post(self, request: Request) -> Response:
+        check_body_size(request)
+        v = s.VideoCreateSerializer(data=request.data)
+        v.is_valid(raise_exception=True)
+        d = v.validated_data
+        model = d["model"]
+        if model not in _video_workflows():
+            raise services.Invalid("model", f"unknown video model {model!r}; known: {', '.join(_video_workflows())}")
+        spec = get_workflow(model)
+        params: dict[str, Any] = {"prompt": d["prompt"]}
+        for name in ("num_inference_steps", "seed", "negative_prompt"):
+            if name in d:
+                params[name] = d[name]
+        if "size" in d:
+            params["width"], params["height"] = s.parse_size(d["size"])
+        if "seconds" in d:
+            fps = next(p.default for p in spec.params if p.name == "fps")
+            params["num_frames"] = 4 * round(d["seconds"] * fps / 4) + 1  # Wan needs frames = 4k + 1
+        inputs: dict[str, bytes] = {}
+        ref = d.get("input_reference")
+        if ref is not None:
+            if ref.size > conf.get("MAX_UPLOAD_BYTES"):
+                raise services.Invalid("input_reference", "input_reference is too large", 413)
+            inputs["image"] = ref.read()
+        elif any(t.name == "image" for t in spec.request_inputs):
+            raise services.Invalid("input_reference", f"{model} is image-to-video: input_reference is required")
+        done = services.submit(request.user, model, params, inputs, request.headers.get("Idempotency-Key", "")[:200],
+                               "openai")
+        return Response(video_object(done.job))
+
+    @extend_schema(parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
+    def get(self, request: Request) -> Response:
+        q = s.VideoListQuerySerializer(data=request.query_params)
+        q.is_valid(raise_exception=True)
+        order = q.validated_data["order"]
+        qs = Job.objects.filter(owner=request.user, hidden=False, uid__isnull=False,
+                                workflow__in=_video_workflows()).order_by(
+            "created_at" if order == "asc" else "-created_at", "id" if order == "asc" else "-id")
+        after = q.validated_data.get("after")
+        if after:
+            pivot = Job.objects.filter(owner=request.user, uid=after).first()
+            if pivot is not None:
+                if order == "asc":
+                    qs = qs.filter(created_at__gte=pivot.created_at).exclude(pk__lte=pivot.pk)
+                else:
+                    qs = qs.filter(created_at__lte=pivot.created_at).exclude(pk__gte=pivot.pk)
+        limit = q.validated_data["limit"]
+        rows = list(qs[: limit + 1])
+        data = [video_object(j) for j in rows[:limit]]
+        return Response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                         "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit})
+
+
+class VideoDetailView(OpenAIView):
+    @extend_schema(responses={200: s.VideoSerializer, **_errors(401, 404)})
+    def get(self, request: Request, video_id: str) -> Response:
+        return Response(video_object(control.refresh(_own_video(request, video_id))))
+
+    @extend_schema(responses={200: s.VideoDeletedSerializer, **_errors(401, 404, 503)})
+    def delete(self, request: Request, video_id: str) -> Response:
+        job = control.cancel(_own_video(request, video_id))
+        Job.objects.filter(pk=job.pk).update(hidden=True)
+        return Response({"id": job.uid, "object": "video.deleted", "deleted": True})
+
+
+class VideoContentView(OpenAIView):
+    content_negotiation_class = BytesOrJsonNegotiation
+    @extend_schema(parameters=[s.ContentQuerySerializer],
+                   responses={(200, "video/mp4"): OpenApiTypes.BINARY, **_errors(400, 401, 404, 409, 410, 503)})
+    def get(self, request: Request, video_id: str) -> Any:
+        q = s.ContentQuerySerializer(data=request.query_params)
+        q.is_valid(raise_exception=True)
+        return result_response(control.refresh(_own_video(request, video_id)))
+
+
+def _wait(jobs: list[Job], timeout: float) -> list[Job]:
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = [control.refresh(j) for j in jobs]
+        if all(j.terminal for j in jobs) or time.monotonic() > deadline:
+            return jobs
+        time.sleep(0.05)
+
+
+class ImageGenerationView(OpenAIView):
+    parser_classes = [JSONParser]
+
+    @extend_schema(request=s.ImageGenerateSerializer,
+                   responses={200: s.ImagesResponseSerializer, **_errors(400, 401, 409, 413, 429, 502, 503, 504)})
+    def post(self, request: Request) -> Response:
+        check_body_size(request)
+        v = s.ImageGenerateSerializer(data=request.data)
+        v.is_valid(raise_exception=True)
+        d = v.validated_data
+        model = d["model"]
+        image_models = sorted(n for n, w in workflows().items() if w.final_output == "image")
+        if model not in image_models:
+            raise services.Invalid("model", f"unknown image model {model!r}; known: {', '.join(image_models)}")
+        width, height = s.parse_size(d["size"])
+        params: dict[str, Any] = {"prompt": d["prompt"], "width": width, "height": height}
+        for name in ("num_inference_steps", "negative_prompt"):
+            if name in d:
+                params[name] = d[name]
+        seed = d.get("seed", 0)
+        jobs = [services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai").job
+                for i in range(d["n"])]
+        jobs = _wait(jobs, float(conf.get("IMAGE_WAIT_S")))
+        unfinished = [j for j in jobs if not j.terminal]
+        if unfinished:
+            for j in unfinished:
+                control.cancel(j)
+            raise ApiError(504, f"the image was not ready within {conf.get('IMAGE_WAIT_S')}s; cancelled")
+        bad = [j for j in jobs if j.state != COMPLETED]
+        if bad:
+            raise ApiError(502, f"generation {bad[0].state}: {bad[0].detail or bad[0].state}")
+        data = []
+        for j in jobs:
+            if d["response_format"] == "b64_json":
+                png = _result(j)
+                data.append({"b64_json": base64.b64encode(png).decode()})
+            else:
+                token = signing.TimestampSigner(salt="images").sign(j.uid or "")
+                data.append({"url": request.build_absolute_uri(reverse("openai-image-content", args=[token]))})
+        return Response({"created": int(time.time()), "data": data})
+
+
+def _result(job: Job) -> bytes:
+    from onepiece_platform.engine_link.client import get_engine
+
+    data = get_engine().result(job.uid or "")
+    if data is None:
+        raise ApiError(502, "the result was lost before it could be returned")
+    return data
+
+
+class ImageContentView(OpenAIView):
+    """The png behind a signed url; a bad or expired signature is 404 (nothing to learn from it)."""
+
+    content_negotiation_class = BytesOrJsonNegotiation
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={(200, "image/png"): OpenApiTypes.BINARY, 404: OpenApiResponse(s.OpenAIErrorSerializer),
+                              410: OpenApiResponse(s.OpenAIErrorSerializer)},
+                   parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH)])
+    def get(self, request: Request, token: str) -> Any:
+        try:
+            uid = signing.TimestampSigner(salt="images").unsign(token, max_age=URL_MAX_AGE_S)
+        except signing.BadSignature:
+            raise Http404("no such image") from None
+        return result_response(get_object_or_404(Job, uid=uid, state=COMPLETED))
