@@ -113,3 +113,28 @@ def test_sigkill_of_the_denoise_worker_mid_request(cluster: Cluster, tiny_models
     rings_after = sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{cluster.ring_prefix}"))
     assert rings_after == rings_before
     assert SD_STEP_DELAY_S > 0  # the test relies on denoise being slow enough to catch
+
+
+def test_a_deadline_passing_mid_denoise_stops_it_between_steps(cluster: Cluster) -> None:
+    uid = cluster.submit("sd-t2i", SLOW, deadline_s=1.5)  # 100 steps take > 5 s here
+    done = cluster.wait(uid, {"expired", "completed", "failed", "cancelled"}, timeout=60)
+    assert done["state"] == "expired", done
+    stopped = [e for e in cluster.events(uid) if e["type"] == "stage_stopped"]
+    assert len(stopped) == 1 and stopped[0]["stage"] == "denoise" and "deadline" in stopped[0]["detail"]
+    assert "vae_decode" not in [e["stage"] for e in cluster.events(uid) if e["type"] == "stage_started"]
+
+
+def test_cancel_while_queued_never_starts_the_stage(cluster: Cluster) -> None:
+    blocker = cluster.submit("sd-t2i", SLOW)
+    _wait_steps(cluster, blocker, 1)
+    queued = cluster.submit("sd-t2i", dict(SLOW, num_inference_steps=3))
+    deadline = time.monotonic() + 30
+    while "text_encode" not in [e["stage"] for e in cluster.events(queued) if e["type"] == "stage_finished"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert cluster.call("DELETE", f"/v1/requests/{queued}")[0] == 202  # now waiting in denoise's ring
+    assert cluster.call("DELETE", f"/v1/requests/{blocker}")[0] == 202
+    done = cluster.wait(queued, {"cancelled", "completed", "failed"}, timeout=60)
+    assert done["state"] == "cancelled" and done["detail"] == "cancelled before denoise", done
+    assert [e["stage"] for e in cluster.events(queued) if e["type"] == "stage_started"] == ["text_encode"]
+    assert cluster.wait(blocker, {"cancelled", "completed", "failed"}, timeout=30)["state"] == "cancelled"
