@@ -46,13 +46,10 @@ class Leadership:
 
 
 def connect(url: str) -> Any:
-    """An etcd3gw client for ``http://host:port``."""
-    from urllib.parse import urlparse
+    """An etcd3gw client for ``http://host:port`` (the same client the TaskManagers use)."""
+    from engine.worker.routes import etcd_client
 
-    import etcd3gw
-
-    u = urlparse(url)
-    return etcd3gw.client(host=u.hostname or "127.0.0.1", port=u.port or 2379, protocol=u.scheme or "http")
+    return etcd_client(url)
 
 
 class Election:

@@ -1,0 +1,223 @@
+"""The Node Manager's control loop: measure, allocate (Theorem 1), place, write fenced assignments.
+
+One replica leads (engine.manager.election); every tick the leader reconciles
+desired state with actual state:
+
+1. read the nodes' reports (``/onepiece/nodes/<node>``: instances, measured stage
+   times, utilisation) and the current assignments (``/onepiece/assignments/<node>``);
+2. estimate each stage's service time: an exponential moving average of what the
+   workers measured, or the workflow's cost model until there is a measurement;
+3. size the stages with the allocator on the devices (instance slots) the live
+   nodes offer;
+4. apply the new allocation only if it raises predicted throughput by at least
+   ``min_gain`` and the last change is ``cooldown`` seconds old (hysteresis, against
+   flapping), or if instances are missing (a node died, a first start);
+5. place instances on nodes keeping every existing instance that still fits (fewest
+   moves), and write each node's assignment with :meth:`Election.fenced_put`, so a
+   deposed leader's late tick writes nothing.
+
+The loop never dies: a tick that raises is logged and the next one runs. The
+tick's duration is kept (``last_tick_seconds``) for the metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.manager.allocator import StageProfile, for_budget, throughput
+from engine.manager.election import Election, NotLeader
+
+log = logging.getLogger(__name__)
+
+NODES = "/nodes/"
+ASSIGNMENTS = "/assignments/"
+
+
+@dataclass
+class ManagerConfig:
+    workflows: dict[str, str]  # workflow -> model folder (the same path on every node)
+    slots_per_node: int = 6  # instances one node holds (one per GPU on GPU nodes)
+    weights: dict[str, float] = field(default_factory=dict)  # share of the slots per workflow (default equal)
+    min_gain: float = 0.10
+    cooldown: float = 30.0
+    ewma: float = 0.3  # weight of a new measurement in the moving average
+    root: str = "/onepiece"  # key prefix (engine.worker.routes.ROOT); tests use their own
+
+
+@dataclass
+class TickResult:
+    leader: bool
+    applied: bool = False
+    reason: str = ""
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    token: int | None = None
+
+
+class NodeManager:
+    """Reconciles stage instances across nodes; call :meth:`tick` (tests) or :meth:`start` (service)."""
+
+    def __init__(self, client: Any, election: Election, config: ManagerConfig,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client, self.election, self.cfg, self.clock = client, election, config, clock
+        self.service_s: dict[tuple[str, str], float] = {}
+        self.last_change = -float("inf")
+        self.last_tick_seconds = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # reading the cluster ---------------------------------------------------------------------
+    def _read_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
+        out = {}
+        for value, meta in self.client.get_prefix(prefix):
+            key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
+            try:
+                out[key[len(prefix):]] = json.loads(value)
+            except ValueError:
+                log.warning("ignoring malformed value at %s", key)
+        return out
+
+    def _measure(self, nodes: dict[str, dict[str, Any]]) -> None:
+        a = self.cfg.ewma
+        for report in nodes.values():
+            for inst in report.get("instances", {}).values():
+                t = float(inst.get("last_stage_s") or 0.0)
+                if t <= 0:
+                    continue
+                k = (inst["workflow"], inst["stage"])
+                self.service_s[k] = t if k not in self.service_s else (1 - a) * self.service_s[k] + a * t
+
+    def profile(self, workflow: str) -> list[StageProfile]:
+        """Stage service times: measured where we have them, else the cost model's estimate."""
+        from engine.workflow import get_workflow
+
+        wf = get_workflow(workflow)
+        estimate = wf.estimate_cost(wf.resolve_params({"prompt": "estimate"}))
+        return [StageProfile(s, max(self.service_s.get((workflow, s), estimate.get(s, 1.0)), 1e-4))
+                for s in wf.route()]
+
+    # one tick --------------------------------------------------------------------------------
+    def tick(self) -> TickResult:
+        started = time.perf_counter()
+        try:
+            return self._tick()
+        finally:
+            self.last_tick_seconds = time.perf_counter() - started
+
+    def _tick(self) -> TickResult:
+        ship = self.election.leadership
+        if ship is None:
+            return TickResult(leader=False, reason="not the leader")
+        nodes = self._read_prefix(self.cfg.root + NODES)
+        current = self._read_prefix(self.cfg.root + ASSIGNMENTS)
+        self._measure(nodes)
+        if not nodes:
+            return TickResult(leader=True, reason="no live nodes", token=ship.token)
+        slots = self.cfg.slots_per_node * len(nodes)
+        desired = self._allocate(slots)
+        have = self._counts(current, set(nodes))
+        missing = any(have.get(w, {}).get(s, 0) < 1 for w in desired for s in desired[w])
+        gain = self._gain(have, desired)
+        now = self.clock()
+        if not missing and (gain < self.cfg.min_gain or now - self.last_change < self.cfg.cooldown):
+            return TickResult(leader=True, reason=f"kept (gain {gain:.2f}, hysteresis)", counts=have,
+                              token=ship.token)
+        plan = self._place(desired, current, sorted(nodes))
+        try:
+            for node, instances in plan.items():
+                body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token}
+                self.election.fenced_put(self.cfg.root + ASSIGNMENTS + node, json.dumps(body, sort_keys=True))
+        except NotLeader as exc:
+            log.warning("tick aborted: %s", exc)
+            return TickResult(leader=False, reason=str(exc))
+        self.last_change = now
+        return TickResult(leader=True, applied=True, reason="missing instances" if missing else f"gain {gain:.2f}",
+                          counts=desired, token=ship.token)
+
+    def _allocate(self, slots: int) -> dict[str, dict[str, int]]:
+        wfs = sorted(self.cfg.workflows)
+        weights = {w: self.cfg.weights.get(w, 1.0) for w in wfs}
+        total_w = sum(weights.values())
+        out: dict[str, dict[str, int]] = {}
+        left = slots
+        for i, w in enumerate(wfs):
+            share = left if i == len(wfs) - 1 else max(len(self.profile(w)), int(slots * weights[w] / total_w))
+            alloc = for_budget(self.profile(w), share)
+            out[w] = alloc.instances
+            left -= alloc.total
+        return out
+
+    @staticmethod
+    def _counts(current: dict[str, dict[str, Any]], live: set[str]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for node, body in current.items():
+            if node not in live:
+                continue  # a dead node's instances do not count
+            for inst in body.get("instances", []):
+                d = out.setdefault(inst["workflow"], {})
+                d[inst["stage"]] = d.get(inst["stage"], 0) + 1
+        return out
+
+    def _gain(self, have: dict[str, dict[str, int]], desired: dict[str, dict[str, int]]) -> float:
+        gains = []
+        for w, want in desired.items():
+            prof = self.profile(w)
+            old = throughput(prof, have.get(w, {}))[0]
+            new = throughput(prof, want)[0]
+            gains.append(float("inf") if old == 0 else new / old - 1)
+        return max(gains, default=0.0)
+
+    def _place(self, desired: dict[str, dict[str, int]], current: dict[str, dict[str, Any]],
+               nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """Per node, its instance list: keep what stays, then fill free slots with what is new."""
+        plan: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
+        want = {(w, s): c for w, stages in desired.items() for s, c in stages.items()}
+        used_ids: set[str] = set()
+        for n in nodes:
+            for inst in current.get(n, {}).get("instances", []):
+                k = (inst["workflow"], inst["stage"])
+                if want.get(k, 0) > 0 and len(plan[n]) < self.cfg.slots_per_node:
+                    plan[n].append(inst)
+                    used_ids.add(inst["id"])
+                    want[k] -= 1
+        for (w, s), count in sorted(want.items()):
+            for _ in range(count):
+                n = min(nodes, key=lambda x: len(plan[x]))
+                if len(plan[n]) >= self.cfg.slots_per_node:
+                    log.warning("no free slot for %s.%s", w, s)
+                    break
+                i = 0
+                while f"{w}.{s}.{i}" in used_ids:
+                    i += 1
+                used_ids.add(f"{w}.{s}.{i}")
+                plan[n].append({"id": f"{w}.{s}.{i}", "workflow": w, "stage": s})
+        return plan
+
+    # the service loop ------------------------------------------------------------------------
+    def start(self, interval: float = 2.0) -> NodeManager:
+        self.election.start()
+        self._thread = threading.Thread(target=self._run, args=(interval,), name="onepiece-node-manager",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.election.stop()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.is_set():
+            try:
+                result = self.tick()
+                if result.applied:
+                    log.info("applied %s (token %s): %s", result.counts, result.token, result.reason)
+            except Exception:
+                log.exception("node manager tick failed")
+            self._stop.wait(interval)

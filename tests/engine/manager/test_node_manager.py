@@ -1,0 +1,119 @@
+"""The Node Manager's tick on a real etcd: allocation, placement, hysteresis, fencing."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from engine.manager.allocator import for_budget
+from engine.manager.election import Election, connect
+from engine.manager.node_manager import ASSIGNMENTS, NODES, ManagerConfig, NodeManager
+
+WF = "sd-t2i"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+ROOT = f"/onepiece-test-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def cluster(etcd_server):
+    """Live nodes reporting measured stage times (as TaskManagers do), under a key prefix of our own."""
+    client = connect(etcd_server.url)
+    client.delete_prefix(ROOT + "/")
+    key = f"{ROOT}/leader"
+
+    def report(node: str, times: dict[str, float]) -> None:
+        instances = {f"{WF}.{s}.x{node}": {"workflow": WF, "stage": s, "last_stage_s": t} for s, t in times.items()}
+        client.put(ROOT + NODES + node, json.dumps({"node": node, "instances": instances}))
+
+    yield client, key, report
+    client.delete_prefix(ROOT + "/")
+
+
+def _manager(client, key, clock, **cfg) -> NodeManager:
+    e = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=2, key=key)
+    assert e.try_acquire() is not None or True
+    return NodeManager(client, e, ManagerConfig(workflows={WF: "/models/sd"}, root=ROOT, **cfg), clock=clock)
+
+
+def _assignments(client) -> dict[str, dict]:
+    prefix = ROOT + ASSIGNMENTS
+    return {meta["key"].decode()[len(prefix):]: json.loads(v) for v, meta in client.get_prefix(prefix)}
+
+
+def test_first_tick_sizes_stages_by_theorem_1_and_writes_fenced_assignments(cluster) -> None:
+    client, key, report = cluster
+    times = {"text_encode": 0.01, "denoise": 0.3, "vae_decode": 0.05, "image_encode": 0.01}
+    for n in ("n1", "n2"):
+        report(n, times)
+    nm = _manager(client, key, Clock(), slots_per_node=5)
+    result = nm.tick()
+    assert result.applied and result.leader
+    want = for_budget(nm.profile(WF), 10).instances
+    assert result.counts[WF] == want and want["denoise"] >= 5
+    got = _assignments(client)
+    assert set(got) == {"n1", "n2"}
+    assert all(body["fence_token"] == nm.election.leadership.token for body in got.values())
+    placed = [i["stage"] for body in got.values() for i in body["instances"]]
+    assert {s: placed.count(s) for s in want} == want
+    assert all(len(body["instances"]) <= 5 for body in got.values())
+    assert nm.last_tick_seconds > 0
+    nm.election.resign()
+
+
+def test_hysteresis_keeps_the_allocation_for_small_changes_and_moves_for_a_new_bottleneck(cluster) -> None:
+    client, key, report = cluster
+    clock = Clock()
+    base = {"text_encode": 0.01, "denoise": 0.3, "vae_decode": 0.05, "image_encode": 0.01}
+    shifted = {**base, "vae_decode": 0.3}  # the mix shifts: decoding becomes as slow as denoising
+    for n in ("n1", "n2"):
+        report(n, base)
+    nm = _manager(client, key, clock, slots_per_node=5, cooldown=100.0, ewma=1.0)
+    assert nm.tick().applied
+    before = _assignments(client)
+    clock.t += 200
+    report("n1", {**base, "denoise": 0.31})  # 3% slower: not worth moving anything
+    assert not nm.tick().applied
+    assert _assignments(client) == before
+    for n in ("n1", "n2"):
+        report(n, shifted)
+    result = nm.tick()
+    assert result.applied and result.counts[WF]["vae_decode"] > 1
+    kept = {i["id"] for body in before.values() for i in body["instances"]}
+    after = {i["id"] for body in _assignments(client).values() for i in body["instances"]}
+    assert len(kept & after) >= len(after) - 3  # most instances stay where they were
+    # and right after a change, even a large gain waits for the cooldown (no flapping)
+    for n in ("n1", "n2"):
+        report(n, base)
+    clock.t += 10
+    assert "hysteresis" in nm.tick().reason
+    clock.t += 100
+    assert nm.tick().applied
+    nm.election.resign()
+
+
+def test_a_deposed_managers_tick_writes_nothing(cluster) -> None:
+    client, key, report = cluster
+    report("n1", {"denoise": 0.3})
+    a = _manager(client, key, Clock())
+    a.election._lease.revoke()  # its lease lapses (as after a long stall)
+    b = _manager(client, key, Clock())
+    assert b.election.leadership is not None
+    assert b.tick().applied
+    client.delete_prefix(ROOT + ASSIGNMENTS)  # a node lost its assignment: a wants to write one
+    result = a.tick()  # a still believes it leads: etcd refuses its writes
+    assert not result.leader and "stale" in result.reason
+    assert _assignments(client) == {}
+    assert not a.election.is_leader
+    assert b.tick().applied  # the real leader repairs it
+    b.election.resign()
