@@ -145,12 +145,18 @@ async def submit(request: web.Request) -> web.Response:
     cost = spec.estimate_gpu_seconds(params)
     route = spec.route()
     stage_routes = await asyncio.to_thread(lambda: [routes.candidates(spec.name, s) for s in route])
-    inflight, inflight_cost = await asyncio.to_thread(store.inflight, spec.name)
+    try:
+        inflight, inflight_cost = await asyncio.to_thread(store.inflight, spec.name)
+    except Exception as exc:  # Redis unreachable: an overload answer, never a 500
+        return _error(503, f"the result store is unavailable: {exc}", headers={"Retry-After": "5"})
     load = Load(inflight, inflight_cost, sum(len(r) for r in stage_routes), len(stage_routes[0]))
     decision = app[MONITOR].decide(load, cost, time.time(), deadline)
     if not decision.admit:
         return _error(503, decision.reason, headers={"Retry-After": str(decision.retry_after)})
-    await asyncio.to_thread(store.accept, uid, spec.name, cost)
+    try:
+        await asyncio.to_thread(store.accept, uid, spec.name, cost)
+    except Exception as exc:  # Redis unreachable: an overload answer, never a 500
+        return _error(503, f"the result store is unavailable: {exc}", headers={"Retry-After": "5"})
     header = wm.Header(uid=uid, workflow=spec.name, stage=route[0], route=route, deadline=deadline,
                        priority=priority, params=params)
     try:

@@ -114,15 +114,25 @@ class TaskWorker:
             d.release()
             return
         h = msg.header
+        release = True
         try:
             if self._admit(h):
                 self._run(h, msg)
         except Exception as exc:  # one bad request must not stop the instance
             log.exception("request %s failed in %s", h.uid, self.config.stage)
-            self.store.finish(h.uid, h.workflow, keys.FAILED, self.config.stage, detail=f"{type(exc).__name__}: {exc}")
+            try:
+                self.store.finish(h.uid, h.workflow, keys.FAILED, self.config.stage,
+                                  detail=f"{type(exc).__name__}: {exc}")
+            except Exception:
+                # The store itself is unreachable: the failure cannot be recorded, so
+                # keep the input unreleased and let this process die; the restarted
+                # worker recovers the ring and gets the request again.
+                release = False
+                raise
         finally:
             del msg
-            d.release()
+            if release:
+                d.release()
         self.handled += 1
 
     def _admit(self, h: wm.Header) -> bool:

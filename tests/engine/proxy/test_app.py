@@ -157,3 +157,19 @@ def test_overload_is_refused_at_once_with_retry_after(env: dict[str, Any]) -> No
     _serve(env, 2, body)
     while (d := env["ring"].recv(timeout=0.05)) is not None:
         d.release()
+
+
+def test_an_unreachable_store_is_an_overload_answer(env: dict[str, Any]) -> None:
+    dead = JobStore.from_url("redis://127.0.0.1:1/0")
+
+    async def body(client: Any) -> None:
+        r = await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD})
+        assert r.status == 503 and r.headers["Retry-After"] == "5", await r.text()
+        r = await client.get("/readyz")
+        assert r.status == 503 and (await r.json())["checks"]["redis"].startswith("error")
+
+    try:
+        _serve({**env, "store": dead}, 10, body)
+    finally:
+        dead.close()
+    assert env["ring"].recv(timeout=0.05) is None

@@ -1,0 +1,84 @@
+"""The TaskWorker core in-process: results written once, redeliveries dropped, inputs kept when the store is down."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.store import JobStore, keys
+from engine.transport.ring import RingConfig, RingConsumer, attach_producer
+from engine.worker.routes import RouteTable, etcd_client
+from engine.worker.taskworker import TaskWorker, WorkerConfig
+from engine.workflow import message as wm
+
+ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]
+PARAMS = {"prompt": "a cat", "negative_prompt": None, "height": 8, "width": 8, "num_inference_steps": 2,
+          "guidance_scale": 7.5, "seed": 0}
+
+
+@pytest.fixture
+def ring() -> Iterator[tuple[RingConsumer, Any]]:
+    address = f"shm://test-{os.getpid()}-tw"
+    consumer = RingConsumer.create(address, RingConfig(slots=16, buffer_bytes=1 << 20))
+    producer = attach_producer(address)
+    yield consumer, producer
+    producer.close()
+    consumer.close()
+
+
+def _worker(store: JobStore, consumer: RingConsumer, etcd_url: str) -> TaskWorker:
+    from engine.stages.sd.image import SDImageEncode
+
+    cfg = WorkerConfig(instance="sd-t2i.image_encode.0", workflow="sd-t2i", stage="image_encode", model_dir="/",
+                       address="shm://unused", redis_url="", etcd_url=etcd_url)
+    ex = SDImageEncode()
+    ex.load("/")
+    return TaskWorker(cfg, store, RouteTable(etcd_client(etcd_url)), ex, consumer)
+
+
+def _send(producer: Any, uid: str) -> None:
+    pixels = (np.arange(8 * 8 * 3) % 251).astype("uint8").reshape(1, 8, 8, 3)
+    header = wm.Header(uid=uid, workflow="sd-t2i", stage="image_encode", route=ROUTE, params=PARAMS)
+    producer.send(wm.encode(header, {"pixels": wm.from_numpy(pixels)}))
+
+
+def test_last_stage_writes_once_and_drops_redeliveries(redis_server: Any, etcd_server: Any,
+                                                       ring: tuple[RingConsumer, Any]) -> None:
+    consumer, producer = ring
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    uid = uuid.uuid4().hex
+    store.accept(uid, "sd-t2i", 1.0)
+    worker = _worker(store, consumer, etcd_server.url)
+    for _ in range(2):  # the second is what a restarted upstream worker would send again
+        _send(producer, uid)
+        d = consumer.recv(timeout=5)
+        assert d is not None
+        worker.handle(d)
+    assert consumer.recv(timeout=0.05) is None  # both inputs were released, nothing comes back
+    assert store.result(uid) is not None and store.result(uid)[:8] == b"\x89PNG\r\n\x1a\n"
+    types = [e["type"] for e in store.events(uid)]
+    assert types.count(keys.COMPLETED) == 1 and types.count(keys.STAGE_STARTED) == 1
+    assert store.is_done(uid, "image_encode")
+    stats = store.instance_stats("sd-t2i.image_encode.0")
+    assert int(stats["requests"]) >= 1 and float(stats["last_stage_s"]) >= 0
+    store.close()
+
+
+def test_an_unreachable_store_keeps_the_input_for_the_next_incarnation(etcd_server: Any,
+                                                                       ring: tuple[RingConsumer, Any]) -> None:
+    consumer, producer = ring
+    dead = JobStore.from_url("redis://127.0.0.1:1/0")
+    worker = _worker(dead, consumer, etcd_server.url)
+    _send(producer, uuid.uuid4().hex)
+    d = consumer.recv(timeout=5)
+    assert d is not None
+    with pytest.raises(Exception, match="(?i)connect"):
+        worker.handle(d)  # the process would die here and its TaskManager restart it
+    assert consumer.held == 1  # not released: a recovering consumer delivers it again
+    d.release()
+    dead.close()
