@@ -182,6 +182,25 @@ class Election:
             self.on_deposed(ship)
 
     # fenced writes ---------------------------------------------------------------------------
+    def fenced_txn(self, puts: dict[str, str | bytes], deletes: tuple[str, ...] = ()) -> int:
+        """Several writes (and deletes) applied atomically, only if we still lead; returns the token."""
+        ship = self.leadership
+        if ship is None:
+            raise NotLeader(f"{self.candidate} is not the leader")
+        ops: list[dict[str, Any]] = [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in puts.items()]
+        ops += [{"request_delete_range": {"key": _b64(k)}} for k in deletes]
+        txn = {
+            "compare": [
+                {"key": _b64(self.key), "result": "EQUAL", "target": "CREATE", "create_revision": ship.token}
+            ],
+            "success": ops,
+            "failure": [],
+        }
+        if not self.client.transaction(txn).get("succeeded"):
+            self._depose(ship)
+            raise NotLeader(f"{self.candidate}: transaction refused, fencing token {ship.token} is stale")
+        return ship.token
+
     def fenced_put(self, key: str, value: str | bytes) -> int:
         """Write ``key`` only if we still lead with our token; returns the token used.
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.manager import actions as act
 from engine.manager.allocator import StageProfile, for_budget, throughput
 from engine.manager.election import Election, NotLeader
 
@@ -70,6 +71,8 @@ class NodeManager:
         self.last_tick_seconds = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.overrides = act.Overrides()
+        self._force = False  # an accepted operator action applies at once, past hysteresis
 
     # reading the cluster ---------------------------------------------------------------------
     def _read_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
@@ -93,13 +96,18 @@ class NodeManager:
                 self.service_s[k] = t if k not in self.service_s else (1 - a) * self.service_s[k] + a * t
 
     def profile(self, workflow: str) -> list[StageProfile]:
-        """Stage service times: measured where we have them, else the cost model's estimate."""
+        """Stage service times (measured where we have them, else the cost model's estimate) and
+        the operators' bounds."""
         from engine.workflow import get_workflow
 
         wf = get_workflow(workflow)
         estimate = wf.estimate_cost(wf.resolve_params({"prompt": "estimate"}))
-        return [StageProfile(s, max(self.service_s.get((workflow, s), estimate.get(s, 1.0)), 1e-4))
-                for s in wf.route()]
+        out = []
+        for s in wf.route():
+            bounds = self.overrides.stages.get(f"{workflow}/{s}", {})
+            out.append(StageProfile(s, max(self.service_s.get((workflow, s), estimate.get(s, 1.0)), 1e-4),
+                                    bounds.get("min", 1), bounds.get("max")))
+        return out
 
     # one tick --------------------------------------------------------------------------------
     def tick(self) -> TickResult:
@@ -113,9 +121,17 @@ class NodeManager:
         ship = self.election.leadership
         if ship is None:
             return TickResult(leader=False, reason="not the leader")
-        nodes = self._read_prefix(self.cfg.root + NODES)
-        current = self._read_prefix(self.cfg.root + ASSIGNMENTS)
+        root = self.cfg.root
+        got = self.client.get(root + "/overrides")
+        self.overrides = act.Overrides.from_json(got[0] if got else None)
+        nodes = self._read_prefix(root + NODES)
+        current = self._read_prefix(root + ASSIGNMENTS)
         self._measure(nodes)
+        try:
+            self._process_actions(nodes, current)
+        except NotLeader as exc:
+            return TickResult(leader=False, reason=str(exc))
+        nodes = {n: r for n, r in nodes.items() if n not in self.overrides.drained}
         if not nodes:
             return TickResult(leader=True, reason="no live nodes", token=ship.token)
         slots = self.cfg.slots_per_node * len(nodes)
@@ -124,10 +140,20 @@ class NodeManager:
         missing = any(have.get(w, {}).get(s, 0) < 1 for w in desired for s in desired[w])
         gain = self._gain(have, desired)
         now = self.clock()
-        if not missing and (gain < self.cfg.min_gain or now - self.last_change < self.cfg.cooldown):
+        forced, self._force = self._force, False
+        # instances still assigned to a drained or dead node must move: apply regardless
+        stranded = any(body.get("instances") for n, body in current.items() if n not in nodes)
+        where = {i["id"]: n for n, body in current.items() for i in body.get("instances", [])}
+        unpinned = any(where.get(i, n) != n for i, n in self.overrides.pinned.items() if n in nodes)
+        if forced and desired == have and not (stranded or unpinned):
+            forced = False
+        forced = forced or stranded or unpinned
+        if not missing and not forced and (gain < self.cfg.min_gain or now - self.last_change < self.cfg.cooldown):
             return TickResult(leader=True, reason=f"kept (gain {gain:.2f}, hysteresis)", counts=have,
                               token=ship.token)
         plan = self._place(desired, current, sorted(nodes))
+        for gone in set(current) - set(plan):  # drained (or dead) nodes get an empty assignment
+            plan[gone] = []
         try:
             for node, instances in plan.items():
                 body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token}
@@ -136,8 +162,41 @@ class NodeManager:
             log.warning("tick aborted: %s", exc)
             return TickResult(leader=False, reason=str(exc))
         self.last_change = now
-        return TickResult(leader=True, applied=True, reason="missing instances" if missing else f"gain {gain:.2f}",
-                          counts=desired, token=ship.token)
+        why = "operator action" if forced else "missing instances" if missing else f"gain {gain:.2f}"
+        return TickResult(leader=True, applied=True, reason=why, counts=desired, token=ship.token)
+
+    def _process_actions(self, nodes: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> None:
+        """Validate and apply queued operator actions, oldest first; each result and audit entry is
+        written in the same fenced transaction as the overrides it changes."""
+        from engine.workflow import get_workflow
+
+        root = self.cfg.root
+        pending = self._read_prefix(root + "/actions/requests/")
+        if not pending:
+            return
+        cluster = {
+            "nodes": sorted(nodes), "slots_per_node": self.cfg.slots_per_node,
+            "stages": {w: get_workflow(w).route() for w in self.cfg.workflows},
+            "instances": {i["id"]: n for n, body in current.items() for i in body.get("instances", [])},
+        }
+        for rid in sorted(pending):
+            req = pending[rid]
+            try:
+                new = act.validate(req.get("action", ""), req.get("args", {}), cluster, self.overrides)
+                verdict: dict[str, Any] = {"ok": True}
+            except act.ActionRefused as exc:
+                new, verdict = self.overrides, {"ok": False, "error": str(exc)}
+            token = self.election.leadership.token if self.election.leadership else None
+            verdict.update(id=rid, action=req.get("action"), args=req.get("args"), actor=req.get("actor"),
+                           at=time.time(), fence_token=token)
+            self.election.fenced_txn(
+                {root + "/overrides": new.to_json(), f"{root}/actions/results/{rid}": json.dumps(verdict),
+                 f"{root}/audit/{rid}": json.dumps(verdict)},
+                deletes=(f"{root}/actions/requests/{rid}",),
+            )
+            if verdict["ok"]:
+                self.overrides = new
+                self._force = True
 
     def _allocate(self, slots: int) -> dict[str, dict[str, int]]:
         wfs = sorted(self.cfg.workflows)
@@ -178,9 +237,21 @@ class NodeManager:
         plan: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
         want = {(w, s): c for w, stages in desired.items() for s, c in stages.items()}
         used_ids: set[str] = set()
+        known = {i["id"]: i for body in current.values() for i in body.get("instances", [])}
+        for inst_id, node in sorted(self.overrides.pinned.items()):  # operators' pins first
+            inst = known.get(inst_id)
+            if inst is None or node not in plan:
+                continue
+            k = (inst["workflow"], inst["stage"])
+            if want.get(k, 0) > 0 and len(plan[node]) < self.cfg.slots_per_node:
+                plan[node].append(inst)
+                used_ids.add(inst_id)
+                want[k] -= 1
         for n in nodes:
             for inst in current.get(n, {}).get("instances", []):
                 k = (inst["workflow"], inst["stage"])
+                if inst["id"] in used_ids:
+                    continue
                 if want.get(k, 0) > 0 and len(plan[n]) < self.cfg.slots_per_node:
                     plan[n].append(inst)
                     used_ids.add(inst["id"])

@@ -1,0 +1,147 @@
+"""Operators' scaling actions: requested through etcd, validated and applied by the leader.
+
+The web platform (or ``onepiece`` tooling) never calls a manager replica
+directly: it writes a request under ``<root>/actions/requests/<id>``; the leading
+Node Manager picks it up on its next tick, validates it against the cluster
+(bounds, capacity, that the node or stage exists), records the result under
+``<root>/actions/results/<id>`` and, when accepted, changes the overrides the
+allocator honours (``<root>/overrides``) with a fenced write. Every request,
+accepted or refused, is appended to the audit log ``<root>/audit/``. Whichever
+replica leads applies the action, and a deposed one cannot.
+
+Actions:
+  scale_stage   {workflow, stage, instances}   pin a stage's count (null: back to automatic)
+  move_instance {instance, node}               place an instance on a node
+  pin_instance  {instance, node}               same as move, kept across rebalancing
+  drain_node    {node}                         move everything off a node (0 slots)
+  undrain_node  {node}
+  set_mode      {workflow, mode}               "individual" or "collaboration"
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+ACTIONS = ("scale_stage", "move_instance", "pin_instance", "drain_node", "undrain_node", "set_mode")
+MODES = ("individual", "collaboration")
+
+
+class ActionRefused(ValueError):
+    """The action is invalid for the cluster as it is; the message says why."""
+
+
+@dataclass
+class Overrides:
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)  # "wf/stage" -> {"min", "max"}
+    drained: list[str] = field(default_factory=list)
+    pinned: dict[str, str] = field(default_factory=dict)  # instance id -> node
+    modes: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | None) -> Overrides:
+        if not raw:
+            return cls()
+        d = json.loads(raw)
+        return cls(d.get("stages", {}), d.get("drained", []), d.get("pinned", {}), d.get("modes", {}))
+
+
+def submit(client: Any, root: str, action: str, args: dict[str, Any], actor: str) -> str:
+    """Queue an action for the leader; returns its id (poll :func:`result`)."""
+    if action not in ACTIONS:
+        raise ActionRefused(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
+    action_id = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+    body = {"id": action_id, "action": action, "args": args, "actor": actor, "at": time.time()}
+    client.put(f"{root}/actions/requests/{action_id}", json.dumps(body))
+    return action_id
+
+
+def result(client: Any, root: str, action_id: str, timeout: float = 10.0) -> dict[str, Any] | None:
+    """The leader's verdict on an action, waiting up to ``timeout`` seconds; None if none came."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = client.get(f"{root}/actions/results/{action_id}")
+        if got:
+            return json.loads(got[0])
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Overrides) -> Overrides:
+    """Return the overrides with ``action`` applied, or raise :class:`ActionRefused`.
+
+    ``cluster``: {"nodes": [names], "slots_per_node": int, "stages": {workflow: [stage, ...]},
+    "instances": {instance id: node}}.
+    """
+    nodes = set(cluster["nodes"])
+    live = nodes - set(ov.drained)
+    slots = cluster["slots_per_node"] * len(live)
+    new = Overrides(dict(ov.stages), list(ov.drained), dict(ov.pinned), dict(ov.modes))
+
+    def stage_of(wf: str, st: str) -> None:
+        if st not in cluster["stages"].get(wf, []):
+            raise ActionRefused(f"no stage {st!r} in workflow {wf!r}")
+
+    def node_of(n: str) -> None:
+        if n not in nodes:
+            raise ActionRefused(f"no live node {n!r}; nodes: {sorted(nodes)}")
+
+    def pinned_minimum(o: Overrides) -> int:
+        fixed = sum(v["min"] for v in o.stages.values())
+        free_stages = sum(len(s) for s in cluster["stages"].values()) - len(o.stages)
+        return fixed + free_stages  # every other stage needs at least one instance
+
+    if action == "scale_stage":
+        wf, st, n = args.get("workflow", ""), args.get("stage", ""), args.get("instances")
+        stage_of(wf, st)
+        key = f"{wf}/{st}"
+        if n is None:
+            new.stages.pop(key, None)
+        else:
+            if not isinstance(n, int) or n < 1:
+                raise ActionRefused(f"instances must be a positive integer (or null for automatic), got {n!r}")
+            new.stages[key] = {"min": n, "max": n}
+            if pinned_minimum(new) > slots:
+                raise ActionRefused(f"{key} x{n} does not fit: {pinned_minimum(new)} instances needed, "
+                                    f"{slots} slots on {len(live)} live nodes")
+    elif action in ("move_instance", "pin_instance"):
+        inst, node = args.get("instance", ""), args.get("node", "")
+        if inst not in cluster["instances"]:
+            raise ActionRefused(f"no instance {inst!r}")
+        node_of(node)
+        if node in ov.drained:
+            raise ActionRefused(f"node {node!r} is drained")
+        here = [i for i, n in cluster["instances"].items() if n == node and i != inst]
+        if len(here) >= cluster["slots_per_node"]:
+            raise ActionRefused(f"node {node!r} has no free slot ({len(here)} of {cluster['slots_per_node']} used)")
+        new.pinned[inst] = node
+    elif action == "drain_node":
+        node = args.get("node", "")
+        node_of(node)
+        if node not in new.drained:
+            new.drained.append(node)
+        left = cluster["slots_per_node"] * len(nodes - set(new.drained))
+        if pinned_minimum(new) > left:
+            raise ActionRefused(f"draining {node!r} leaves {left} slots for {pinned_minimum(new)} required instances")
+        new.pinned = {i: n for i, n in new.pinned.items() if n != node}
+    elif action == "undrain_node":
+        node = args.get("node", "")
+        node_of(node)
+        new.drained = [n for n in new.drained if n != node]
+    elif action == "set_mode":
+        wf, mode = args.get("workflow", ""), args.get("mode", "")
+        if wf not in cluster["stages"]:
+            raise ActionRefused(f"no workflow {wf!r}")
+        if mode not in MODES:
+            raise ActionRefused(f"mode must be one of {MODES}, got {mode!r}")
+        new.modes[wf] = mode
+    else:
+        raise ActionRefused(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
+    return new
