@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
@@ -59,4 +60,17 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return error(503, f"the engine is unreachable: {exc}", retry_after=ENGINE_DOWN_RETRY_S)
     if isinstance(exc, ApiError):
         return error(exc.status, exc.message)
+    if isinstance(exc, ValidationError):
+        return _validation(exc)
     return drf_handler(exc, context)
+
+
+def _validation(exc: ValidationError) -> Response:
+    """DRF's ``{field: [messages]}`` as ``{"detail": first message, "field": first field, "errors": all}``."""
+    errors = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+    field, messages = next(iter(errors.items()), ("", ["invalid request"]))
+    first = messages
+    while isinstance(first, (list, dict)) and first:
+        first = first[0] if isinstance(first, list) else next(iter(first.values()))
+    return error(400, f"{field}: {first}" if field != "non_field_errors" else str(first),
+                 "" if field == "non_field_errors" else str(field), errors=errors)

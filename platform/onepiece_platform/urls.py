@@ -7,10 +7,13 @@ from onepiece_platform.ops import views as ops
 urlpatterns = [
     path("livez", ops.livez, name="livez"),
     path("readyz", ops.readyz, name="readyz"),
-    path("metrics", ops.metrics, name="metrics"),
+    path("metrics", ops.MetricsView.as_view(), name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/", include("onepiece_platform.accounts.urls")),
     path("api/v1/", include("onepiece_platform.jobs.urls")),
     path("v1/", include("onepiece_platform.jobs.openai_urls")),
     path("admin/", admin.site.urls),
 ]
+
+handler404 = "onepiece_platform.ops.views.not_found"
+handler500 = "onepiece_platform.ops.views.server_error"

@@ -1,4 +1,7 @@
-"""``/livez`` says the process serves; ``/readyz`` checks the services it depends on."""
+"""``/livez`` says the process serves; ``/readyz`` checks the services it depends on; ``/metrics`` for Prometheus.
+
+DRF views without authentication, so they appear in the OpenAPI schema like every other route.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,34 @@ import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from onepiece_platform.negotiation import BytesOrJsonNegotiation
+
+HEALTH = inline_serializer("Health", {"status": serializers.CharField(),
+                                      "checks": serializers.DictField(child=serializers.CharField(), required=False)})
 
 
-def livez(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"status": "ok"})
+@extend_schema(operation_id="livez", auth=[], responses={200: HEALTH})
+@api_view(["GET"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+def livez(request: Request) -> Response:
+    return Response({"status": "ok"})
 
 
-def readyz(request: HttpRequest) -> JsonResponse:
+@extend_schema(operation_id="readyz", auth=[], responses={200: HEALTH, 503: HEALTH})
+@api_view(["GET"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+def readyz(request: Request) -> Response:
     checks: dict[str, str] = {}
     try:
         connection.ensure_connection()
@@ -25,14 +49,35 @@ def readyz(request: HttpRequest) -> JsonResponse:
     except Exception as exc:
         checks["redis"] = f"error: {exc}"
     ok = all(v == "ok" for v in checks.values())
-    return JsonResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
+    return Response({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
 
 
-def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text exposition of this process's metrics."""
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-    from onepiece_platform.ops.metrics import register_collectors
+class MetricsView(APIView):
+    """Prometheus text exposition of this process's metrics (any Accept header: Prometheus sends its own)."""
 
-    register_collectors()
-    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+    content_negotiation_class = BytesOrJsonNegotiation
+
+    @extend_schema(operation_id="metrics", auth=[],
+                   responses={(200, "text/plain"): OpenApiResponse(OpenApiTypes.STR, description="Prometheus text")})
+    def get(self, request: Request) -> HttpResponse:
+        from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+        from onepiece_platform.ops.metrics import register_collectors
+
+        register_collectors()
+        return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    """JSON 404 for paths no route matches (the API's clients parse JSON, not Django's HTML page)."""
+    if request.path.startswith("/v1/"):
+        return JsonResponse({"error": {"message": "not found", "type": "invalid_request_error", "param": None,
+                                       "code": None}}, status=404)
+    return JsonResponse({"detail": "Not found."}, status=404)
+
+
+def server_error(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"detail": "internal error"}, status=500)

@@ -69,7 +69,8 @@ ERRORS = {c: OpenApiResponse(s.OpenAIErrorSerializer) for c in (400, 401, 404, 4
 
 
 def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    return {c: ERRORS[c] for c in codes}
+    """Errors in OpenAI's shape; 401 and 429 (failed-authentication limit) on every operation."""
+    return {c: ERRORS[c] for c in sorted(set(codes) | {401, 429})}
 
 
 class OpenAIView(APIView):
@@ -117,7 +118,7 @@ def _own_video(request: Request, video_id: str) -> Job:
 class VideoListCreateView(OpenAIView):
     parser_classes = [MultiPartParser, FormParser, JSONParser]
 
-    @extend_schema(request={"multipart/form-data": s.VideoCreateSerializer,
+    @extend_schema(operation_id="createVideo", request={"multipart/form-data": s.VideoCreateSerializer,
                             "application/json": s.VideoCreateSerializer},
                    responses={200: s.VideoSerializer, **_errors(400, 401, 409, 413, 429, 503)})
     def post(self, request: Request) -> Response:
@@ -150,7 +151,7 @@ class VideoListCreateView(OpenAIView):
                                "openai")
         return Response(video_object(done.job))
 
-    @extend_schema(parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
+    @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
     def get(self, request: Request) -> Response:
         q = s.VideoListQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
@@ -174,11 +175,11 @@ class VideoListCreateView(OpenAIView):
 
 
 class VideoDetailView(OpenAIView):
-    @extend_schema(responses={200: s.VideoSerializer, **_errors(401, 404)})
+    @extend_schema(operation_id="retrieveVideo", responses={200: s.VideoSerializer, **_errors(401, 404)})
     def get(self, request: Request, video_id: str) -> Response:
         return Response(video_object(control.refresh(_own_video(request, video_id))))
 
-    @extend_schema(responses={200: s.VideoDeletedSerializer, **_errors(401, 404, 503)})
+    @extend_schema(operation_id="deleteVideo", responses={200: s.VideoDeletedSerializer, **_errors(401, 404, 503)})
     def delete(self, request: Request, video_id: str) -> Response:
         job = control.cancel(_own_video(request, video_id))
         Job.objects.filter(pk=job.pk).update(hidden=True)
@@ -187,7 +188,7 @@ class VideoDetailView(OpenAIView):
 
 class VideoContentView(OpenAIView):
     content_negotiation_class = BytesOrJsonNegotiation
-    @extend_schema(parameters=[s.ContentQuerySerializer],
+    @extend_schema(operation_id="downloadVideoContent", parameters=[s.ContentQuerySerializer],
                    responses={(200, "video/mp4"): OpenApiTypes.BINARY, **_errors(400, 401, 404, 409, 410, 503)})
     def get(self, request: Request, video_id: str) -> Any:
         q = s.ContentQuerySerializer(data=request.query_params)
@@ -207,7 +208,7 @@ def _wait(jobs: list[Job], timeout: float) -> list[Job]:
 class ImageGenerationView(OpenAIView):
     parser_classes = [JSONParser]
 
-    @extend_schema(request=s.ImageGenerateSerializer,
+    @extend_schema(operation_id="createImage", request=s.ImageGenerateSerializer,
                    responses={200: s.ImagesResponseSerializer, **_errors(400, 401, 409, 413, 429, 502, 503, 504)})
     def post(self, request: Request) -> Response:
         check_body_size(request)
@@ -262,8 +263,8 @@ class ImageContentView(OpenAIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={(200, "image/png"): OpenApiTypes.BINARY, 404: OpenApiResponse(s.OpenAIErrorSerializer),
-                              410: OpenApiResponse(s.OpenAIErrorSerializer)},
+    @extend_schema(operation_id="getImageContent", auth=[], responses={(200, "image/png"): OpenApiTypes.BINARY,
+                                                                 404: ERRORS[404], 410: ERRORS[410]},
                    parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH)])
     def get(self, request: Request, token: str) -> Any:
         try:

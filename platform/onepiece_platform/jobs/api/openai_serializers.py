@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rest_framework import serializers
 
+from engine.workflow import workflows
+
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+# A prompt: something besides whitespace, and no NUL (the schema says so, and DRF refuses NULs)
+PROMPT = r"^[^\u0000]*\S[^\u0000]*$"
+IMAGE_SIZES = ["64x64", "256x256", "512x512", "768x768", "1024x1024", "512x768", "768x512"]
+
+
+def models_for(output: str) -> list[str]:
+    """Workflow names whose final output is ``output`` (video, image): the models this surface offers."""
+    return sorted(n for n, w in workflows().items() if w.final_output == output)
 
 
 def parse_size(value: str) -> tuple[int, int]:
@@ -18,8 +29,8 @@ def parse_size(value: str) -> tuple[int, int]:
 
 
 class VideoCreateSerializer(serializers.Serializer):
-    prompt = serializers.CharField(max_length=4000)
-    model = serializers.CharField(required=False, default="wan2.1-i2v", max_length=64)
+    prompt = serializers.RegexField(PROMPT, max_length=4000)
+    model = serializers.ChoiceField(choices=[], required=False, default="wan2.1-i2v")
     seconds = serializers.IntegerField(required=False, min_value=1, max_value=60,
                                        help_text="clip length; frames = seconds x fps + 1")
     size = serializers.CharField(required=False, max_length=16, help_text="WIDTHxHEIGHT")
@@ -28,6 +39,10 @@ class VideoCreateSerializer(serializers.Serializer):
     num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=1000)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
     negative_prompt = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = models_for("video")
 
     def validate_size(self, value: str) -> str:
         parse_size(value)
@@ -80,19 +95,19 @@ class ContentQuerySerializer(serializers.Serializer):
 
 
 class ImageGenerateSerializer(serializers.Serializer):
-    prompt = serializers.CharField(max_length=4000)
-    model = serializers.CharField(required=False, default="sd-t2i", max_length=64)
+    prompt = serializers.RegexField(PROMPT, max_length=4000)
+    model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i")
     n = serializers.IntegerField(required=False, default=1, min_value=1, max_value=4)
-    size = serializers.CharField(required=False, default="512x512", max_length=16)
+    size = serializers.ChoiceField(choices=IMAGE_SIZES, required=False, default="512x512")
     response_format = serializers.ChoiceField(choices=["url", "b64_json"], required=False, default="url")
     user = serializers.CharField(required=False, max_length=200)
-    num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=1000)
+    num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=150)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 5)
     negative_prompt = serializers.CharField(required=False, allow_blank=True, max_length=4000)
 
-    def validate_size(self, value: str) -> str:
-        parse_size(value)
-        return value
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = models_for("image")
 
 
 class ImageDataSerializer(serializers.Serializer):

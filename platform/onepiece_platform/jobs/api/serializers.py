@@ -13,16 +13,15 @@ from onepiece_platform.jobs.models import STATES, Job
 
 
 class SubmitSerializer(serializers.Serializer):
-    workflow = serializers.CharField(max_length=64, help_text="a name from GET /api/v1/workflows")
+    workflow = serializers.ChoiceField(choices=[], help_text="a name from GET /api/v1/workflows")
     params = serializers.DictField(required=False, default=dict, help_text="the workflow's parameters")
     inputs = serializers.DictField(child=serializers.CharField(), required=False, default=dict,
                                    help_text="input name -> base64 bytes (e.g. image for image-to-video)")
     deadline_s = serializers.FloatField(required=False, min_value=1.0, max_value=86400.0)
 
-    def validate_workflow(self, value: str) -> str:
-        if value not in workflows():
-            raise serializers.ValidationError(f"unknown workflow; known: {', '.join(sorted(workflows()))}")
-        return value
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["workflow"].choices = sorted(workflows())
 
 
 class LinksSerializer(serializers.Serializer):
@@ -55,6 +54,13 @@ class JobSerializer(serializers.ModelSerializer):
         return {"self": d, "result": reverse("job-result", args=[job.uid]), "cancel": d}
 
 
+class JobPageSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    next = serializers.CharField(allow_null=True)
+    previous = serializers.CharField(allow_null=True)
+    results = JobSerializer(many=True)
+
+
 class JobListFilter(serializers.Serializer):
     state = serializers.ChoiceField(choices=STATES, required=False)
     workflow = serializers.CharField(required=False, max_length=64)
@@ -77,11 +83,6 @@ class WorkflowSerializer(serializers.Serializer):
     output = serializers.CharField()
     params = ParamSerializer(many=True)
     limits = serializers.DictField()
-
-
-class ErrorSerializer(serializers.Serializer):
-    detail = serializers.CharField()
-    field = serializers.CharField(required=False)
 
 
 def describe_workflow(spec: Any, limits: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser, MultiPartParser
@@ -26,10 +26,11 @@ from rest_framework.views import APIView
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
 from onepiece_platform.api_errors import error
+from onepiece_platform.api_schema import native_errors
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api.serializers import (
-    ErrorSerializer,
     JobListFilter,
+    JobPageSerializer,
     JobSerializer,
     SubmitSerializer,
     WorkflowSerializer,
@@ -40,11 +41,7 @@ from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.quotas.models import limits_for
 
 CONTENT_TYPES = {"image": ("image/png", "png"), "video": ("video/mp4", "mp4")}
-ERRORS = {code: OpenApiResponse(ErrorSerializer) for code in (400, 401, 403, 404, 409, 410, 413, 429, 503)}
-
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    return {c: ERRORS[c] for c in codes}
+_errors = native_errors
 
 
 def check_body_size(request: Request) -> None:
@@ -79,7 +76,7 @@ class JobListCreateView(APIView):
     @extend_schema(parameters=[OpenApiParameter("state", str, enum=list(STATES)),
                                OpenApiParameter("workflow", str),
                                OpenApiParameter("page", int), OpenApiParameter("page_size", int)],
-                   responses={200: JobSerializer(many=True), **_errors(400, 401, 404)})
+                   responses={200: JobPageSerializer, **_errors(400, 401, 404)})
     def get(self, request: Request) -> Response:
         f = JobListFilter(data=request.query_params)
         f.is_valid(raise_exception=True)
