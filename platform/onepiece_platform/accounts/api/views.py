@@ -18,12 +18,12 @@ from onepiece_platform.api_schema import native_errors
 class ApiKeyListView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: ApiKeySerializer(many=True), **native_errors()})
+    @extend_schema(operation_id="listApiKeys", responses={200: ApiKeySerializer(many=True), **native_errors()})
     def get(self, request: Request) -> Response:
         keys = ApiKey.objects.filter(user=request.user)
         return Response(ApiKeySerializer(keys, many=True).data)
 
-    @extend_schema(request=ApiKeySerializer, responses={201: NewApiKeySerializer, **native_errors(400, 403)})
+    @extend_schema(operation_id="createApiKey", request=ApiKeySerializer, responses={201: NewApiKeySerializer, **native_errors(400, 403)})
     def post(self, request: Request) -> Response:
         s = ApiKeySerializer(data=request.data)
         s.is_valid(raise_exception=True)
@@ -36,7 +36,7 @@ class ApiKeyListView(APIView):
 class ApiKeyDetailView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(request=None, responses={200: ApiKeySerializer, **native_errors(403, 404)})
+    @extend_schema(operation_id="revokeApiKey", request=None, responses={200: ApiKeySerializer, **native_errors(403, 404)})
     def delete(self, request: Request, pk: int) -> Response:
         """Revoke (idempotent); another user's key is 404."""
         key = get_object_or_404(ApiKey, pk=pk, user=request.user)

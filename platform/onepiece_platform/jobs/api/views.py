@@ -73,7 +73,7 @@ class JobListCreateView(APIView):
     permission_classes = [IsAuthenticated]
     parser_classes = [JSONParser, MultiPartParser]
 
-    @extend_schema(parameters=[OpenApiParameter("state", str, enum=list(STATES)),
+    @extend_schema(operation_id="listJobs", parameters=[OpenApiParameter("state", str, enum=list(STATES)),
                                OpenApiParameter("workflow", str),
                                OpenApiParameter("page", int), OpenApiParameter("page_size", int)],
                    responses={200: JobPageSerializer, **_errors(400, 401, 404)})
@@ -89,7 +89,7 @@ class JobListCreateView(APIView):
         page = pager.paginate_queryset(qs, request, view=self)
         return pager.get_paginated_response(JobSerializer(page, many=True).data)
 
-    @extend_schema(request=SubmitSerializer, parameters=[IDEMPOTENCY],
+    @extend_schema(operation_id="submitJob", request=SubmitSerializer, parameters=[IDEMPOTENCY],
                    responses={202: JobSerializer, **_errors(400, 401, 409, 413, 429, 503)})
     def post(self, request: Request) -> Response:
         check_body_size(request)
@@ -131,11 +131,11 @@ class JobListCreateView(APIView):
 class JobDetailView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: JobSerializer, **_errors(401, 404)})
+    @extend_schema(operation_id="getJob", responses={200: JobSerializer, **_errors(401, 404)})
     def get(self, request: Request, uid: str) -> Response:
         return Response(JobSerializer(control.refresh(own_job(request, uid))).data)
 
-    @extend_schema(request=None, responses={200: JobSerializer, 202: JobSerializer, **_errors(401, 404, 503)})
+    @extend_schema(operation_id="cancelJob", request=None, responses={200: JobSerializer, 202: JobSerializer, **_errors(401, 404, 503)})
     def delete(self, request: Request, uid: str) -> Response:
         """Cancel: 202 while stages are being told, 200 once the job is finished (repeats are harmless)."""
         job = control.cancel(own_job(request, uid))
@@ -146,7 +146,7 @@ class JobResultView(APIView):
     permission_classes = [IsAuthenticated]
     content_negotiation_class = BytesOrJsonNegotiation
 
-    @extend_schema(responses={(200, "image/png"): OpenApiTypes.BINARY, (200, "video/mp4"): OpenApiTypes.BINARY,
+    @extend_schema(operation_id="getJobResult", responses={(200, "image/png"): OpenApiTypes.BINARY, (200, "video/mp4"): OpenApiTypes.BINARY,
                               **_errors(401, 404, 409, 410, 503)})
     def get(self, request: Request, uid: str) -> HttpResponse | Response:
         job = control.refresh(own_job(request, uid))
@@ -170,7 +170,7 @@ def result_response(job: Job) -> HttpResponse | Response:
 class WorkflowListView(APIView):
     permission_classes = [IsAuthenticated]
 
-    @extend_schema(responses={200: WorkflowSerializer(many=True), **_errors(401)})
+    @extend_schema(operation_id="listWorkflows", responses={200: WorkflowSerializer(many=True), **_errors(401)})
     def get(self, request: Request) -> Response:
         limits = limits_for(request.user.pk).__dict__
         return Response([describe_workflow(spec, limits) for _, spec in sorted(workflows().items())])
