@@ -37,7 +37,7 @@ async def serve(args: argparse.Namespace) -> int:
     port = envs.PROXY_PORT if args.port is None else args.port
     port = port or free_port(host)
     store = JobStore.from_url(redis_url, ttl=envs.RESULT_TTL_S)
-    routes = RouteTable(etcd_client(etcd_url), envs.ROUTE_REFRESH_S)
+    routes = RouteTable(etcd_client(etcd_url), envs.ROUTE_REFRESH_S).start()
     injector = Injector(routes, args.deliver or envs.DELIVER, envs.PROXY_SEND_TIMEOUT_S)
     app = make_app(store, routes, injector, RequestMonitor(args.max_queue or envs.PROXY_MAX_QUEUE))
     runner = web.AppRunner(app, access_log=None)
@@ -53,6 +53,7 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         await runner.cleanup()
         injector.close()
+        routes.stop()
         store.close()
     print("proxy stopped", flush=True)
     return 0

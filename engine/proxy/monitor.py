@@ -42,13 +42,16 @@ class RequestMonitor:
     positive ``retry_after``.
     """
 
-    def __init__(self, max_queue: int) -> None:
+    def __init__(self, max_queue: int, dispatch_s: float = 0.01) -> None:
+        """``dispatch_s``: time from intake to the first stage starting on an idle instance
+        (ring hand-off plus decode and store checks); no request starts sooner."""
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.max_queue = max_queue
+        self.dispatch_s = dispatch_s
 
     def predicted_wait(self, load: Load) -> float:
-        return load.inflight_cost / max(1, load.instances)
+        return self.dispatch_s + load.inflight_cost / max(1, load.instances)
 
     def decide(self, load: Load, cost: float, now: float, deadline: float | None) -> Decision:
         wait = self.predicted_wait(load)

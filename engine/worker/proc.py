@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     executor = executor_class(config.workflow, config.stage)()
     executor.load(config.model_dir, config.device)
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
-    routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s)
+    routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s).start()
     consumer = open_ring(config.address, RingConfig(slots=config.ring_slots, buffer_bytes=config.ring_bytes))
     worker = TaskWorker(config, store, routes, executor, consumer)
     try:
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.serve(lambda: stop["flag"] or os.getppid() != parent)
     finally:
         worker.close()
+        routes.stop()
         store.close()
     log.info("stopped after %d requests", worker.handled)
     return 0

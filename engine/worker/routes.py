@@ -9,8 +9,9 @@ Keys (values are JSON)::
 A TaskManager publishes a route once the instance's worker is ready and removes
 it when the instance is stopped; routes are bound to the node's lease, so a
 node that dies takes its routes with it. Readers (workers, the Proxy) keep a
-:class:`RouteTable`: a cached copy refreshed at most every ``refresh_s``, so
-the etcd round trip is never on a request's path.
+:class:`RouteTable`: a cached copy that a background thread refreshes every
+``refresh_s`` (:meth:`RouteTable.start`), so the etcd round trip is never on a
+request's path. Without the thread (tests, tools) the cache refreshes lazily.
 """
 
 from __future__ import annotations
@@ -90,6 +91,32 @@ class RouteTable:
         self._routes: dict[tuple[str, str], list[Route]] = {}
         self._fetched = -1e18
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> RouteTable:
+        """Refresh in a daemon thread from now on; reads then never wait for etcd."""
+        if self._thread is None:
+            self._try_refresh()
+            self._thread = threading.Thread(target=self._loop, name="onepiece-routes", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self._try_refresh()
+
+    def _try_refresh(self) -> None:
+        try:
+            self.refresh()
+        except Exception:  # etcd down or slow: keep serving from the cache
+            pass
 
     def refresh(self) -> None:
         found: dict[tuple[str, str], list[Route]] = {}
@@ -113,11 +140,8 @@ class RouteTable:
 
     def candidates(self, workflow: str, stage: str, *, fresh: bool = False) -> list[Route]:
         """The published instances of ``stage`` (possibly empty), sorted by instance id."""
-        if fresh or self.clock() - self._fetched > self.refresh_s:
-            try:
-                self.refresh()
-            except Exception:  # etcd down or slow: keep serving from the cache
-                pass
+        if fresh or (self._thread is None and self.clock() - self._fetched > self.refresh_s):
+            self._try_refresh()
         with self._lock:
             return list(self._routes.get((workflow, stage), ()))
 

@@ -12,7 +12,7 @@ from tests.conftest import REPO_ROOT
 
 
 def test_admits_when_there_is_room() -> None:
-    d = RequestMonitor(4).decide(Load(1, 10.0, 5, 1), cost=3.0, now=100.0, deadline=None)
+    d = RequestMonitor(4, dispatch_s=0.0).decide(Load(1, 10.0, 5, 1), cost=3.0, now=100.0, deadline=None)
     assert d.admit and d.predicted_wait_s == 2.0
 
 
@@ -22,10 +22,12 @@ def test_rejects_a_full_queue_with_retry_after() -> None:
 
 
 def test_rejects_what_cannot_start_before_its_deadline() -> None:
-    m = RequestMonitor(100)
+    m = RequestMonitor(100, dispatch_s=0.5)
     load = Load(3, 30.0, 3, 1)  # 10 s of work ahead per instance
-    assert not m.decide(load, 1.0, now=0.0, deadline=9.0).admit
-    assert m.decide(load, 1.0, now=0.0, deadline=11.0).admit
+    assert not m.decide(load, 1.0, now=0.0, deadline=10.4).admit
+    assert m.decide(load, 1.0, now=0.0, deadline=10.6).admit
+    # even an idle workflow cannot start a request sooner than the hand-off takes
+    assert not m.decide(Load(0, 0.0, 3, 1), 1.0, now=0.0, deadline=0.4).admit
 
 
 def test_rejects_without_instances() -> None:

@@ -63,3 +63,18 @@ def test_assignments_round_trip_and_validate() -> None:
         Assignment((InstanceSpec("x", "wan2.1-i2v", "denoise"),), {"sd-t2i": "/m"})
     with pytest.raises(ValueError, match="duplicate"):
         Assignment((InstanceSpec("x", "sd-t2i", "denoise"),) * 2, {"sd-t2i": "/m"})
+
+
+def test_background_refresh_serves_reads_from_the_cache(etcd: Any) -> None:
+    import time
+
+    table = RouteTable(etcd, refresh_s=0.05).start()
+    try:
+        assert table.candidates("sd-t2i", "denoise") == []
+        publish_route(etcd, Route("sd-t2i", "denoise", "x", "shm://x"))
+        deadline = time.monotonic() + 5
+        while not table.candidates("sd-t2i", "denoise"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        table.stop()
