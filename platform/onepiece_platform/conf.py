@@ -38,6 +38,8 @@ DEFAULTS: dict[str, Any] = {
     "IMAGE_WAIT_S": 120.0,
     # Ledger rows of finished jobs are deleted by the clean-up task after this many days.
     "LEDGER_RETENTION_DAYS": 30,
+    # etcd key prefix of the cluster (engine.worker.routes.ROOT); tests use their own.
+    "ETCD_ROOT": "/onepiece",
     # Redis key prefix for the platform's own counters.
     "REDIS_PREFIX": "onepiece:web",
 }

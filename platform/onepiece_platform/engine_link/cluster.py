@@ -1,0 +1,92 @@
+"""The cluster side of the engine link: live state for the dashboard, and operators' scaling actions.
+
+Actions are not sent to a manager replica: they are queued in etcd, where the
+leading Node Manager validates and applies them (engine/manager/actions.py);
+the verdict is read back from etcd. State is read from what the engine
+publishes (nodes, routes, assignments in etcd; in-flight work in Redis).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+
+from engine.manager import actions
+from engine.store import keys
+from engine.worker.routes import ROOT, etcd_client
+from engine.workflow import workflows
+from onepiece_platform import conf
+from onepiece_platform.redis_conn import get_redis
+
+SCALING_ACTIONS = ("scale_stage", "move_instance", "drain_node", "undrain_node")
+
+
+class ClusterClient:
+    def __init__(self, etcd_url: str, root: str = ROOT) -> None:
+        self.etcd = etcd_client(etcd_url, timeout=3.0)
+        self.root = root
+
+    def submit_action(self, action: str, args: dict[str, Any], actor: str) -> str:
+        """Queue a scaling action for the leading Node Manager; returns its id. Raises ActionRefused."""
+        if action not in SCALING_ACTIONS:
+            raise actions.ActionRefused(f"not a scaling action: {action!r}")
+        return actions.submit(self.etcd, self.root, action, args, actor)
+
+    def action_result(self, action_id: str, timeout: float = 0.0) -> dict[str, Any] | None:
+        """The leader's verdict (``{"ok": bool, "error"?: str, ...}``), or None while none has come."""
+        return actions.result(self.etcd, self.root, action_id, timeout)
+
+    def _prefix(self, prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for value, meta in self.etcd.get_prefix(self.root + prefix):
+            key = meta["key"].decode() if isinstance(meta["key"], bytes) else str(meta["key"])
+            try:
+                out[key[len(self.root + prefix):]] = json.loads(value)
+            except ValueError:
+                out[key[len(self.root + prefix):]] = value.decode() if isinstance(value, bytes) else value
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """Nodes, instances by stage, overrides, and in-flight work per workflow, as of now."""
+        routes: dict[str, list[str]] = {}
+        for path, r in self._prefix("/routes/").items():
+            wf_stage = path.rsplit("/", 1)[0]
+            routes.setdefault(wf_stage, []).append(r.get("instance", path) if isinstance(r, dict) else path)
+        r = get_redis()
+        inflight = {}
+        for name in sorted(workflows()):
+            entries = r.zrange(keys.inflight_key(name), 0, -1, withscores=True)
+            inflight[name] = {"jobs": len(entries), "gpu_s": round(sum(s for _, s in entries), 3)}
+        overrides = self.etcd.get(self.root + "/overrides")
+        return {"ts": time.time(), "nodes": self._prefix("/nodes/"), "routes": routes,
+                "overrides": json.loads(overrides[0]) if overrides else {}, "inflight": inflight}
+
+    def close(self) -> None:
+        session = getattr(self.etcd, "session", None)
+        if session is not None:
+            session.close()
+
+
+_clusters: dict[str, ClusterClient] = {}
+_lock = threading.Lock()
+
+
+def get_cluster() -> ClusterClient:
+    """The client for ``settings.ETCD_URL`` under ``ONEPIECE['ETCD_ROOT']``, one per (URL, root)."""
+    key = f"{settings.ETCD_URL}|{conf.get('ETCD_ROOT')}"
+    with _lock:
+        c = _clusters.get(key)
+        if c is None:
+            c = _clusters[key] = ClusterClient(settings.ETCD_URL, conf.get("ETCD_ROOT"))
+        return c
+
+
+def reset_clusters() -> None:
+    with _lock:
+        for c in _clusters.values():
+            c.close()
+        _clusters.clear()
