@@ -28,7 +28,7 @@ ONEPIECE = str(Path(sys.executable).parent / "onepiece")
 
 
 def start(url: str, name: str, ttl: int, root: str) -> tuple[subprocess.Popen[str], queue.Queue[tuple[float, str]]]:
-    p = subprocess.Popen([ONEPIECE, "manager", "--etcd", url, "--name", name, "--ttl", str(ttl), "--root", root,
+    p = subprocess.Popen([ONEPIECE, "manager", "--etcd-url", url, "--name", name, "--ttl", str(ttl), "--root", root,
                           "--interval", "0.5", "--workflow", "sd-t2i=/m"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     q: queue.Queue[tuple[float, str]] = queue.Queue()

@@ -11,7 +11,7 @@ import threading
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--etcd", default=None, help="etcd URL (default: $ONEPIECE_ETCD_URL)")
+    p.add_argument("--etcd-url", "--etcd", dest="etcd", default=None, help="etcd client URL (default: ONEPIECE_ETCD_URL)")
     p.add_argument("--name", default=None, help="this replica's name (default: host-pid)")
     p.add_argument("--workflow", action="append", default=[], metavar="NAME=MODEL_DIR",
                    help="a workflow to serve and its model folder on the nodes (repeatable)")
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     etcd = args.etcd or envs.ETCD_URL
     if not etcd:
-        print("error: no etcd: pass --etcd URL or set ONEPIECE_ETCD_URL", flush=True)
+        print("error: no etcd: pass --etcd-url URL or set ONEPIECE_ETCD_URL", flush=True)
         return 2
     workflows = {}
     for item in args.workflow:

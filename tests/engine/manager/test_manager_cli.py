@@ -18,7 +18,7 @@ ROOT = f"/onepiece-test-{os.getpid()}"
 
 
 def _start(etcd_url: str, name: str) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
-    p = subprocess.Popen([ONEPIECE, "manager", "--etcd", etcd_url, "--name", name, "--ttl", "2", "--root", ROOT,
+    p = subprocess.Popen([ONEPIECE, "manager", "--etcd-url", etcd_url, "--name", name, "--ttl", "2", "--root", ROOT,
                           "--interval", "0.5", "--workflow", "sd-t2i=/models/sd-t2i"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     q: queue.Queue[str] = queue.Queue()
@@ -66,9 +66,9 @@ def test_two_replicas_one_leads_and_the_standby_takes_over(etcd_server) -> None:
 
 
 def test_bad_arguments_are_refused_before_connecting() -> None:
-    r = subprocess.run([ONEPIECE, "manager", "--etcd", "http://127.0.0.1:1", "--workflow", "nope=/x"],
+    r = subprocess.run([ONEPIECE, "manager", "--etcd-url", "http://127.0.0.1:1", "--workflow", "nope=/x"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "error:" in r.stdout
-    r = subprocess.run([ONEPIECE, "manager", "--etcd", "http://127.0.0.1:1"], capture_output=True, text=True,
+    r = subprocess.run([ONEPIECE, "manager", "--etcd-url", "http://127.0.0.1:1"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "--workflow" in r.stdout

@@ -1,0 +1,129 @@
+"""deploy/: Kubernetes manifests against Kubernetes' schemas, the compose file against the
+compose spec, systemd units, and every ``onepiece`` command line in them against the CLI."""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from engine.cli import build_parser
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+K8S_VERSION = "1.30"
+
+
+def _docs() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for f in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc:
+                out.append((f"{f.name}:{doc['kind']}/{doc['metadata']['name']}", doc))
+    return out
+
+
+DOCS = _docs()
+
+
+@pytest.mark.parametrize(("name", "doc"), DOCS, ids=[n for n, _ in DOCS])
+def test_manifest_is_valid_for_kubernetes(name: str, doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _workloads() -> list[tuple[str, dict[str, Any]]]:
+    return [(n, d) for n, d in DOCS if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+
+
+def test_every_workload_has_resources_and_the_serving_ones_have_probes() -> None:
+    kinds = {d["kind"] for _, d in DOCS}
+    assert {"Namespace", "ConfigMap", "Secret", "Service", "Deployment", "StatefulSet", "DaemonSet"} <= kinds
+    for name, d in _workloads():
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            assert c["resources"]["requests"] and c["resources"]["limits"], name
+            if any(p.get("name") == "http" for p in c.get("ports", [])):
+                assert c["readinessProbe"]["httpGet"]["path"] == "/readyz", name
+                assert c["livenessProbe"]["httpGet"]["path"] == "/livez", name
+
+
+def test_the_roles_and_their_replicas() -> None:
+    by = {d["metadata"]["name"]: d for _, d in _workloads()}
+    assert by["etcd"]["spec"]["replicas"] == 3
+    assert by["onepiece-manager"]["spec"]["replicas"] >= 2
+    assert by["onepiece-proxy"]["spec"]["replicas"] >= 2
+    assert {"redis-primary", "redis-replica", "postgres", "onepiece-web", "onepiece-celery"} <= set(by)
+    node = by["onepiece-node"]
+    assert node["kind"] == "DaemonSet"
+    spec = node["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    (tm,) = spec["containers"]
+    assert tm["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    assert any(k.startswith("rdma/") for k in tm["resources"]["limits"])
+    assert any(m["mountPath"] == "/dev/shm" for m in tm["volumeMounts"])
+
+
+def _onepiece_commands() -> list[tuple[str, list[str]]]:
+    found = []
+    for name, d in _workloads():
+        for c in d["spec"]["template"]["spec"]["containers"]:
+            if c.get("command", [None])[0] == "onepiece":
+                found.append((name, c["command"][1:]))
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    for svc, body in compose["services"].items():
+        cmd = body.get("command")
+        if isinstance(cmd, list) and cmd[0] == "onepiece":
+            found.append((f"compose:{svc}", cmd[1:]))
+    for unit in (DEPLOY / "systemd").glob("*.service"):
+        cp = configparser.ConfigParser(strict=False, interpolation=None)
+        cp.read_string(unit.read_text())
+        argv = shlex.split(cp["Service"]["ExecStart"])
+        if argv[0].endswith("/onepiece"):
+            found.append((unit.name, argv[1:]))
+    return found
+
+
+def test_every_onepiece_command_line_parses_with_the_cli() -> None:
+    parser = build_parser()
+    commands = _onepiece_commands()
+    assert {c[0] for _, c in commands} >= {"node", "proxy", "manager"}
+    for where, argv in commands:
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"{where}: `onepiece {' '.join(argv)}` does not parse")
+
+
+def test_compose_file_validates_against_the_compose_spec() -> None:
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
+         str(DEPLOY / "compose" / "compose.yaml")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_systemd_units_are_complete() -> None:
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert {u.stem for u in units} == {"onepiece-node", "onepiece-proxy", "onepiece-manager", "onepiece-web",
+                                       "onepiece-celery"}
+    for unit in units:
+        cp = configparser.ConfigParser(strict=False, interpolation=None)
+        cp.read_string(unit.read_text())
+        assert cp["Service"]["ExecStart"] and cp["Service"]["Restart"] == "always", unit.name
+        assert cp["Service"]["EnvironmentFile"] == "/etc/onepiece/onepiece.env", unit.name
+        assert cp["Install"]["WantedBy"] == "multi-user.target", unit.name
+
+
+def test_dockerfile_copies_what_exists() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    root = DEPLOY.parent
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            for src in line.split()[1:-1]:
+                assert (root / src).exists(), f"Dockerfile copies missing {src}"
