@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "onepiece_platform.quotas",
     "onepiece_platform.jobs",
     "onepiece_platform.engine_link",
+    "onepiece_platform.dashboard",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,1 @@
+"""The operators' dashboard: live cluster state over websockets (pages: frontend/)."""

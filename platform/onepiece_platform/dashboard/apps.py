@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class DashboardConfig(AppConfig):
+    name = "onepiece_platform.dashboard"
+    label = "dashboard"
+    verbose_name = "Dashboard"

@@ -1,0 +1,67 @@
+"""``/ws/cluster``: live cluster state to staff, at least once a second.
+
+Each connection samples the cluster itself (etcd + Redis reads in a thread,
+never on the event loop) rather than waiting for a broadcaster, so a client
+sees state within one period of connecting and nothing central can stall
+every dashboard. A client that reconnects simply gets the next snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+log = logging.getLogger(__name__)
+PERIOD_S = 1.0
+FORBIDDEN, UNAUTHENTICATED = 4403, 4401
+
+
+def _snapshot() -> dict[str, Any]:
+    from django.db.models import Count
+
+    from onepiece_platform.engine_link.cluster import get_cluster
+    from onepiece_platform.jobs.models import Job
+
+    try:
+        snap = get_cluster().snapshot()
+    except Exception as exc:  # the dashboard shows that the cluster is unreachable, and keeps going
+        snap = {"error": f"cluster state unavailable: {exc}"}
+    rows = Job.objects.filter(uid__isnull=False).values("state").annotate(n=Count("id"))
+    snap["jobs"] = {r["state"]: r["n"] for r in rows}
+    return snap
+
+
+class ClusterConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=UNAUTHENTICATED)
+            return
+        if not user.is_staff:
+            await self.close(code=FORBIDDEN)
+            return
+        await self.accept()
+        self._task = asyncio.create_task(self._push())
+
+    async def _push(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                snap = await database_sync_to_async(_snapshot)()
+                await self.send_json({"type": "cluster", "cluster": snap})
+            except Exception:  # keep pushing; one failed sample is not a dead dashboard
+                log.exception("cluster snapshot failed")
+            await asyncio.sleep(max(0.0, PERIOD_S - (loop.time() - started)))
+
+    async def disconnect(self, code: int) -> None:
+        task = getattr(self, "_task", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,56 @@
+"""``/ws/jobs/<uid>``: one job's progress, to its owner only.
+
+On connect the client gets the job's current state (from the ledger), then
+every change the ledger publishes to the ``job.<uid>`` group. After a
+reconnect it gets the current state again, so nothing missed while away
+stays missed; REST (GET /api/v1/jobs/<uid>) remains the truth to resync from.
+A UID that is not the user's is refused exactly like one that does not
+exist (close code 4404), so a socket reveals nothing about other users' jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from onepiece_platform.jobs.push import group_name, job_payload
+
+NOT_FOUND, UNAUTHENTICATED = 4404, 4401
+
+
+@database_sync_to_async
+def _own_job(user: Any, uid: str) -> dict[str, Any] | None:
+    from onepiece_platform.jobs.models import Job
+
+    job = Job.objects.filter(uid=uid, owner=user, hidden=False).first()
+    return job_payload(job) if job else None
+
+
+class JobConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=UNAUTHENTICATED)
+            return
+        uid = self.scope["url_route"]["kwargs"]["uid"]
+        job = await _own_job(user, uid)
+        if job is None:
+            await self.close(code=NOT_FOUND)
+            return
+        self.group = group_name(uid)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_json({"type": "job", "job": job})
+
+    async def job_update(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "job", "job": event["job"]})
+
+    async def disconnect(self, code: int) -> None:
+        group = getattr(self, "group", None)
+        if group is not None:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients send nothing; anything sent is ignored (the socket is one-way)."""
