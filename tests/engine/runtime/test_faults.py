@@ -66,7 +66,7 @@ def test_an_expired_deadline_never_starts_a_stage(cluster: Cluster) -> None:
     # Expired while queued behind a long request at denoise: denoise never starts it.
     blocker = cluster.submit("sd-t2i", SLOW)
     _wait_steps(cluster, blocker, 1)
-    late = cluster.submit("sd-t2i", dict(SLOW, num_inference_steps=3), deadline_s=1.0)
+    late = cluster.submit("sd-t2i", dict(SLOW, num_inference_steps=3), deadline_s=2.0)
     done = cluster.wait(late, {"expired", "completed", "failed"}, timeout=60)
     assert done["state"] == "expired" and "before denoise started" in done["detail"], done
     started = [e["stage"] for e in cluster.events(late) if e["type"] == "stage_started"]
@@ -116,7 +116,7 @@ def test_sigkill_of_the_denoise_worker_mid_request(cluster: Cluster, tiny_models
 
 
 def test_a_deadline_passing_mid_denoise_stops_it_between_steps(cluster: Cluster) -> None:
-    uid = cluster.submit("sd-t2i", SLOW, deadline_s=1.5)  # 100 steps take > 5 s here
+    uid = cluster.submit("sd-t2i", SLOW, deadline_s=2.0)  # 100 steps take > 5 s here
     done = cluster.wait(uid, {"expired", "completed", "failed", "cancelled"}, timeout=60)
     assert done["state"] == "expired", done
     stopped = [e for e in cluster.events(uid) if e["type"] == "stage_stopped"]
