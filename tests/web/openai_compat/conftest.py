@@ -31,7 +31,7 @@ class Workers:
     def _run(self) -> None:
         from engine.store import keys
 
-        last = "$"
+        last = "0-0"  # from the start: "$" would miss what was accepted before the first read
         while not self._stop.is_set():
             resp = self.store.r.xread({keys.EVENTS: last}, count=100, block=50)
             for _, entries in resp or []:
@@ -41,7 +41,7 @@ class Workers:
                     if f["type"] != keys.ACCEPTED or self.hold:
                         continue
                     st = self.store.status(f["uid"])
-                    if st is None:
+                    if st is None or st.terminal:
                         continue
                     self.store.event(f["uid"], keys.STAGE_STARTED, "denoise", 50, state=keys.IN_PROGRESS)
                     if self.fail:
