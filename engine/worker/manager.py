@@ -18,6 +18,8 @@ one tick is logged and the next tick starts afresh.
   segment under its prefix, so nothing is left in /dev/shm.
 - Routes: published (bound to the node's lease) once a worker reports ready;
   withdrawn when its instance is removed from the assignment or the node stops.
+- Fencing: an assignment the Node Manager wrote carries its leader's
+  ``fence_token``; one with a token older than the newest seen is ignored.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class TaskManager:
         self._lease_refreshed = 0.0
         self._reported = 0.0
         self.tick_seconds = 0.0
+        self.fence_token = 0  # newest Node Manager token seen on this node's assignment
         self.logs = settings.run_dir / "logs"
 
     # -- life cycle ----------------------------------------------------------------------------
@@ -174,13 +177,20 @@ class TaskManager:
         except Exception:  # etcd unreachable: keep the last desired state
             log.warning("cannot read the assignment; keeping the last one")
             return
-        if values:
-            try:
-                self.desired = Assignment.from_json(values[0])
-            except (ValueError, TypeError, KeyError) as exc:
-                log.error("ignoring a malformed assignment: %s", exc)
-        else:
+        if not values:
             self.desired = Assignment()
+            return
+        try:
+            obj = json.loads(values[0])
+            token = int(obj.get("fence_token", 0))
+            if token < self.fence_token:
+                # a deposed Node Manager's late write: the newer leader's assignment stands
+                log.warning("ignoring an assignment fenced by token %d < %d", token, self.fence_token)
+                return
+            self.desired = Assignment.from_obj(obj)
+            self.fence_token = token
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.error("ignoring a malformed assignment: %s", exc)
 
     def _supervise(self, inst: _Instance, now: float) -> None:
         if inst.proc is not None and inst.proc.poll() is not None:

@@ -68,3 +68,26 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
     assert not etcd.get(node_key("n1"))  # the lease went with the node
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
     etcd.delete_prefix("/onepiece/")
+
+
+def test_a_deposed_leaders_assignment_is_ignored(redis_server: Any, etcd_server: Any, tmp_path: Path) -> None:
+    etcd = etcd_client(etcd_server.url)
+    etcd.delete_prefix("/onepiece/")
+    tm = TaskManager(NodeSettings("n2", etcd_server.url, redis_server.url, tmp_path / "run",
+                                  ring_prefix=f"test-{os.getpid()}-fence-"))
+    tm.client = etcd
+    one = {"instances": [{"id": ID, "workflow": "sd-t2i", "stage": "image_encode"}],
+           "model_dirs": {"sd-t2i": str(tmp_path)}}
+    etcd.put(assignment_key("n2"), json.dumps({**one, "fence_token": 7}))
+    tm._read_assignment()
+    assert [i.id for i in tm.desired.instances] == [ID] and tm.fence_token == 7
+    etcd.put(assignment_key("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 5}))
+    tm._read_assignment()
+    assert [i.id for i in tm.desired.instances] == [ID]  # the older leader's write is refused
+    etcd.put(assignment_key("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 9}))
+    tm._read_assignment()
+    assert tm.desired.instances == () and tm.fence_token == 9
+    etcd.put(assignment_key("n2"), "{not json")
+    tm._read_assignment()
+    assert tm.fence_token == 9  # malformed: ignored, last desired state kept
+    etcd.delete_prefix("/onepiece/")
