@@ -118,6 +118,11 @@ def run(args: argparse.Namespace) -> int:
             manage = [sys.executable, str(REPO_ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=REPO_ROOT)
             admin_user, admin_password = _ensure_admin(manage, env, state)
+            # the web platform reaches the engine through the Proxy: fix its port before either starts
+            args.proxy_port = _port_or_free(host, envs.PROXY_PORT if args.proxy_port is None else args.proxy_port)
+            env["ONEPIECE_PROXY_URL"] = f"http://{host}:{args.proxy_port}"
+            api_key_line = subprocess.run([*manage, "ensure_demo_user"], env=env, check=True, cwd=REPO_ROOT,
+                                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
             port = _port_or_free(host, args.web_port)
             web_log = open(logs / "web.log", "ab")
@@ -132,6 +137,12 @@ def run(args: argparse.Namespace) -> int:
             base = f"http://{host}:{port}"
             _wait_http(base + "/livez", 60, web)
             engine_procs, proxy_url, instances = _start_engine(args, stack, env, state, host, logs)
+            # moves ledger rows along the engine's event stream (and fails jobs lost with Redis)
+            with open(logs / "reconciler.log", "ab") as rec_log:
+                reconciler = subprocess.Popen([*manage, "reconcile"], env=env, cwd=REPO_ROOT, stdout=rec_log,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
+            stack.callback(_terminate, reconciler)
         except (ServiceError, subprocess.CalledProcessError) as exc:
             _say(f"error: {exc}")
             return 1
@@ -139,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         _say(f"web: {base}/")
         _say(f"admin: {base}/admin/ (user {admin_user}, password {admin_password})")
         _say(f"health: {base}/livez {base}/readyz")
+        _say(f"api: {base}/v1")
+        _say(api_key_line)
         _say(f"proxy: {proxy_url}")
         _say(f"workers: {instances} stage instances ready (logs: {logs / 'node' / 'logs'})")
         _say(f"state: {state}")
