@@ -55,7 +55,9 @@ def warm_up(workflows: list[str], nodes: list[str], per_instance: int = 1, timeo
         spec = get_workflow(wf)
         first = f"{wf}/{spec.route()[0]}"
         instances = snapshot.get("routes", {}).get(first, [])
-        on_nodes = [i for i in instances if not nodes or any(i in str(snapshot["nodes"].get(n, "")) for n in nodes)]
+        # a TaskManager's registration lists its instances: {"node", "instances": {id: {...}}}
+        placed = {i for n in nodes for i in (snapshot["nodes"].get(n) or {}).get("instances", {})}
+        on_nodes = [i for i in instances if not nodes or i in placed]
         count = max(1, len(on_nodes or instances)) * per_instance
         t0, uids, failed = time.monotonic(), [], 0
         for _ in range(count):

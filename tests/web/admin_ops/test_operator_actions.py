@@ -125,8 +125,14 @@ def test_clean_up_is_idempotent(alice, store) -> None:
 def test_warm_up_sends_one_small_request_per_instance(nm, store, workers_thread) -> None:
     from onepiece_platform.engine_link.tasks import warm_up
 
+    for node in ("n1", "n2"):  # each node's text_encode instance publishes its route
+        inst = f"{WF}.text_encode.x{node}"
+        nm.client.put(f"{nm.cfg.root}/routes/{WF}/text_encode/{inst}",
+                      json.dumps({"address": f"shm://{inst}", "node": node, "instance": inst}))
     report = warm_up.apply(args=[[WF], ["n1"]], kwargs={"timeout_s": 10}).get()
-    assert report[WF]["sent"] >= 1 and report[WF]["completed"] == report[WF]["sent"] and report[WF]["failed"] == 0
+    assert report[WF]["sent"] == 1 and report[WF]["completed"] == 1 and report[WF]["failed"] == 0
+    report = warm_up.apply(args=[[WF], ["n1", "n2"]], kwargs={"timeout_s": 10}).get()
+    assert report[WF]["sent"] == 2 and report[WF]["completed"] == 2
 
 
 @pytest.fixture

@@ -96,3 +96,16 @@ def test_run_loop_survives_redis_errors(web_redis, settings, db) -> None:
     stop.set()
     t.join(5)
     assert not t.is_alive()
+
+
+def test_reconcile_command_once(alice, store) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    _, c, _ = alice
+    (a,) = _submit(c, 1)
+    store.finish(a, "sd-t2i", keys.FAILED, "denoise", detail="worker died twice")
+    out = StringIO()
+    call_command("reconcile", "--once", stdout=out)
+    assert Job.objects.get(uid=a).state == "failed" and "swept 1 finished" in out.getvalue()
