@@ -10,7 +10,8 @@ import pytest
 
 from tests.engine.runtime.conftest import Cluster, logs
 
-pytestmark = pytest.mark.models
+# the first test also starts the deployment (10 worker processes): allow for a loaded CI host
+pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
 SD = dict(prompt="a cat on the moon", height=64, width=64, num_inference_steps=3, seed=5)
 WAN = dict(prompt="a cat on the moon", height=32, width=32, num_frames=5, num_inference_steps=2, seed=5)

@@ -15,7 +15,8 @@ import pytest
 
 from tests.engine.runtime.conftest import SD_STEP_DELAY_S, Cluster
 
-pytestmark = pytest.mark.models
+# the first test also starts the deployment (10 worker processes): allow for a loaded CI host
+pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
 SLOW = dict(prompt="a red car in snow", height=64, width=64, num_inference_steps=100, seed=11)
 
