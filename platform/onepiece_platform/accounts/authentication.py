@@ -18,6 +18,7 @@ from rest_framework.request import Request
 
 from onepiece_platform import conf
 from onepiece_platform.accounts.models import ApiKey, split_key
+from onepiece_platform.ops import metrics
 from onepiece_platform.redis_conn import get_redis
 
 _INCR = """
@@ -36,10 +37,12 @@ def _check_not_blocked(request: Request) -> None:
     key = _failure_key(request)
     n = r.get(key)
     if n is not None and int(n) >= conf.get("AUTH_FAILURES_LIMIT"):
+        metrics.REJECTIONS.labels(reason="auth_rate_limited").inc()
         raise exceptions.Throttled(wait=max(1, r.ttl(key)), detail="too many failed authentications")
 
 
 def _record_failure(request: Request) -> None:
+    metrics.REJECTIONS.labels(reason="auth_failed").inc()
     get_redis().eval(_INCR, 1, _failure_key(request), int(conf.get("AUTH_FAILURES_WINDOW_S")))
 
 

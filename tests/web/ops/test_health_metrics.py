@@ -54,3 +54,5 @@ def test_metrics_count_requests_rejections_states_and_stage_latency(alice, store
     assert after[("onepiece_jobs", (("state", "in_progress"), ("workflow", "sd-t2i")))] == 1
     assert delta("onepiece_stage_latency_seconds_count", workflow="sd-t2i", stage="denoise") == 1
     assert delta("onepiece_stage_latency_seconds_bucket", workflow="sd-t2i", stage="denoise", le="0.5") == 1
+    Client(HTTP_AUTHORIZATION="Bearer op_bad_key").get("/api/v1/workflows")
+    assert _samples()[("onepiece_api_rejections_total", (("reason", "auth_failed"),))] >= 1

@@ -95,6 +95,11 @@ def test_admin_needs_staff(alice, db) -> None:
     c.force_login(staff)
     assert c.get("/admin/jobs/job/").status_code == 200
     assert c.get("/admin/jobs/job/", {"q": "abc"}).status_code == 200
+    from onepiece_platform.quotas.models import Quota
+
+    Quota.objects.create(user=user)
+    page = c.get("/admin/quotas/quota/")
+    assert page.status_code == 200 and b"Running now" in page.content
 
 
 def test_check_deploy_is_clean_with_production_settings(tmp_path) -> None:
