@@ -53,9 +53,11 @@ class Injector:
             raise NoRoute(f"no instance of {header.workflow}/{header.stage} is published")
         route = self.deliver.choose(candidates, cost)
         got = self._producers.get(route.instance)
-        if got is None or got[0] != route.address:
+        if got is None or got[0] != route.ring_id:
+            if got is not None:
+                got[1].close()  # the ring behind the address is a new one
             # id None: a fresh producer entry; see TaskWorker._producer for why
-            self._producers[route.instance] = (route.address, attach_producer(route.address, None))
+            self._producers[route.instance] = (route.ring_id, attach_producer(route.address, None))
         header.timestamps["proxy"] = time.time()
         data = wm.encode(header, {}, blobs)
         try:

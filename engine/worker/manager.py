@@ -58,6 +58,7 @@ class _Instance:
     restarts: int = 0
     next_start: float = 0.0
     published: bool = False
+    generation: int = field(default_factory=time.time_ns)  # a new ring for each new instance (see Route)
     history: list[float] = field(default_factory=list)
     busy: tuple[float, float] = (0.0, 0.0)  # (busy seconds, when) at the last report: utilisation baseline
 
@@ -277,7 +278,7 @@ class TaskManager:
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _route(self, inst: _Instance) -> Route:
-        return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node)
+        return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node, inst.generation)
 
     def _ready_file(self, inst: _Instance) -> Path:
         return self.s.run_dir / f"{inst.spec.id}.ready"

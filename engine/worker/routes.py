@@ -2,7 +2,8 @@
 
 Keys (values are JSON)::
 
-    /onepiece/routes/<workflow>/<stage>/<instance>  {"address": "shm://...", "node": "...", "instance": "..."}
+    /onepiece/routes/<workflow>/<stage>/<instance>  {"address": "shm://...", "node": "...", "instance": "...",
+                                                     "generation": <int>}
     /onepiece/assignments/<node>                     the node's desired instances (see engine.worker.config)
     /onepiece/nodes/<node>                           the node's registration, bound to its lease
 
@@ -55,16 +56,27 @@ def etcd_client(url: str, timeout: float = 5.0) -> Any:
 
 @dataclass(frozen=True)
 class Route:
-    """One instance of one stage: its id and its inbox ring's address."""
+    """One instance of one stage: its id and its inbox ring's address.
+
+    ``generation`` changes whenever the ring behind the address is a new one
+    (the instance was removed and added again), never across a worker restart
+    (the ring survives that): senders keep their producer while it is unchanged.
+    """
 
     workflow: str
     stage: str
     instance: str
     address: str
     node: str = ""
+    generation: int = 0
+
+    @property
+    def ring_id(self) -> str:
+        return f"{self.address}#{self.generation}"
 
     def to_json(self) -> str:
-        return json.dumps({"address": self.address, "node": self.node, "instance": self.instance})
+        return json.dumps({"address": self.address, "node": self.node, "instance": self.instance,
+                           "generation": self.generation})
 
 
 def publish_route(client: Any, route: Route, lease: Any = None) -> None:
@@ -131,7 +143,8 @@ class RouteTable:
             except ValueError:
                 continue  # a malformed route is skipped, not fatal
             found.setdefault((workflow, stage), []).append(
-                Route(workflow, stage, instance, str(data["address"]), str(data.get("node", ""))))
+                Route(workflow, stage, instance, str(data["address"]), str(data.get("node", "")),
+                      int(data.get("generation", 0))))
         for rs in found.values():
             rs.sort(key=lambda r: r.instance)
         with self._lock:

@@ -239,7 +239,7 @@ class TaskWorker:
 
     def _producer(self, route: Route) -> RingProducer:
         got = self._producers.get(route.instance)
-        if got is not None and got[0] == route.address:
+        if got is not None and got[0] == route.ring_id:
             return got[1]
         if got is not None:
             self._drop_producer(route.instance)
@@ -248,7 +248,7 @@ class TaskWorker:
         # A fresh producer entry (id None), never the dead incarnation's: records
         # it committed before dying stay deliverable instead of being fenced.
         p = attach_producer(route.address, None, send_timeout=self.config.send_timeout_s)
-        self._producers[route.instance] = (route.address, p)
+        self._producers[route.instance] = (route.ring_id, p)
         return p
 
     def _drop_producer(self, instance: str) -> None:

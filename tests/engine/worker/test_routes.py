@@ -33,6 +33,11 @@ def test_published_routes_are_read_and_withdrawn(etcd: Any) -> None:
     assert table.candidates("sd-t2i", "vae_decode") == []
     withdraw_route(etcd, a)
     assert table.candidates("sd-t2i", "denoise", fresh=True) == [b]
+    # a re-added instance (a new ring at the same address) is told apart by its generation
+    b2 = Route(b.workflow, b.stage, b.instance, b.address, b.node, generation=2)
+    publish_route(etcd, b2)
+    got = table.candidates("sd-t2i", "denoise", fresh=True)
+    assert got == [b2] and got[0].ring_id != b.ring_id
 
 
 def test_routes_bound_to_a_lease_vanish_with_it(etcd: Any) -> None:
