@@ -261,10 +261,22 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     deadline = time.monotonic() + 600
     while True:
         published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix(routes_prefix())}
-        if want <= published:
+        if want <= published and _proxy_sees_routes(proxy_url):
             return procs, proxy_url, len(want)
         if procs["node"].poll() is not None:
             raise ServiceError(f"node exited with {procs['node'].returncode}; see {logs / 'node.log'}")
         if time.monotonic() > deadline:
             raise ServiceError(f"stage workers not ready: {sorted(want - published)}; see {node_dir / 'logs'}")
         time.sleep(0.25)
+
+
+def _proxy_sees_routes(proxy_url: str) -> bool:
+    """Whether the Proxy's own route cache has every workflow's first stage (it refreshes on its own clock)."""
+    import json
+
+    try:
+        with urllib.request.urlopen(proxy_url + "/readyz", timeout=2) as r:
+            checks = json.loads(r.read())["checks"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return all(v == "ok" for k, v in checks.items() if k.startswith("routes:"))
