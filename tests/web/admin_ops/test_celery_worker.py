@@ -30,19 +30,28 @@ def worker(web_redis: str, tmp_path: Path) -> Iterator[tuple[Any, Path]]:
         proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "onepiece_platform", "worker", "--pool", "solo",
                                  "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info"],
                                 cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    saved = (app.conf.broker_url, app.conf.result_backend)
-    app.conf.update(broker_url=web_redis, result_backend=web_redis)
+    # point this process's client at the same broker and result store; the app caches its backend and
+    # connection pool from settings on first use, so those caches are swapped too and restored after
+    saved = (app.conf.broker_url, app.conf.result_backend, app._backend_cache, getattr(app._local, "backend", None))
+    _use(app, web_redis, web_redis, None, None)
     try:
         yield app, log
     finally:
-        app.conf.update(broker_url=saved[0], result_backend=saved[1])
-        app.pool.force_close_all()
+        _use(app, *saved)
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def _use(app: Any, broker: str, results: str, backend_cache: Any, local_backend: Any) -> None:
+    app.pool.force_close_all()
+    app._pool = None
+    app.conf.update(broker_url=broker, result_backend=results)
+    app._backend_cache = backend_cache
+    app._local.backend = local_backend
 
 
 @pytest.mark.timeout(120)
