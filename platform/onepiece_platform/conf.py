@@ -19,6 +19,9 @@ DEFAULTS: dict[str, Any] = {
     # Failed API-key authentications allowed per client address and window before 429.
     "AUTH_FAILURES_LIMIT": 20,
     "AUTH_FAILURES_WINDOW_S": 60,
+    # Proxies in front that append to X-Forwarded-For (0: use the socket's address). Behind an ingress,
+    # REMOTE_ADDR is the ingress itself, and one attacker would lock every client out.
+    "TRUSTED_PROXY_HOPS": 0,
     # Bounds checked before any engine work.
     "MAX_UPLOAD_BYTES": 16 << 20,
     "MAX_IMAGE_PIXELS": 4096 * 4096,

@@ -28,8 +28,17 @@ return {n, redis.call('TTL', KEYS[1])}
 """
 
 
+def client_address(request: Request) -> str:
+    """The client's address: REMOTE_ADDR, or the entry that the nearest trusted proxy appended."""
+    hops = int(conf.get("TRUSTED_PROXY_HOPS"))
+    forwarded = [a.strip() for a in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if a.strip()]
+    if hops > 0 and len(forwarded) >= hops:
+        return forwarded[-hops]  # entries left of it are the client's own claims, not to be trusted
+    return str(request.META.get("REMOTE_ADDR", ""))
+
+
 def _failure_key(request: Request) -> str:
-    return f"{conf.get('REDIS_PREFIX')}:authfail:{request.META.get('REMOTE_ADDR', '')}"
+    return f"{conf.get('REDIS_PREFIX')}:authfail:{client_address(request)}"
 
 
 def _check_not_blocked(request: Request) -> None:

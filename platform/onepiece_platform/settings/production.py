@@ -20,6 +20,8 @@ DATABASES = {
 }
 # TLS is terminated by the ingress / load balancer, which sets X-Forwarded-Proto.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# ...and appends the client's address to X-Forwarded-For (used to rate-limit failed authentications).
+ONEPIECE = {**ONEPIECE, "TRUSTED_PROXY_HOPS": int(os.environ.get("ONEPIECE_TRUSTED_PROXY_HOPS", "1"))}  # noqa: F405
 SECURE_SSL_REDIRECT = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True

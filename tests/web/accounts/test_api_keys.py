@@ -88,3 +88,14 @@ def test_ensure_demo_user_is_idempotent(db, web_redis, tmp_path) -> None:
     assert ApiKey.objects.filter(user__username="demo").count() == 1
     assert client_for(outs[0].split(": ", 1)[1]).get("/api/v1/workflows").status_code == 200
     assert (tmp_path / "k").stat().st_mode & 0o777 == 0o600
+
+
+def test_behind_a_proxy_failures_count_per_forwarded_client(settings, web_redis) -> None:
+    settings.ONEPIECE = {**settings.ONEPIECE, "AUTH_FAILURES_LIMIT": 2, "TRUSTED_PROXY_HOPS": 1}
+    _, good = make_user("dave")
+    bad = client_for("op_nothere_nothing")
+    for _ in range(3):  # the attacker forges a left-hand entry; the proxy's own entry is what counts
+        bad.get("/api/v1/workflows", HTTP_X_FORWARDED_FOR="1.2.3.4, 10.0.0.66")
+    assert bad.get("/api/v1/workflows", HTTP_X_FORWARDED_FOR="9.9.9.9, 10.0.0.66").status_code == 429
+    # another client behind the same ingress is not locked out
+    assert client_for(good).get("/api/v1/workflows", HTTP_X_FORWARDED_FOR="10.0.0.77").status_code == 200
