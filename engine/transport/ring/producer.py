@@ -110,14 +110,46 @@ class RingProducer(_RingBase):
         for pidx in ids:
             off = self._prod_off(pidx)
             old = r.load(off + L.P_OWNER)
-            if producer_id is None and old & 0xFF == L.OWNER_ALIVE:
+            if producer_id is None and not self._reusable(pidx, old):
                 continue
             epoch = (old >> 8) + 1
             r.store(off + L.P_PID, pid)
             r.store(off + L.P_START, start)
             if r.cas(off + L.P_OWNER, old, (epoch << 8) | L.OWNER_ALIVE) == old:
                 return pidx, epoch & 0xFFFFFF
-        raise RingFull(f"ring {r.name!r}: all {self.max_producers} producer entries are taken")
+        raise RingFull(
+            f"ring {r.name!r}: all {self.max_producers} producer entries are taken (by live producers, or by "
+            f"dead or closed ones whose messages are still in the ring)"
+        )
+
+    def _reusable(self, pidx: int, owner: int) -> bool:
+        """Whether an automatic registration may take producer entry ``pidx``.
+
+        A never-used entry, yes. One whose producer is alive (or remote, so unknown), no. One
+        whose producer closed or died only once none of its records is left where the consumer
+        still needs the entry: a new epoch would fence (drop) its not-yet-examined records, and a
+        quarantined span of its would wait on the new owner's pid instead of the dead one's.
+        """
+        r = self.region
+        state, off = owner & 0xFF, self._prod_off(pidx)
+        if owner == 0:
+            return True
+        if state == L.OWNER_ALIVE:
+            pid, start = r.load(off + L.P_PID), r.load(off + L.P_START)
+            if not pid or pid & L.REMOTE or r.peer_alive(pid, start):
+                return False
+        hs, _ = L.unpack_pos(r.load(L.C_HEAD))
+        ts, _ = L.unpack_pos(r.load(L.C_TAIL))
+        cursor = r.load(L.C_CURSOR)
+        for i in range((ts - hs) & L.SLOT_MASK):
+            c = (hs + i) & L.SLOT_MASK
+            slot, st, producer, _units = L.unpack_w0(r.load(self._slot_off(c) + L.S_W0))
+            if slot != c or producer != pidx:
+                continue
+            examined = L.slot_diff(cursor, c) > 0
+            if st == L.ABANDONED or (not examined and st in (L.RESERVED, L.COMMITTED)):
+                return False
+        return True
 
     # public API -----------------------------------------------------------------------------
     def send(self, data: Buffer, *, timeout: float | None = None) -> int:
@@ -130,6 +162,8 @@ class RingProducer(_RingBase):
         """
         size = data.nbytes if isinstance(data, memoryview) else len(data)
         self._check_size(size)
+        if self.region.load(L.C_CLOSED):
+            raise ConsumerGone(f"ring {self.region.name!r}: the consumer closed the ring")
         self._sends_since_poll += 1
         if self._sends_since_poll >= POLL_EVERY or self._to_resend or time.monotonic() - self._last_poll > 0.001:
             self.poll()
@@ -146,6 +180,8 @@ class RingProducer(_RingBase):
     def reserve(self, size: int, *, timeout: float | None = None) -> Reservation:
         """Reserve ``size`` payload bytes and return a writable view into the ring (zero-copy)."""
         self._check_size(size)
+        if self.region.load(L.C_CLOSED):
+            raise ConsumerGone(f"ring {self.region.name!r}: the consumer closed the ring")
         self.poll()
         self._resend_pending(timeout)
         out = _Outgoing(self._next_seq, size, None, None)

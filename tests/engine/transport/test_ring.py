@@ -326,3 +326,48 @@ def test_two_producers_dying_between_reservation_and_publication(ring_name, late
             p.close()
             p.region.close()
         c.close()
+
+
+def test_sending_into_a_closed_ring_is_refused(ring_name) -> None:
+    c = RingConsumer.create(f"shm://{ring_name}", SMALL)
+    p = attach_producer(f"shm://{ring_name}")
+    try:
+        c.region.store(L.C_CLOSED, 1)
+        with pytest.raises(ConsumerGone, match="closed"):
+            p.send(b"lost?")
+        with pytest.raises(ConsumerGone, match="closed"):
+            p.reserve(10)
+        assert p.unacked == 0
+    finally:
+        c.region.store(L.C_CLOSED, 0)
+        p.close()
+        p.region.close()
+        c.close()
+
+
+def test_auto_registration_reuses_a_dead_producers_entry_only_once_its_messages_are_consumed(ring_name) -> None:
+    import subprocess
+    import sys
+
+    cfg = RingConfig(slots=8, buffer_bytes=1 << 13, max_producers=1)
+    c = RingConsumer.create(f"shm://{ring_name}", cfg)
+    try:
+        code = (
+            "import os, sys; sys.path.insert(0, %r);"
+            "from engine.transport.ring import attach_producer;"
+            "p = attach_producer(%r); p.send(b'from the dead'); os._exit(0)"
+        ) % (str(__import__("pathlib").Path(__file__).resolve().parents[3]), f"shm://{ring_name}")
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+        # its message is still in the ring: taking its entry would fence (drop) it
+        with pytest.raises(RingFull, match="producer entries are taken"):
+            attach_producer(f"shm://{ring_name}")
+        pid, seq, data = c.recv_bytes(2)
+        assert (pid, seq, data) == (0, 0, b"from the dead")
+        p = attach_producer(f"shm://{ring_name}")  # now its entry is free to take
+        assert p.producer_id == 0 and p.epoch == 2
+        p.send(b"new life")
+        assert c.recv_bytes(2)[1:] == (0, b"new life")
+        p.close()
+        p.region.close()
+    finally:
+        c.close()
