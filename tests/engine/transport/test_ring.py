@@ -352,11 +352,12 @@ def test_auto_registration_reuses_a_dead_producers_entry_only_once_its_messages_
     cfg = RingConfig(slots=8, buffer_bytes=1 << 13, max_producers=1)
     c = RingConsumer.create(f"shm://{ring_name}", cfg)
     try:
+        root = str(__import__("pathlib").Path(__file__).resolve().parents[3])
         code = (
-            "import os, sys; sys.path.insert(0, %r);"
+            f"import os, sys; sys.path.insert(0, {root!r});"
             "from engine.transport.ring import attach_producer;"
-            "p = attach_producer(%r); p.send(b'from the dead'); os._exit(0)"
-        ) % (str(__import__("pathlib").Path(__file__).resolve().parents[3]), f"shm://{ring_name}")
+            f"p = attach_producer({'shm://' + ring_name!r}); p.send(b'from the dead'); os._exit(0)"
+        )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
         # its message is still in the ring: taking its entry would fence (drop) it
         with pytest.raises(RingFull, match="producer entries are taken"):
