@@ -83,7 +83,8 @@ def warm_up(workflows: list[str], nodes: list[str], per_instance: int = 1, timeo
 
 @shared_task(name="onepiece.clean_up", acks_late=True, reject_on_worker_lost=True)
 def clean_up(retention_days: int | None = None) -> dict[str, int]:
-    """Delete finished ledger rows older than the retention, and the result bytes of deleted jobs.
+    """Delete finished ledger rows older than the retention, the result bytes of deleted jobs, and rows
+    abandoned mid-submission (no UID after 10 minutes).
 
     A result whose row is hidden (deleted through /v1/videos) is dropped from
     Redis at once instead of waiting for its TTL.
@@ -98,4 +99,7 @@ def clean_up(retention_days: int | None = None) -> dict[str, int]:
     r = get_redis()
     results = sum(r.delete(keys.result_key(u)) for u in {*hidden, *gone} if u)
     rows, _ = old.delete()
-    return {"ledger_rows": rows, "results": int(results)}
+    # a row that claimed an Idempotency-Key but never got a UID: its web process died mid-submit
+    abandoned, _ = Job.objects.filter(uid__isnull=True,
+                                      created_at__lt=timezone.now() - dt.timedelta(minutes=10)).delete()
+    return {"ledger_rows": rows, "results": int(results), "abandoned": abandoned}

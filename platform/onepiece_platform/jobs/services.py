@@ -91,9 +91,12 @@ def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], lim
     return resolved, spec.estimate_gpu_seconds(resolved)
 
 
-def _ledger_seed(user_id: int) -> tuple[int, float]:
-    """(unfinished jobs, GPU-seconds charged today) from the ledger: seeds for missing Redis counters."""
-    mine = Job.objects.filter(owner_id=user_id)
+def _ledger_seed(user_id: int, exclude: int) -> tuple[int, float]:
+    """(unfinished jobs, GPU-seconds charged today) from the ledger: seeds for missing Redis counters.
+
+    ``exclude`` is the row being submitted: it is not charged yet.
+    """
+    mine = Job.objects.filter(owner_id=user_id).exclude(pk=exclude)
     running = mine.filter(state__in=NON_TERMINAL).count()
     today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     spent = mine.filter(created_at__gte=today).aggregate(
@@ -112,17 +115,22 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
             return Submitted(earlier, False)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
-    day = counters.reserve(user.pk, cost, limits, *_ledger_seed(user.pk))
     try:
+        # the row claims the Idempotency-Key before anything is counted or sent
         with transaction.atomic():
             job = Job.objects.create(owner=user, workflow=workflow, params=resolved, api=api,
-                                     cost_estimate_gpu_s=cost, quota_day=day, idempotency_key=idempotency_key)
+                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key)
     except IntegrityError:
-        counters.release(user.pk, day, cost, 0.0)
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
         if earlier is None or earlier.uid is None:
             raise IdempotencyInProgress(idempotency_key) from None
         return Submitted(earlier, False)
+    try:
+        day = counters.reserve(user.pk, cost, limits, *_ledger_seed(user.pk, exclude=job.pk))
+    except BaseException:
+        job.delete()
+        raise
+    job.quota_day = day
     try:
         accepted = get_engine().submit(workflow, resolved, inputs, deadline_s)
     except (EngineRejected, EngineError):
@@ -130,5 +138,5 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         counters.release(user.pk, day, cost, 0.0)
         raise
     job.uid = accepted.uid
-    job.save(update_fields=["uid", "updated_at"])
+    job.save(update_fields=["uid", "quota_day", "updated_at"])
     return Submitted(job, True)

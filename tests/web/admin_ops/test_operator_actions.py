@@ -117,8 +117,10 @@ def test_clean_up_is_idempotent(alice, store) -> None:
         c.get(f"/api/v1/jobs/{uid}")
     Job.objects.filter(uid=old).update(finished_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=40))
     Job.objects.filter(uid=deleted).update(hidden=True)
-    assert clean_up.apply(kwargs={"retention_days": 30}).get() == {"ledger_rows": 1, "results": 2}
-    assert clean_up.apply(kwargs={"retention_days": 30}).get() == {"ledger_rows": 0, "results": 0}
+    stuck = Job.objects.create(owner=alice[0], workflow=WF, idempotency_key="died-mid-submit")
+    Job.objects.filter(pk=stuck.pk).update(created_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
+    assert clean_up.apply(kwargs={"retention_days": 30}).get() == {"ledger_rows": 1, "results": 2, "abandoned": 1}
+    assert clean_up.apply(kwargs={"retention_days": 30}).get() == {"ledger_rows": 0, "results": 0, "abandoned": 0}
     assert store.result(fresh) == png() and not Job.objects.filter(uid=old).exists()
 
 

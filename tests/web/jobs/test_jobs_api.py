@@ -142,3 +142,25 @@ def test_workflows_list_params_and_limits(alice) -> None:
     assert steps["maximum"] == 150 and steps["type"] == "int"
     assert wfs["wan2.1-i2v"]["inputs"] == ["image"] and wfs["wan2.1-i2v"]["output"] == "video"
     assert wfs["sd-t2i"]["limits"]["max_concurrent_jobs"] == 4
+
+
+def test_repeat_while_the_first_is_being_submitted_is_409_and_counts_nothing(alice, store) -> None:
+    from onepiece_platform.quotas import counters
+
+    user, c, _ = alice
+    Job.objects.create(owner=user, workflow="sd-t2i", idempotency_key="k-busy")  # claimed, not yet accepted
+    r = c.post("/api/v1/jobs", sd_body(), format="json", HTTP_IDEMPOTENCY_KEY="k-busy")
+    assert r.status_code == 409 and r.headers["Retry-After"] == "1"
+    assert counters.usage(user.pk) == (0, 0.0) and store.events() == []
+
+
+def test_repeat_of_an_accepted_key_is_answered_even_at_the_quota(alice) -> None:
+    from onepiece_platform.quotas.models import Quota
+
+    user, c, _ = alice
+    Quota.objects.create(user=user, max_concurrent_jobs=1)
+    first = c.post("/api/v1/jobs", sd_body(), format="json", HTTP_IDEMPOTENCY_KEY="k-1").json()["uid"]
+    again = c.post("/api/v1/jobs", sd_body(), format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert again.status_code == 202 and again.json()["uid"] == first  # the key is answered before the quota
+    assert c.post("/api/v1/jobs", sd_body(), format="json", HTTP_IDEMPOTENCY_KEY="k-2").status_code == 429
+    assert Job.objects.filter(owner=user).count() == 1  # the refused one left no row behind
