@@ -137,6 +137,14 @@ def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  
             assert node.poll() is None, _stop(node)
             assert time.monotonic() < deadline, f"workers not ready: {sorted(want - published)}"
             time.sleep(0.25)
+        # the Proxy refreshes its route cache on its own clock: wait until it sees them too
+        while True:
+            status, doc, _ = c.call("GET", "/readyz")
+            checks = doc.get("checks", {}) if isinstance(doc, dict) else {}
+            if status == 200 and checks and all(v == "ok" for k, v in checks.items() if k.startswith("routes:")):
+                break
+            assert time.monotonic() < deadline, f"the proxy does not see the routes: {doc}"
+            time.sleep(0.25)
         yield c
     finally:
         proxy_out = _stop(proxy)
