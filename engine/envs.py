@@ -52,6 +52,14 @@ _VARS: dict[str, Callable[[], Any]] = {
     "RING_LOCK_TIMEOUT_S": _float("ONEPIECE_RING_LOCK_TIMEOUT_S", 0.5),
     # How long a ring consumer polls before it sleeps on the doorbell (microseconds).
     "RING_SPIN_US": _float("ONEPIECE_RING_SPIN_US", 50.0),
+    # Read by the web platform's settings (declared here so every ONEPIECE_* variable is in one place):
+    # the Proxy the platform submits to, which engine client class it uses, how many
+    # reverse-proxy hops to trust for client addresses, and the SQLite ledger path of `onepiece up`.
+    # ENGINE_CLIENT is a dotted path (default: the Proxy HTTP client).
+    "PROXY_URL": _str("ONEPIECE_PROXY_URL", None),
+    "ENGINE_CLIENT": _str("ONEPIECE_ENGINE_CLIENT", None),
+    "TRUSTED_PROXY_HOPS": _int("ONEPIECE_TRUSTED_PROXY_HOPS", 0),
+    "SQLITE_PATH": _str("ONEPIECE_SQLITE_PATH", None),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
     # Seconds results, status hashes and cancel flags live in Redis.

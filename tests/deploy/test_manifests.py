@@ -57,7 +57,8 @@ def test_the_roles_and_their_replicas() -> None:
     assert by["etcd"]["spec"]["replicas"] == 3
     assert by["onepiece-manager"]["spec"]["replicas"] >= 2
     assert by["onepiece-proxy"]["spec"]["replicas"] >= 2
-    assert {"redis-primary", "redis-replica", "postgres", "onepiece-web", "onepiece-celery"} <= set(by)
+    assert {"redis-primary", "redis-replica", "postgres", "onepiece-web", "onepiece-celery",
+            "onepiece-reconciler"} <= set(by)
     node = by["onepiece-node"]
     assert node["kind"] == "DaemonSet"
     spec = node["spec"]["template"]["spec"]
@@ -111,7 +112,7 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
 def test_systemd_units_are_complete() -> None:
     units = sorted((DEPLOY / "systemd").glob("*.service"))
     assert {u.stem for u in units} == {"onepiece-node", "onepiece-proxy", "onepiece-manager", "onepiece-web",
-                                       "onepiece-celery"}
+                                       "onepiece-celery", "onepiece-reconciler"}
     for unit in units:
         cp = configparser.ConfigParser(strict=False, interpolation=None)
         cp.read_string(unit.read_text())
