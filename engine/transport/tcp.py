@@ -239,20 +239,22 @@ class TcpRegion(MemoryRegion):
             pass
 
 
-def _host_port(u: ParseResult) -> tuple[str, int, str]:
+def host_port_name(u: ParseResult, need_port: bool) -> tuple[str, int, str]:
+    """(host, port, region name) of ``scheme://HOST:PORT/NAME`` (tcp and verbs addresses)."""
     name = u.path.lstrip("/")
     if not name:
-        raise RegionError(f"tcp address {u.geturl()!r} needs a region name: tcp://HOST:PORT/NAME")
+        raise RegionError(f"{u.scheme} address {u.geturl()!r} needs a region name: {u.scheme}://HOST:PORT/NAME")
+    if need_port and not u.port:
+        raise RegionError(f"{u.scheme} address {u.geturl()!r} needs a port")
     return u.hostname or "127.0.0.1", u.port or 0, name
 
 
 def create(u: ParseResult, size: int) -> TcpServedRegion:
-    host, port, name = _host_port(u)
+    host, port, name = host_port_name(u, need_port=False)
     return TcpServedRegion(name, size, host, port)
 
 
 def attach(u: ParseResult) -> TcpRegion:
-    host, port, name = _host_port(u)
-    if not port:
-        raise RegionError(f"tcp address {u.geturl()!r} needs a port")
+    host, port, name = host_port_name(u, need_port=True)
     return TcpRegion(host, port, name)
+

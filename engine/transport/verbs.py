@@ -24,7 +24,7 @@ from urllib.parse import ParseResult
 from engine import envs
 from engine.transport.errors import NoRdmaDevice, PeerUnavailable, RegionError
 from engine.transport.region import MemoryRegion
-from engine.transport.tcp import OP_NOTIFY, OP_WAIT, TcpRegion, TcpServedRegion
+from engine.transport.tcp import OP_NOTIFY, OP_WAIT, TcpRegion, TcpServedRegion, host_port_name
 
 OP_VERBS_CONNECT = 32
 # qp_num, psn, lid, gid (16 bytes), [owner: addr, rkey, size]
@@ -268,18 +268,11 @@ class VerbsRegion(MemoryRegion):
         self._ctl.close()
 
 
-def _parts(u: ParseResult) -> tuple[str, int, str]:
-    name = u.path.lstrip("/")
-    if not name:
-        raise RegionError(f"verbs address {u.geturl()!r} needs a region name: verbs://HOST:PORT/NAME")
-    return u.hostname or "127.0.0.1", u.port or 0, name
-
-
 def create(u: ParseResult, size: int) -> VerbsServedRegion:
-    host, port, name = _parts(u)
+    host, port, name = host_port_name(u, need_port=False)
     return VerbsServedRegion(name, size, host, port)
 
 
 def attach(u: ParseResult) -> VerbsRegion:
-    host, port, name = _parts(u)
+    host, port, name = host_port_name(u, need_port=True)
     return VerbsRegion(host, port, name)
