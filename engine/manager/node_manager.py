@@ -72,6 +72,7 @@ class NodeManager:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.overrides = act.Overrides()
+        self._capacity: dict[str, float] = {}  # last published, per workflow
         self._force = False  # an accepted operator action applies at once, past hysteresis
 
     # reading the cluster ---------------------------------------------------------------------
@@ -149,12 +150,17 @@ class NodeManager:
             forced = False
         forced = forced or stranded or unpinned
         if not missing and not forced and (gain < self.cfg.min_gain or now - self.last_change < self.cfg.cooldown):
+            try:
+                self._publish_capacity(have)
+            except NotLeader as exc:
+                return TickResult(leader=False, reason=str(exc))
             return TickResult(leader=True, reason=f"kept (gain {gain:.2f}, hysteresis)", counts=have,
                               token=ship.token)
         plan = self._place(desired, current, sorted(nodes))
         for gone in set(current) - set(plan):  # drained (or dead) nodes get an empty assignment
             plan[gone] = []
         try:
+            self._publish_capacity(have)
             for node, instances in plan.items():
                 body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token}
                 self.election.fenced_put(self.cfg.root + ASSIGNMENTS + node, json.dumps(body, sort_keys=True))
@@ -164,6 +170,22 @@ class NodeManager:
         self.last_change = now
         why = "operator action" if forced else "missing instances" if missing else f"gain {gain:.2f}"
         return TickResult(leader=True, applied=True, reason=why, counts=desired, token=ship.token)
+
+    def _publish_capacity(self, have: dict[str, dict[str, int]]) -> None:
+        """Feed the Proxies' admission control: each workflow's throughput with the instances it
+        has now and the measured stage times. Written (fenced) only when it moved by 5% or more."""
+        puts = {}
+        for w in self.cfg.workflows:
+            rps, bottleneck = throughput(self.profile(w), have.get(w, {}))
+            last = self._capacity.get(w)
+            if last is not None and abs(rps - last) <= 0.05 * max(last, 1e-9):
+                continue
+            self._capacity[w] = rps
+            body = {"rps": rps, "bottleneck": bottleneck, "instances": have.get(w, {}),
+                    "fence_token": self.election.leadership.token if self.election.leadership else None}
+            puts[f"{self.cfg.root}/capacity/{w}"] = json.dumps(body, sort_keys=True)
+        if puts:
+            self.election.fenced_txn(puts)
 
     def _process_actions(self, nodes: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> None:
         """Validate and apply queued operator actions, oldest first; each result and audit entry is

@@ -149,7 +149,8 @@ async def submit(request: web.Request) -> web.Response:
         inflight, inflight_cost = await asyncio.to_thread(store.inflight, spec.name)
     except Exception as exc:  # Redis unreachable: an overload answer, never a 500
         return _error(503, f"the result store is unavailable: {exc}", headers={"Retry-After": "5"})
-    load = Load(inflight, inflight_cost, sum(len(r) for r in stage_routes), len(stage_routes[0]))
+    load = Load(inflight, inflight_cost, sum(len(r) for r in stage_routes), len(stage_routes[0]),
+                routes.capacity(spec.name))
     decision = app[MONITOR].decide(load, cost, time.time(), deadline)
     if not decision.admit:
         return _error(503, decision.reason, headers={"Retry-After": str(decision.retry_after)})

@@ -25,6 +25,7 @@ class Load:
     inflight_cost: float  # their predicted GPU-seconds
     instances: int  # published instances across the workflow's stages
     entry_instances: int  # published instances of the first stage
+    capacity_rps: float | None = None  # requests/s the Node Manager measured the workflow sustains
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class RequestMonitor:
         self.dispatch_s = dispatch_s
 
     def predicted_wait(self, load: Load) -> float:
+        """Seconds until a new request can start: the accepted work ahead of it, drained at the
+        measured capacity when the Node Manager publishes one, else at one GPU-second per
+        instance per second (the cost model's prior)."""
+        if load.capacity_rps:
+            return self.dispatch_s + load.inflight / load.capacity_rps
         return self.dispatch_s + load.inflight_cost / max(1, load.instances)
 
     def decide(self, load: Load, cost: float, now: float, deadline: float | None) -> Decision:

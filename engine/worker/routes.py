@@ -6,6 +6,7 @@ Keys (values are JSON)::
                                                      "generation": <int>}
     /onepiece/assignments/<node>                     the node's desired instances (see engine.worker.config)
     /onepiece/nodes/<node>                           the node's registration, bound to its lease
+    /onepiece/capacity/<workflow>                    {"rps": ...}: capacity the Node Manager measured
 
 A TaskManager publishes a route once the instance's worker is ready and removes
 it when the instance is stopped; routes are bound to the node's lease, so a
@@ -35,6 +36,11 @@ def routes_prefix(workflow: str = "", stage: str = "") -> str:
 
 def route_key(workflow: str, stage: str, instance: str) -> str:
     return f"{routes_prefix(workflow, stage)}{instance}"
+
+
+def capacity_prefix() -> str:
+    """Where the Node Manager publishes each workflow's measured capacity (``<prefix><workflow>``)."""
+    return f"{ROOT}/capacity/"
 
 
 def assignment_key(node: str) -> str:
@@ -101,6 +107,7 @@ class RouteTable:
         self.refresh_s = refresh_s
         self.clock = clock
         self._routes: dict[tuple[str, str], list[Route]] = {}
+        self._capacity: dict[str, float] = {}
         self._fetched = -1e18
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -147,9 +154,22 @@ class RouteTable:
                       int(data.get("generation", 0))))
         for rs in found.values():
             rs.sort(key=lambda r: r.instance)
+        capacity: dict[str, float] = {}
+        for value, meta in self.client.get_prefix(capacity_prefix()):
+            key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
+            try:
+                capacity[key[len(capacity_prefix()):]] = float(json.loads(value)["rps"])
+            except (ValueError, KeyError, TypeError):
+                continue
         with self._lock:
             self._routes = found
+            self._capacity = capacity
             self._fetched = self.clock()
+
+    def capacity(self, workflow: str) -> float | None:
+        """Requests/s the Node Manager measured ``workflow`` sustains now, if it published one."""
+        with self._lock:
+            return self._capacity.get(workflow)
 
     def candidates(self, workflow: str, stage: str, *, fresh: bool = False) -> list[Route]:
         """The published instances of ``stage`` (possibly empty), sorted by instance id."""

@@ -117,3 +117,30 @@ def test_a_deposed_managers_tick_writes_nothing(cluster) -> None:
     assert not a.election.is_leader
     assert b.tick().applied  # the real leader repairs it
     b.election.resign()
+
+
+def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server) -> None:
+    from engine.worker.routes import RouteTable
+
+    client, key, report = cluster
+    for n in ("n1", "n2"):
+        report(n, {"text_encode": 0.01, "denoise": 0.5, "vae_decode": 0.05, "image_encode": 0.01})
+    nm = _manager(client, key, Clock(), slots_per_node=5)
+    result = nm.tick()
+    assert result.applied
+    nm.tick()  # with the instances now assigned, the capacity is theirs
+    raw = client.get(f"{ROOT}/capacity/{WF}")
+    body = json.loads(raw[0])
+    denoise = result.counts[WF]["denoise"]
+    assert body["rps"] == pytest.approx(denoise / 0.5)
+    assert body["bottleneck"] == "denoise" and body["fence_token"] == nm.election.leadership.token
+    # the Proxies' route table reads it (under the real root, /onepiece)
+    client.put(f"/onepiece/capacity/{WF}", raw[0])
+    try:
+        table = RouteTable(connect(etcd_server.url))
+        table.refresh()
+        assert table.capacity(WF) == pytest.approx(body["rps"])
+        assert table.capacity("wan2.1-i2v") is None
+    finally:
+        client.delete(f"/onepiece/capacity/{WF}")
+    nm.election.resign()

@@ -45,3 +45,13 @@ def test_proxy_node_and_cli_import_no_torch() -> None:
             "engine.worker.node_cli; engine.cli.build_parser(); "
             "bad = [m for m in ('torch', 'diffusers', 'django') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
+
+
+def test_measured_capacity_from_the_node_manager_drives_the_prediction() -> None:
+    m = RequestMonitor(max_queue=100, dispatch_s=0.0)
+    prior = Load(inflight=10, inflight_cost=100.0, instances=10, entry_instances=1)
+    measured = Load(inflight=10, inflight_cost=100.0, instances=10, entry_instances=1, capacity_rps=0.5)
+    assert m.predicted_wait(prior) == pytest.approx(10.0)  # 100 GPU-s over 10 instances
+    assert m.predicted_wait(measured) == pytest.approx(20.0)  # 10 requests at 0.5 req/s
+    assert not m.decide(measured, 1.0, now=0.0, deadline=15.0).admit
+    assert m.decide(prior, 1.0, now=0.0, deadline=15.0).admit
