@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.manager import actions as act
-from engine.manager.allocator import StageProfile, for_budget, throughput
+from engine.manager.allocator import AllocationError, StageProfile, for_budget, throughput
 from engine.manager.election import Election, NotLeader
 
 log = logging.getLogger(__name__)
@@ -221,16 +221,25 @@ class NodeManager:
                 self._force = True
 
     def _allocate(self, slots: int) -> dict[str, dict[str, int]]:
+        """Every workflow first gets its stages' minimums; the slots left are shared by weight."""
         wfs = sorted(self.cfg.workflows)
+        profiles = {w: self.profile(w) for w in wfs}
+        minimum = {w: sum(p.min_instances for p in profiles[w]) for w in wfs}
+        spare = slots - sum(minimum.values())
+        if spare < 0:
+            raise AllocationError(
+                f"{slots} instance slots on the live nodes cannot hold the stages' minimums "
+                f"({', '.join(f'{w}: {n}' for w, n in minimum.items())}); add nodes or slots per node"
+            )
         weights = {w: self.cfg.weights.get(w, 1.0) for w in wfs}
         total_w = sum(weights.values())
         out: dict[str, dict[str, int]] = {}
-        left = slots
+        left = spare
         for i, w in enumerate(wfs):
-            share = left if i == len(wfs) - 1 else max(len(self.profile(w)), int(slots * weights[w] / total_w))
-            alloc = for_budget(self.profile(w), share)
+            extra = left if i == len(wfs) - 1 else int(spare * weights[w] / total_w)
+            alloc = for_budget(profiles[w], minimum[w] + extra)
             out[w] = alloc.instances
-            left -= alloc.total
+            left -= alloc.total - minimum[w]
         return out
 
     @staticmethod

@@ -144,3 +144,21 @@ def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server
     finally:
         client.delete(f"/onepiece/capacity/{WF}")
     nm.election.resign()
+
+
+def test_two_workflows_share_the_slots_and_each_gets_its_minimums(cluster) -> None:
+    client, key, report = cluster
+    report("n1", {"denoise": 0.3})
+    e = Election(client, "nm-two", ttl=2, key=key)
+    e.try_acquire()
+    nm = NodeManager(client, e, ManagerConfig(workflows={WF: "/a", "wan2.1-i2v": "/b"}, root=ROOT,
+                                              slots_per_node=10), clock=Clock())
+    result = nm.tick()
+    assert result.applied
+    assert set(result.counts) == {WF, "wan2.1-i2v"}
+    assert all(n >= 1 for counts in result.counts.values() for n in counts.values())
+    assert sum(n for counts in result.counts.values() for n in counts.values()) <= 10
+    nm.cfg.slots_per_node = 5  # fewer slots than the two workflows' ten stages need
+    with pytest.raises(Exception, match="cannot hold the stages' minimums"):
+        nm.tick()
+    e.resign()
