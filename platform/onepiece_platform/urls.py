@@ -12,6 +12,7 @@ urlpatterns = [
     path("api/v1/", include("onepiece_platform.accounts.urls")),
     path("api/v1/", include("onepiece_platform.jobs.urls")),
     path("v1/", include("onepiece_platform.jobs.openai_urls")),
+    path("dashboard/", include("onepiece_platform.dashboard.urls")),
     path("admin/", admin.site.urls),
 ]
 

@@ -1,0 +1,119 @@
+"""Browser tests: the real ASGI app (HTTP + Channels websockets) under uvicorn, driven by Debian's chromium.
+
+uvicorn runs in a thread of the test process so the server shares the test
+database (SQLite's shared in-memory database) and the settings fixtures; the
+static files handler serves frontend/static as ``runserver`` would with DEBUG off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.web import conftest as web_conftest
+
+web_redis = web_conftest.web_redis  # the platform on its own Redis database, as in the web tests
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed (Debian package chromium)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class AsgiLiveServer:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        """Serve on ``self.port`` (again, after ``stop``: how a test cuts every websocket)."""
+        import uvicorn
+        from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+        from onepiece_platform.asgi import application
+
+        config = uvicorn.Config(ASGIStaticFilesHandler(application), host="127.0.0.1", port=self.port,
+                                log_level="warning", ws="websockets-sansio", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve()), name="browser-asgi",
+                                       daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def cluster(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[dict[str, Any]]:
+    """An etcd root of its own; ``put_node`` registers a node the way a TaskManager reports it."""
+    from engine.manager.election import connect
+    from onepiece_platform.engine_link.cluster import reset_clusters
+
+    root = f"/onepiece-browser-{uuid.uuid4().hex[:6]}"
+    settings.ETCD_URL = etcd_server.url
+    settings.ONEPIECE = {**settings.ONEPIECE, "ETCD_ROOT": root}
+    reset_clusters()
+    client = connect(etcd_server.url)
+
+    def put_node(node: str, instances: dict[str, dict[str, Any]], devices: list[dict[str, Any]] | None = None) -> None:
+        body = {"node": node, "ts": time.time(), "instances": instances, "devices": devices or []}
+        client.put(f"{root}/nodes/{node}", json.dumps(body))
+
+    yield {"root": root, "client": client, "put_node": put_node}
+    client.delete_prefix(root + "/")
+    reset_clusters()
+
+
+@pytest.fixture
+def live_asgi(transactional_db: None, web_redis: str, cluster: dict[str, Any]) -> Iterator[AsgiLiveServer]:
+    server = AsgiLiveServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def browser(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """One chromium per test. Playwright's sync API keeps an event loop on this thread, which makes
+    Django refuse ORM calls from the test body; they are plain blocking calls, so allow them here."""
+    from playwright.sync_api import sync_playwright
+
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def shot(page: Any, name: str) -> Path:
+    path = ARTIFACTS / f"dashboard-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+

@@ -1,0 +1,71 @@
+"""The dashboard page and its JSON endpoints: staff only, CSRF on actions, shapes checked before etcd."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from onepiece_platform.engine_link.models import OperatorAction
+from onepiece_platform.jobs.models import Job
+
+pytestmark = pytest.mark.django_db
+
+
+def _client(name: str, staff: bool, csrf: bool = False) -> Client:
+    from django.contrib.auth import get_user_model
+
+    c = Client(enforce_csrf_checks=csrf)
+    c.force_login(get_user_model().objects.create_user(name, password="pw", is_staff=staff))
+    return c
+
+
+def test_page_is_staff_only() -> None:
+    assert "/admin/login/" in Client().get("/dashboard/")["Location"]
+    assert "/admin/login/" in _client("user", staff=False).get("/dashboard/")["Location"]
+    r = _client("ops", staff=True).get("/dashboard/")
+    assert r.status_code == 200
+    body = r.content.decode()
+    # Served from this site only (no CDN), with the workflows' stage order for the page's chains.
+    assert "/static/onepiece/dashboard.js" in body and "/static/onepiece/dashboard.css" in body
+    assert '"sd-t2i": ["text_encode", "denoise", "vae_decode", "image_encode"]' in body
+    assert "https://" not in body
+
+
+def test_api_refuses_non_staff_with_403() -> None:
+    for c in (Client(), _client("user", staff=False)):
+        assert c.get("/dashboard/api/jobs").status_code == 403
+        assert c.post("/dashboard/api/actions", "{}", content_type="application/json").status_code == 403
+
+
+def test_jobs_lists_every_users_jobs() -> None:
+    from django.contrib.auth import get_user_model
+
+    owner = get_user_model().objects.create_user("someone")
+    Job.objects.create(uid="a" * 32, owner=owner, workflow="sd-t2i", state="in_progress", stage="denoise", progress=40)
+    Job.objects.create(owner=owner, workflow="sd-t2i")  # died mid-submit: no UID, not a job yet
+    jobs = _client("ops", staff=True).get("/dashboard/api/jobs").json()["jobs"]
+    assert [(j["uid"], j["owner"], j["stage"], j["progress"]) for j in jobs] == [("a" * 32, "someone", "denoise", 40)]
+
+
+@pytest.mark.parametrize("body, why", [
+    ({"action": "set_mode", "args": {}}, "action must be"),
+    ({"action": "scale_stage", "args": {"workflow": "sd-t2i"}}, "workflow and stage"),
+    ({"action": "scale_stage", "args": {"workflow": "sd-t2i", "stage": "denoise", "instances": -1}}, "whole number"),
+    ({"action": "scale_stage", "args": {"workflow": "sd-t2i", "stage": "denoise", "instances": True}}, "whole number"),
+    ({"action": "drain_node", "args": {}}, "node is required"),
+    ({"action": "drain_node", "args": []}, "must be an object"),
+])
+def test_actions_check_shape_before_anything_is_recorded(body: dict[str, Any], why: str) -> None:
+    r = _client("ops", staff=True).post("/dashboard/api/actions", json.dumps(body), content_type="application/json")
+    assert r.status_code == 400 and why in r.json()["error"]
+    assert not OperatorAction.objects.exists()
+
+
+def test_actions_need_the_csrf_token() -> None:
+    c = _client("ops", staff=True, csrf=True)
+    body = json.dumps({"action": "drain_node", "args": {"node": "n1"}})
+    assert c.post("/dashboard/api/actions", body, content_type="application/json").status_code == 403
+    assert not OperatorAction.objects.exists()
