@@ -30,6 +30,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--devices", type=int, default=64, help="device budget for the two allocations")
     r.add_argument("--requests", type=int, default=4000, help="simulated requests per run")
     r.add_argument("--json", action="store_true", help="print JSON instead of text")
+    e = sub.add_parser(
+        "e2e",
+        help="a live engine end to end vs the one-call pipeline; open-loop load at 0.5x-10x capacity",
+        description="Against a running engine (the proxy: line of `onepiece up`): warm latency through the "
+        "stages vs the one-call diffusers pipeline on the same model folder, measured capacity, and open-loop "
+        "load at 0.5x, 1x, 2x and 10x of it.",
+    )
+    e.add_argument("--proxy", required=True, help="the Proxy's URL (onepiece up prints it)")
+    e.add_argument("--model-dir", required=True, help="the workflow's model folder, for the one-call baseline")
+    e.add_argument("--workflow", default="sd-t2i", choices=["sd-t2i"])
+    e.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
+    e.add_argument("--seconds", type=float, default=15.0, help="duration of the capacity and each load run")
+    e.add_argument("--poll-ms", type=float, default=2.0, help="status polling interval for the latency figure")
+    e.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
+    e.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
         from engine.bench.transport import main
 
         return main(args)
+    if args.bench == "e2e":
+        from engine.bench.e2e import main as e2e_main
+
+        return e2e_main(args)
     if args.bench == "rebalance":
         from engine.bench.rebalance import main as rebalance_main
 
