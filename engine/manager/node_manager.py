@@ -73,6 +73,7 @@ class NodeManager:
         self._thread: threading.Thread | None = None
         self.overrides = act.Overrides()
         self._capacity: dict[str, float] = {}  # last published, per workflow
+        self._profiles: dict[str, list[StageProfile]] = {}  # this tick's stage profiles
         self._force = False  # an accepted operator action applies at once, past hysteresis
 
     # reading the cluster ---------------------------------------------------------------------
@@ -99,6 +100,8 @@ class NodeManager:
     def profile(self, workflow: str) -> list[StageProfile]:
         """Stage service times (measured where we have them, else the cost model's estimate) and
         the operators' bounds."""
+        if workflow in self._profiles:  # computed once per tick (allocation, gain and capacity share it)
+            return self._profiles[workflow]
         from engine.workflow import get_workflow
 
         wf = get_workflow(workflow)
@@ -108,6 +111,7 @@ class NodeManager:
             bounds = self.overrides.stages.get(f"{workflow}/{s}", {})
             out.append(StageProfile(s, max(self.service_s.get((workflow, s), estimate.get(s, 1.0)), 1e-4),
                                     bounds.get("min", 1), bounds.get("max")))
+        self._profiles[workflow] = out
         return out
 
     # one tick --------------------------------------------------------------------------------
@@ -119,6 +123,7 @@ class NodeManager:
             self.last_tick_seconds = time.perf_counter() - started
 
     def _tick(self) -> TickResult:
+        self._profiles = {}
         ship = self.election.leadership
         if ship is None:
             return TickResult(leader=False, reason="not the leader")

@@ -34,7 +34,7 @@ from engine.proxy.injector import Injector
 from engine.proxy.monitor import Load, RequestMonitor
 from engine.store import JobStore, keys
 from engine.worker.routes import RouteTable
-from engine.workflow import InvalidRequest, get_workflow, workflows
+from engine.workflow import InvalidRequest, get_workflow, request_workflow, workflows
 from engine.workflow import message as wm
 
 MAX_BODY = 64 << 20
@@ -95,22 +95,13 @@ async def _read_submission(request: web.Request) -> tuple[dict[str, Any], dict[s
 
 def _validate(doc: dict[str, Any], inputs: dict[str, bytes]) -> tuple[Any, dict[str, Any], float | None, int]:
     """(spec, resolved params, absolute deadline, priority); raises BadRequest / InvalidRequest."""
-    name = doc.get("workflow")
-    if not isinstance(name, str) or name not in workflows():
-        raise BadRequest("workflow", f"unknown workflow {name!r}; known: {', '.join(sorted(workflows()))}")
-    spec = get_workflow(name)
+    spec = request_workflow(doc.get("workflow"))
     params = doc.get("params") or {}
     if not isinstance(params, dict):
         raise BadRequest("params", "params must be an object")
-    resolved = spec.resolve_params(params)
-    wanted = {t.name for t in spec.request_inputs}
-    for extra in sorted(set(inputs) - wanted):
-        raise BadRequest(extra, f"{name} takes no input {extra!r}")
-    for t in spec.request_inputs:
-        if t.name not in inputs:
-            raise BadRequest(t.name, f"{name} needs an input {t.name!r}")
-        if t.name == "image":
-            _check_image(inputs[t.name])
+    resolved = spec.validate_request(params, inputs)
+    if "image" in inputs:
+        _check_image(inputs["image"])
     deadline_s = doc.get("deadline_s")
     if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                    or deadline_s <= 0):
@@ -176,32 +167,39 @@ def _uid(request: web.Request) -> str | None:
     return uid if len(uid) == 32 and all(c in "0123456789abcdef" for c in uid) else None
 
 
-async def status(request: web.Request) -> web.Response:
+async def _lookup(request: web.Request) -> tuple[str, Any] | web.Response:
+    """(uid, status) of the request the path names, or the 404 answer."""
     uid = _uid(request)
     st = await asyncio.to_thread(request.app[STORE].status, uid) if uid else None
-    if st is None:
+    if st is None or uid is None:
         return _error(404, "unknown or expired request")
-    return web.json_response(st.as_dict())
+    return uid, st
+
+
+async def status(request: web.Request) -> web.Response:
+    found = await _lookup(request)
+    if isinstance(found, web.Response):
+        return found
+    return web.json_response(found[1].as_dict())
 
 
 async def cancel(request: web.Request) -> web.Response:
-    store = request.app[STORE]
-    uid = _uid(request)
-    st = await asyncio.to_thread(store.status, uid) if uid else None
-    if st is None or uid is None:
-        return _error(404, "unknown or expired request")
+    found = await _lookup(request)
+    if isinstance(found, web.Response):
+        return found
+    uid, st = found
     if st.terminal:
         return web.json_response({"uid": uid, "state": st.state, "error": "request already finished"}, status=409)
-    await asyncio.to_thread(store.request_cancel, uid)
+    await asyncio.to_thread(request.app[STORE].request_cancel, uid)
     return web.json_response({"uid": uid, "state": st.state, "cancel_requested": True}, status=202)
 
 
 async def result(request: web.Request) -> web.Response:
+    found = await _lookup(request)
+    if isinstance(found, web.Response):
+        return found
+    uid, st = found
     store = request.app[STORE]
-    uid = _uid(request)
-    st = await asyncio.to_thread(store.status, uid) if uid else None
-    if st is None or uid is None:
-        return _error(404, "unknown or expired request")
     if st.state != keys.COMPLETED:
         return web.json_response({"uid": uid, "state": st.state, "error": "no result"}, status=409)
     data = await asyncio.to_thread(store.result, uid)

@@ -97,6 +97,11 @@ def units_for(payload: int) -> int:
     return (RECORD_HEADER + payload + UNIT - 1) // UNIT
 
 
+def max_payload(buffer_bytes: int) -> int:
+    """Largest payload: half the buffer (so a record always fits an empty ring, wrap included)."""
+    return min(buffer_bytes // 2, MAX_UNITS * UNIT) - RECORD_HEADER
+
+
 def ring_layout(slots: int, buffer_bytes: int, max_producers: int) -> tuple[int, int, int]:
     """(producer table offset, slot table offset, buffer offset); total size = buffer offset + buffer bytes."""
     p_off = CTRL_BYTES

@@ -1,6 +1,6 @@
 """Workflow specs (stage graphs) and the Workflow Message codec; torch-free."""
 
-from engine.workflow.registry import get_workflow, workflows
+from engine.workflow.registry import get_workflow, request_workflow, workflows
 from engine.workflow.spec import InvalidRequest, InvalidTensor, StageSpec, TensorSpec, WorkflowSpec
 
-__all__ = ["InvalidRequest", "InvalidTensor", "StageSpec", "TensorSpec", "WorkflowSpec", "get_workflow", "workflows"]
+__all__ = ["InvalidRequest", "InvalidTensor", "StageSpec", "TensorSpec", "WorkflowSpec", "get_workflow", "request_workflow", "workflows"]

@@ -7,7 +7,7 @@ import pkgutil
 from functools import cache
 
 from engine.workflow import specs
-from engine.workflow.spec import WorkflowSpec
+from engine.workflow.spec import InvalidRequest, WorkflowSpec
 
 
 @cache
@@ -31,3 +31,10 @@ def get_workflow(name: str) -> WorkflowSpec:
         return workflows()[name]
     except KeyError:
         raise KeyError(f"unknown workflow {name!r}; known: {', '.join(sorted(workflows()))}") from None
+
+
+def request_workflow(name: object) -> WorkflowSpec:
+    """The spec a request names; :class:`InvalidRequest` on field ``workflow`` otherwise (for APIs)."""
+    if not isinstance(name, str) or name not in workflows():
+        raise InvalidRequest("workflow", f"unknown workflow {name!r}; known: {', '.join(sorted(workflows()))}")
+    return workflows()[name]

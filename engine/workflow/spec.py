@@ -13,7 +13,7 @@ and consistent within one message (``"D_text"``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,21 @@ class WorkflowSpec:
             out[p.name] = value
         self.check(out)
         return out
+
+    def validate_request(self, params: Mapping[str, Any], inputs: Collection[str]) -> dict[str, Any]:
+        """The resolved parameters, once they and the names of the request's inputs are valid.
+
+        Raises :class:`InvalidRequest` naming the field. The inputs' bytes (an image that must
+        decode, within a caller's size limits) are the caller's to check.
+        """
+        resolved = self.resolve_params(params)
+        wanted = {t.name for t in self.request_inputs}
+        for extra in sorted(set(inputs) - wanted):
+            raise InvalidRequest(extra, f"{self.name} takes no input {extra!r}")
+        for t in self.request_inputs:
+            if t.name not in inputs:
+                raise InvalidRequest(t.name, f"{self.name} needs an input {t.name!r}")
+        return resolved
 
     def dims(self, params: Mapping[str, Any]) -> dict[str, int]:
         """Dimensions derived from resolved parameters (latent sizes, frame counts...)."""

@@ -70,8 +70,7 @@ class RingConfig:
 
     @property
     def max_message(self) -> int:
-        """Largest payload: half the buffer (so a record always fits an empty ring, wrap included)."""
-        return min(self.buffer_bytes // 2, L.MAX_UNITS * L.UNIT) - L.RECORD_HEADER
+        return L.max_payload(self.buffer_bytes)
 
 
 class _RingBase:
@@ -99,7 +98,7 @@ class _RingBase:
                 f"region has {r.size}, layout needs {b_off + self.buffer_bytes}"
             )
         self.p_off, self.s_off, self.b_off = p_off, s_off, b_off
-        self.max_message = min(self.buffer_bytes // 2, L.MAX_UNITS * L.UNIT) - L.RECORD_HEADER
+        self.max_message = L.max_payload(self.buffer_bytes)
 
     def _slot_off(self, slot: int) -> int:
         return self.s_off + (slot % self.slots) * L.SLOT_ENTRY

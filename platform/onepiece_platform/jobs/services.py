@@ -18,7 +18,7 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine.workflow import InvalidRequest, get_workflow, workflows
+from engine.workflow import InvalidRequest, request_workflow
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.jobs.models import NON_TERMINAL, Job
@@ -66,21 +66,13 @@ def check_image(name: str, data: bytes) -> None:
 
 def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], limits: Limits) -> tuple[dict[str, Any], float]:
     """(resolved params, estimated GPU-seconds); raises :class:`Invalid`."""
-    if workflow not in workflows():
-        raise Invalid("workflow", f"unknown workflow {workflow!r}; known: {', '.join(sorted(workflows()))}")
-    spec = get_workflow(workflow)
     try:
-        resolved = spec.resolve_params(params)
+        spec = request_workflow(workflow)
+        resolved = spec.validate_request(params, inputs)
     except InvalidRequest as exc:
         raise Invalid(exc.field, str(exc)) from None
-    wanted = {t.name for t in spec.request_inputs}
-    for extra in sorted(set(inputs) - wanted):
-        raise Invalid(extra, f"{workflow} takes no input {extra!r}")
-    for t in spec.request_inputs:
-        if t.name not in inputs:
-            raise Invalid(t.name, f"{workflow} needs an input {t.name!r}")
-        if t.name == "image":
-            check_image(t.name, inputs[t.name])
+    if "image" in inputs:
+        check_image("image", inputs["image"])
     pixels = int(resolved.get("height", 0)) * int(resolved.get("width", 0))
     if pixels > limits.max_pixels:
         raise Invalid("size", f"{pixels} pixels is over your limit of {limits.max_pixels}")
