@@ -100,6 +100,7 @@ class TaskManager:
         self.tick_seconds = 0.0
         self.fence_token = 0  # newest Node Manager token seen on this node's assignment
         self.logs = settings.run_dir / "logs"
+        self._devices: Any = None  # DeviceSampler, made on first report
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -255,8 +256,21 @@ class TaskManager:
         report = {
             "node": self.s.node, "pid": os.getpid(), "ts": time.time(), "tick_seconds": self.tick_seconds,
             "instances": {iid: self._instance_report(i) for iid, i in self.instances.items()},
+            "devices": self._device_report(),
         }
         self.client.put(node_key(self.s.node), json.dumps(report), lease=self.lease)
+
+    def _device_report(self) -> list[dict[str, Any]]:
+        """This host's devices (NVML, or CPU figures labelled as such in each sample's ``source``)."""
+        try:
+            if self._devices is None:
+                from engine.telemetry.devices import DeviceSampler
+
+                self._devices = DeviceSampler()
+            return [d.as_dict() for d in self._devices.sample()]
+        except Exception as exc:  # telemetry must never stop the node
+            log.warning("device sampling failed: %s", exc)
+            return []
 
     def _instance_report(self, inst: _Instance) -> dict[str, Any]:
         """Identity and health, plus what the worker measured: requests, busy seconds, last stage time,

@@ -57,6 +57,11 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         tm._report(force=True)
         report = json.loads(etcd.get(node_key("n1"))[0])
         assert report["instances"][ID]["pid"] == second.pid and report["instances"][ID]["restarts"] == 1
+        # device telemetry rides on the node report; without NVML it is CPU figures, labelled as such
+        dev = report["devices"][0]
+        assert dev["memory_total"] > 0
+        assert (dev["kind"], dev["source"]) == ("gpu", "nvml") or (
+            dev["kind"] == "cpu" and dev["source"].startswith("cpu (no NVML"))
 
         # removed from the assignment: stopped, route withdrawn, ring unlinked
         etcd.put(assignment_key("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
