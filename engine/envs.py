@@ -78,6 +78,11 @@ _VARS: dict[str, Callable[[], Any]] = {
     "PROXY_PORT": _int("ONEPIECE_PROXY_PORT", 8100),
     "PROXY_MAX_QUEUE": _int("ONEPIECE_PROXY_MAX_QUEUE", 64),
     "PROXY_SEND_TIMEOUT_S": _float("ONEPIECE_PROXY_SEND_TIMEOUT_S", 2.0),
+    # Stretched stage times for benchmarks and tests (unset in production): "denoise=0.2,sd-t2i/vae_decode=0.05"
+    # makes each run of a stage take at least that many seconds; ONEPIECE_STAGE_STRETCH "denoise=4" multiplies
+    # its compute time. The worker sleeps the difference (see engine.worker.config.StageTiming).
+    "STAGE_TIME_S": _str("ONEPIECE_STAGE_TIME_S", None),
+    "STAGE_STRETCH": _str("ONEPIECE_STAGE_STRETCH", None),
 }
 
 

@@ -65,6 +65,60 @@ class Assignment:
         return cls.from_obj(json.loads(text))
 
 
+def parse_stage_map(text: str | None, what: str) -> dict[str, float]:
+    """``"denoise=0.2,sd-t2i/vae_decode=0.05"`` -> {"denoise": 0.2, "sd-t2i/vae_decode": 0.05}.
+
+    Keys are a stage name (every workflow) or ``workflow/stage``; values are
+    non-negative numbers. Raises ValueError naming ``what`` on bad text.
+    """
+    out: dict[str, float] = {}
+    for part in (text or "").replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not eq or not key or number < 0:
+            raise ValueError(f"{what}: expected STAGE=NUMBER or WORKFLOW/STAGE=NUMBER (>= 0), got {part!r}")
+        wf, _, st = key.rpartition("/")
+        if wf:
+            try:
+                get_workflow(wf).stage(st)
+            except KeyError as exc:
+                raise ValueError(f"{what}: {part!r}: {exc.args[0] if exc.args else exc}") from None
+        out[key] = number
+    return out
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """Stage times stretched to a chosen profile: for benchmarks, the simulation's validation and
+    tests where the bottleneck must be clear on a CPU-only machine (0 / 1: off, the production default).
+
+    Each run of a stage takes at least ``floor_s`` seconds and at least ``factor`` times its compute
+    time; the worker sleeps for the difference, so a stretched stage occupies its instance (like a
+    GPU kernel would) without taking a CPU core from the other workers.
+    """
+
+    floor_s: dict[str, float] = field(default_factory=dict)
+    factor: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, floor_text: str | None, factor_text: str | None) -> StageTiming:
+        return cls(parse_stage_map(floor_text, "stage time"), parse_stage_map(factor_text, "stage stretch"))
+
+    def for_stage(self, workflow: str, stage: str) -> tuple[float, float]:
+        """(floor seconds, factor) for one stage; ``workflow/stage`` wins over ``stage``."""
+        def pick(m: dict[str, float], default: float) -> float:
+            return m.get(f"{workflow}/{stage}", m.get(stage, default))
+
+        return pick(self.floor_s, 0.0), pick(self.factor, 1.0)
+
+
 def default_assignment(model_dirs: dict[str, str], device: str | None = None,
                        step_delay_s: float = 0.0) -> Assignment:
     """One instance per stage of every workflow in ``model_dirs`` (what ``onepiece up`` runs)."""

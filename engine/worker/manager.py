@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.worker.config import Assignment, InstanceSpec
+from engine.worker.config import Assignment, InstanceSpec, StageTiming
 from engine.worker.routes import Route, assignment_key, etcd_client, node_key, publish_route, withdraw_route
 
 log = logging.getLogger("onepiece.node")
@@ -79,6 +79,7 @@ class NodeSettings:
     progress_interval_s: float = 0.25
     result_ttl_s: int = 3600
     route_refresh_s: float = 1.0
+    timing: StageTiming = field(default_factory=StageTiming)  # stretched stage times (benchmarks, tests)
 
 
 class TaskManager:
@@ -217,6 +218,7 @@ class TaskManager:
 
         ready = self._ready_file(inst)
         ready.unlink(missing_ok=True)
+        floor_s, factor = self.s.timing.for_stage(inst.spec.workflow, inst.spec.stage)
         cfg = WorkerConfig(
             instance=inst.spec.id, workflow=inst.spec.workflow, stage=inst.spec.stage, model_dir=inst.model_dir,
             address=inst.address, redis_url=self.s.redis_url, etcd_url=self.s.etcd_url,
@@ -224,6 +226,7 @@ class TaskManager:
             device=inst.spec.device, step_delay_s=inst.spec.step_delay_s,
             progress_interval_s=self.s.progress_interval_s, result_ttl_s=self.s.result_ttl_s,
             route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
+            stage_time_s=floor_s, stage_stretch=factor,
         )
         with open(self.logs / f"{inst.spec.id}.log", "ab") as out:
             inst.proc = subprocess.Popen(

@@ -25,12 +25,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per inbox ring")
     p.add_argument("--ring-slots", type=int, default=None, help="slots per inbox ring")
     p.add_argument("--deliver", default=None, help="default ResultDeliver policy")
+    p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
+                   help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
+    p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
+                   help="benchmarks/tests: multiply a stage's compute time by F (default: ONEPIECE_STAGE_STRETCH)")
 
 
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from engine.worker.config import Assignment
+    from engine.worker.config import Assignment, StageTiming
     from engine.worker.manager import NodeSettings, TaskManager
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s node %(levelname)s %(message)s")
@@ -39,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: --etcd-url and --redis-url (or ONEPIECE_ETCD_URL / ONEPIECE_REDIS_URL) are required")
         return 2
     node = args.node or envs.NODE_NAME or socket.gethostname()
+    try:
+        timing = StageTiming.parse(args.stage_time or envs.STAGE_TIME_S, args.stage_stretch or envs.STAGE_STRETCH)
+    except (ValueError, KeyError) as exc:
+        print(f"error: {exc}")
+        return 2
     static = Assignment.from_json(args.assignment.read_text()) if args.assignment else None
     settings = NodeSettings(
         node=node, etcd_url=etcd_url, redis_url=redis_url,
@@ -46,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         ring_slots=args.ring_slots or min(envs.RING_SLOTS, 256), ring_bytes=args.ring_bytes or envs.RING_BYTES,
         lease_ttl_s=envs.NODE_LEASE_TTL_S, deliver=args.deliver or envs.DELIVER,
         progress_interval_s=envs.PROGRESS_INTERVAL_MS / 1000, result_ttl_s=envs.RESULT_TTL_S,
-        route_refresh_s=envs.ROUTE_REFRESH_S,
+        route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing,
     )
     stop = {"flag": False}
 

@@ -59,6 +59,8 @@ class WorkerConfig:
     route_refresh_s: float = 1.0
     send_timeout_s: float = 30.0
     ready_file: str = ""
+    stage_time_s: float = 0.0  # stretched stage times (see engine.worker.config.StageTiming); 0 / 1: off
+    stage_stretch: float = 1.0
 
 
 def open_ring(address: str, config: RingConfig) -> RingConsumer:
@@ -184,6 +186,10 @@ class TaskWorker:
             state = keys.CANCELLED if isinstance(exc, Cancelled) else keys.EXPIRED
             self.store.finish(uid, h.workflow, state, st, detail=where)
             return
+        compute = time.perf_counter() - t0
+        pad = max(cfg.stage_time_s - compute, (cfg.stage_stretch - 1.0) * compute, 0.0)
+        if pad:
+            time.sleep(pad)
         elapsed = time.perf_counter() - t0
         values.update(out)
         tensors, blobs = values_to_message({k: values[k] for k in self.spec.carried_after(st)})

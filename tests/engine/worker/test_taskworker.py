@@ -31,11 +31,11 @@ def ring() -> Iterator[tuple[RingConsumer, Any]]:
     consumer.close()
 
 
-def _worker(store: JobStore, consumer: RingConsumer, etcd_url: str) -> TaskWorker:
+def _worker(store: JobStore, consumer: RingConsumer, etcd_url: str, **extra: Any) -> TaskWorker:
     from engine.stages.sd.image import SDImageEncode
 
     cfg = WorkerConfig(instance="sd-t2i.image_encode.0", workflow="sd-t2i", stage="image_encode", model_dir="/",
-                       address="shm://unused", redis_url="", etcd_url=etcd_url)
+                       address="shm://unused", redis_url="", etcd_url=etcd_url, **extra)
     ex = SDImageEncode()
     ex.load("/")
     return TaskWorker(cfg, store, RouteTable(etcd_client(etcd_url)), ex, consumer)
@@ -66,6 +66,24 @@ def test_last_stage_writes_once_and_drops_redeliveries(redis_server: Any, etcd_s
     assert store.is_done(uid, "image_encode")
     stats = store.instance_stats("sd-t2i.image_encode.0")
     assert int(stats["requests"]) >= 1 and float(stats["last_stage_s"]) >= 0
+    store.close()
+
+
+def test_a_stretched_stage_takes_its_floor_time(redis_server: Any, etcd_server: Any,
+                                                ring: tuple[RingConsumer, Any]) -> None:
+    """ONEPIECE_STAGE_TIME_S reaches the worker as stage_time_s: the stage occupies its instance that
+    long, and the measured stage time the Node Manager reads includes it."""
+    consumer, producer = ring
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    uid = uuid.uuid4().hex
+    store.accept(uid, "sd-t2i", 1.0)
+    worker = _worker(store, consumer, etcd_server.url, stage_time_s=0.3)
+    _send(producer, uid)
+    d = consumer.recv(timeout=5)
+    assert d is not None
+    worker.handle(d)
+    assert store.state(uid) == keys.COMPLETED
+    assert float(store.instance_stats("sd-t2i.image_encode.0")["last_stage_s"]) >= 0.3
     store.close()
 
 
