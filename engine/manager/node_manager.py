@@ -73,6 +73,7 @@ class NodeManager:
         self._thread: threading.Thread | None = None
         self.overrides = act.Overrides()
         self._capacity: dict[str, float] = {}  # last published, per workflow
+        self._recommended: dict[str, dict[str, int]] = {}  # Theorem 1's counts last published
         self._profiles: dict[str, list[StageProfile]] = {}  # this tick's stage profiles
         self._force = False  # an accepted operator action applies at once, past hysteresis
 
@@ -156,7 +157,7 @@ class NodeManager:
         forced = forced or stranded or unpinned
         if not missing and not forced and (gain < self.cfg.min_gain or now - self.last_change < self.cfg.cooldown):
             try:
-                self._publish_capacity(have)
+                self._publish_capacity(have, desired)
             except NotLeader as exc:
                 return TickResult(leader=False, reason=str(exc))
             return TickResult(leader=True, reason=f"kept (gain {gain:.2f}, hysteresis)", counts=have,
@@ -165,7 +166,7 @@ class NodeManager:
         for gone in set(current) - set(plan):  # drained (or dead) nodes get an empty assignment
             plan[gone] = []
         try:
-            self._publish_capacity(have)
+            self._publish_capacity(have, desired)
             for node, instances in plan.items():
                 body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token}
                 self.election.fenced_put(self.cfg.root + ASSIGNMENTS + node, json.dumps(body, sort_keys=True))
@@ -176,17 +177,21 @@ class NodeManager:
         why = "operator action" if forced else "missing instances" if missing else f"gain {gain:.2f}"
         return TickResult(leader=True, applied=True, reason=why, counts=desired, token=ship.token)
 
-    def _publish_capacity(self, have: dict[str, dict[str, int]]) -> None:
-        """Feed the Proxies' admission control: each workflow's throughput with the instances it
-        has now and the measured stage times. Written (fenced) only when it moved by 5% or more."""
+    def _publish_capacity(self, have: dict[str, dict[str, int]], desired: dict[str, dict[str, int]]) -> None:
+        """Feed the Proxies' admission control (and the dashboard): each workflow's throughput with
+        the instances it has now, what Theorem 1 recommends for the live slots, and the stage times
+        used. Written (fenced) only when the throughput moved by 5% or more or the recommendation changed."""
         puts = {}
         for w in self.cfg.workflows:
             rps, bottleneck = throughput(self.profile(w), have.get(w, {}))
             last = self._capacity.get(w)
-            if last is not None and abs(rps - last) <= 0.05 * max(last, 1e-9):
+            recommended = desired.get(w, {})
+            if (last is not None and abs(rps - last) <= 0.05 * max(last, 1e-9)
+                    and self._recommended.get(w) == recommended):
                 continue
-            self._capacity[w] = rps
+            self._capacity[w], self._recommended[w] = rps, recommended
             body = {"rps": rps, "bottleneck": bottleneck, "instances": have.get(w, {}),
+                    "recommended": recommended, "service_s": {p.name: p.seconds for p in self.profile(w)},
                     "fence_token": self.election.leadership.token if self.election.leadership else None}
             puts[f"{self.cfg.root}/capacity/{w}"] = json.dumps(body, sort_keys=True)
         if puts:
