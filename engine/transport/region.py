@@ -124,6 +124,13 @@ def create_region(address: str, size: int) -> MemoryRegion:
     return _backend(u.scheme).create(u, size)
 
 
+def reopen_region(address: str) -> MemoryRegion:
+    """Take over the region at ``address`` that a dead owner on this host left behind (ring recovery);
+    for tcp/verbs this serves it again at the same address."""
+    u = urlparse(address)
+    return _backend(u.scheme).reopen(u)
+
+
 def attach_region(address: str, *, expected_size: int | None = None) -> MemoryRegion:
     """Attach to a region created elsewhere; refuses a size other than ``expected_size``."""
     u = urlparse(address)

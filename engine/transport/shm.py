@@ -144,11 +144,18 @@ class ShmRegion(MemoryRegion):
                 pass
 
 
-def create(u: ParseResult, size: int) -> ShmRegion:
-    name = u.netloc or u.path.lstrip("/")
+def open_segment(name: str, size: int | None) -> tuple[int, int, str]:
+    """(fd, size, path) of the segment ``name``: created exclusively with ``size`` bytes, or,
+    with ``size`` None, the existing one (a restarted owner re-opening what its predecessor left)."""
+    path = shm_path(name)
+    if size is None:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise RegionError(f"no shared-memory region {name!r} ({path}): is its consumer running?") from None
+        return fd, os.fstat(fd).st_size, path
     if size <= 0:
         raise RegionError(f"region size must be positive, got {size}")
-    path = shm_path(name)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except FileExistsError:
@@ -159,15 +166,23 @@ def create(u: ParseResult, size: int) -> ShmRegion:
         os.close(fd)
         os.unlink(path)
         raise RegionError(f"cannot size region {name!r} to {size} bytes: {exc}") from exc
+    return fd, size, path
+
+
+def create(u: ParseResult, size: int) -> ShmRegion:
+    name = u.netloc or u.path.lstrip("/")
+    fd, size, path = open_segment(name, size)
     return ShmRegion(name, fd, size, owner=True, path=path)
 
 
 def attach(u: ParseResult) -> ShmRegion:
     name = u.netloc or u.path.lstrip("/")
-    path = shm_path(name)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        raise RegionError(f"no shared-memory region {name!r} ({path}): is its consumer running?") from None
-    size = os.fstat(fd).st_size
+    fd, size, path = open_segment(name, None)
     return ShmRegion(name, fd, size, owner=False, path=path)
+
+
+def reopen(u: ParseResult) -> ShmRegion:
+    """Take over a region whose owner died (same host): it is ours to unlink now."""
+    region = attach(u)
+    region.owner = True
+    return region

@@ -45,14 +45,28 @@ def _recv_exact(sock: socket.socket, n: int, into: memoryview | None = None) -> 
 
 
 class TcpServedRegion(ShmRegion):
-    """A region owned by this process and served to remote peers over TCP."""
+    """A region owned by this process and served to remote peers over TCP.
 
-    def __init__(self, name: str, size: int, host: str, port: int) -> None:
-        super().__init__(name, -1, size, owner=True)
-        self._start_agent(host, port)
+    Its memory is a named shared-memory segment on the owner's host, not private
+    memory, so it outlives a crashed owner: the restarted owner re-opens it
+    (``size`` None) with everything committed in it, and serves it again from a
+    new agent, ideally on the same port (the address stays valid for producers).
+    """
+
+    def __init__(self, name: str, size: int | None, host: str, port: int) -> None:
+        from engine.transport.shm import open_segment
+
+        fd, size, path = open_segment(name, size)
+        super().__init__(name, fd, size, owner=True, path=path)
+        try:
+            self._start_agent(host, port)
+        except OSError as exc:
+            super().close()
+            raise RegionError(f"cannot serve region {name!r} on {host}:{port}: {exc}") from exc
 
     def _start_agent(self, host: str, port: int) -> None:
         name = self.name
+        # SO_REUSEADDR (create_server's default on POSIX): a restarted owner can take its port back at once
         self._listener = socket.create_server((host, port), reuse_port=False)
         self.host, self.port = self._listener.getsockname()[:2]
         self.address = f"tcp://{self.host}:{self.port}/{name}"
@@ -252,6 +266,12 @@ def host_port_name(u: ParseResult, need_port: bool) -> tuple[str, int, str]:
 def create(u: ParseResult, size: int) -> TcpServedRegion:
     host, port, name = host_port_name(u, need_port=False)
     return TcpServedRegion(name, size, host, port)
+
+
+def reopen(u: ParseResult) -> TcpServedRegion:
+    """A restarted owner takes over the segment its predecessor left and serves it at the same address."""
+    host, port, name = host_port_name(u, need_port=False)
+    return TcpServedRegion(name, None, host, port)
 
 
 def attach(u: ParseResult) -> TcpRegion:

@@ -131,14 +131,14 @@ class _Endpoint:
 class VerbsServedRegion(TcpServedRegion):
     """A region owned by this process, registered for remote RDMA access."""
 
-    def __init__(self, name: str, size: int, host: str, port: int) -> None:
+    def __init__(self, name: str, size: int | None, host: str, port: int) -> None:
         e, _addr, _cq, _device, mr, pd, *_ = _pyverbs()
         self._ctx = open_device()
         self._pd = pd.PD(self._ctx)
         super().__init__(name, size, host, port)
         access = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
                   | e.IBV_ACCESS_REMOTE_ATOMIC)
-        self._mr = mr.MR(self._pd, size, access, address=self.base)
+        self._mr = mr.MR(self._pd, self.size, access, address=self.base)
         self.address = self.address.replace("tcp://", "verbs://", 1)
         self._peers: dict[int, _Endpoint] = {}
         self._peers_lock = threading.Lock()
@@ -271,6 +271,12 @@ class VerbsRegion(MemoryRegion):
 def create(u: ParseResult, size: int) -> VerbsServedRegion:
     host, port, name = host_port_name(u, need_port=False)
     return VerbsServedRegion(name, size, host, port)
+
+
+def reopen(u: ParseResult) -> VerbsServedRegion:
+    """A restarted owner re-registers the segment its predecessor left (new rkey; peers reconnect)."""
+    host, port, name = host_port_name(u, need_port=False)
+    return VerbsServedRegion(name, None, host, port)
 
 
 def attach(u: ParseResult) -> VerbsRegion:

@@ -154,11 +154,9 @@ class RingConsumer(_RingBase):
 
         Messages the dead consumer delivered but did not release are delivered again.
         """
-        from engine.transport.region import attach_region
+        from engine.transport.region import reopen_region
 
-        region = attach_region(address)
-        region.owner = True  # type: ignore[attr-defined] - we now destroy it on close
-        return cls(region, config, recover=True)
+        return cls(reopen_region(address), config, recover=True)
 
     @classmethod
     def create(cls, address: str, config: RingConfig | None = None) -> RingConsumer:

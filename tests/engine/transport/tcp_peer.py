@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from engine.transport.ring import RingConfig, RingConsumer
 
 
 def main(bind: str, count: int) -> None:
-    c = RingConsumer.create(f"tcp://{bind}:0/xhost", RingConfig(slots=64, buffer_bytes=1 << 20, max_producers=4))
+    name = f"test-{os.getppid()}-xhost"  # a segment on this host: named for the test run's leak check
+    c = RingConsumer.create(f"tcp://{bind}:0/{name}", RingConfig(slots=64, buffer_bytes=1 << 20, max_producers=4))
     print(c.region.address, flush=True)
     for i in range(count):
         item = c.recv_bytes(30)

@@ -103,9 +103,14 @@ def test_sigstop_past_the_lock_timeout_then_sigcont(children, ring_name) -> None
         assert c.stats.corrupt == 0
 
 
-def test_sigkill_of_the_consumer_mid_read_then_recovery(children, ring_name) -> None:
+@pytest.mark.parametrize("scheme", ["shm", "tcp"])
+def test_sigkill_of_the_consumer_mid_read_then_recovery(children, ring_name, scheme) -> None:
+    """Over tcp too: the region is a named segment on the owner's host, so it outlives the owner, and the
+    restarted owner serves it again at the same address (what a restarted cross-host worker does)."""
+    from engine.embedded.services import free_port
+
     cfg = RingConfig(slots=64, buffer_bytes=1 << 20, max_producers=4)
-    address = f"shm://{ring_name}"
+    address = f"shm://{ring_name}" if scheme == "shm" else f"tcp://127.0.0.1:{free_port()}/{ring_name}"
     consumer = children.start("consume", address, cfg.slots, cfg.buffer_bytes, 15)
     assert consumer.stdout.readline().strip() == "ready"
     p = attach_producer(address, 0, send_timeout=30)
@@ -130,7 +135,15 @@ def test_sigkill_of_the_consumer_mid_read_then_recovery(children, ring_name) -> 
             with d:
                 assert bytes(d.view) == sent[d.seq]
                 after.append(d.seq)
-        p.flush(10)
         assert after == list(range(15, 40))  # the held one again, no released one twice
+        if scheme == "shm":
+            p.flush(10)
+        else:  # the old agent's connection died with it; a producer reattaches to the same address
+            p.region.close()
+            p = attach_producer(address, None, send_timeout=30)
+            p.send(b"after the restart")
+            d = c.recv(5)
+            assert d is not None and bytes(d.view) == b"after the restart"
+            d.release()
         p.region.close()
     assert not os.path.exists(f"/dev/shm/onepiece-{ring_name}")
