@@ -25,7 +25,7 @@ def _snapshot() -> dict[str, Any]:
     from django.db.models import Count
 
     from onepiece_platform.engine_link.cluster import get_cluster
-    from onepiece_platform.jobs.models import Job
+    from onepiece_platform.jobs.models import NON_TERMINAL, QUEUED, Job
 
     try:
         snap = get_cluster().snapshot()
@@ -33,6 +33,17 @@ def _snapshot() -> dict[str, Any]:
         snap = {"error": f"cluster state unavailable: {exc}"}
     rows = Job.objects.filter(uid__isnull=False).values("state").annotate(n=Count("id"))
     snap["jobs"] = {r["state"]: r["n"] for r in rows}
+    # Where unfinished work is, per workflow: queued (not started), and per stage the jobs whose last
+    # event came from it. The rings' own occupancy is not reported by the nodes; this is the ledger's view.
+    waiting: dict[str, dict[str, Any]] = {}
+    for r in (Job.objects.filter(uid__isnull=False, state__in=NON_TERMINAL)
+              .values("workflow", "state", "stage").annotate(n=Count("id"))):
+        w = waiting.setdefault(r["workflow"], {"queued": 0, "stages": {}})
+        if r["state"] == QUEUED or not r["stage"]:
+            w["queued"] += r["n"]
+        else:
+            w["stages"][r["stage"]] = w["stages"].get(r["stage"], 0) + r["n"]
+    snap["waiting"] = waiting
     return snap
 
 

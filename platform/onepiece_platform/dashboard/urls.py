@@ -1,9 +1,12 @@
 from django.urls import path
 
-from onepiece_platform.dashboard import views
+from onepiece_platform.dashboard import actions, views
 
 urlpatterns = [
     path("", views.index, name="dashboard"),
     path("api/jobs", views.jobs, name="dashboard-jobs"),
-    path("api/actions", views.actions, name="dashboard-actions"),
+    path("api/jobs/<str:uid>", views.job_detail, name="dashboard-job"),
+    path("api/jobs/<str:uid>/result", views.job_result, name="dashboard-job-result"),
+    path("api/traffic", views.traffic, name="dashboard-traffic"),
+    path("api/actions", actions.actions, name="dashboard-actions"),
 ]

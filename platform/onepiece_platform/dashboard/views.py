@@ -2,32 +2,34 @@
 
 The live cluster state comes over ``/ws/cluster`` (consumers.py); these
 endpoints cover what a websocket push does not: every user's jobs (the native
-``/api/v1/jobs`` lists only the caller's own), and scaling actions with their
-audit list. Session auth with Django's CSRF check on POST, as the admin uses.
+``/api/v1/jobs`` lists only the caller's own), one job's timeline and result,
+the traffic figures (traffic.py), and operators' actions with their audit list
+(actions.py). Session auth with Django's CSRF check on POST, as the admin uses.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
 from django.views.decorators.http import require_http_methods
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
 
-from engine.workflow import workflows
-from onepiece_platform.engine_link.admin import dispatch, refresh
-from onepiece_platform.engine_link.models import OperatorAction
-from onepiece_platform.jobs.models import Job
+from engine.workflow import get_workflow, workflows
+from onepiece_platform.dashboard import traffic as traffic_
+from onepiece_platform.jobs import control
+from onepiece_platform.jobs.api.views import JobResultView, result_response
+from onepiece_platform.jobs.models import COMPLETED, QUEUED, Job
 
-JOBS_SHOWN = 50
-ACTIONS_SHOWN = 20
-# The dashboard offers the actions an operator takes under load; the admin keeps the rest.
-DASHBOARD_ACTIONS = (OperatorAction.SCALE_STAGE, OperatorAction.DRAIN_NODE, OperatorAction.UNDRAIN_NODE)
-VERDICT_WAIT_S = 2.0  # the leader ticks about once a second; a late verdict shows on the next refresh
+JOBS_SHOWN = 1000  # the page renders these in one go; older jobs are in the admin
 
 
 def staff_json(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -44,65 +46,99 @@ def staff_json(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]
 @staff_member_required
 def index(request: HttpRequest) -> HttpResponse:
     # Stage order is the workflow's, not alphabetical: the page draws each chain in that order.
-    stages = {name: [s.name for s in spec.stages] for name, spec in sorted(workflows().items())}
+    specs = sorted(workflows().items())
+    stages = {name: [s.name for s in spec.stages] for name, spec in specs}
     return render(request, "dashboard/index.html", {"workflow_stages": stages})
 
 
-def _job(job: Job) -> dict[str, Any]:
+def _queue_positions(jobs: list[Job]) -> dict[int, int]:
+    """Every shown queued job's position in its workflow's queue, in one query (not one per row)."""
+    wfs = {j.workflow for j in jobs if j.state == QUEUED}
+    if not wfs:
+        return {}
+    out: dict[int, int] = {}
+    seen: dict[str, int] = {}
+    for pk, wf in Job.objects.filter(state=QUEUED, uid__isnull=False, workflow__in=wfs).order_by(
+            "created_at", "id").values_list("id", "workflow"):
+        out[pk] = seen.get(wf, 0)
+        seen[wf] = out[pk] + 1
+    return out
+
+
+def _job(job: Job, position: int | None = None) -> dict[str, Any]:
     return {"uid": job.uid, "owner": job.owner.get_username(), "workflow": job.workflow, "state": job.state,
-            "progress": job.progress, "stage": job.stage, "queue_position": job.queue_position(),
+            "progress": job.progress, "stage": job.stage, "queue_position": position,
             "detail": job.detail, "created_at": job.created_at.isoformat()}
 
 
 @staff_json
 @require_http_methods(["GET"])
 def jobs(request: HttpRequest) -> JsonResponse:
-    qs = Job.objects.filter(uid__isnull=False).select_related("owner")[:JOBS_SHOWN]
-    return JsonResponse({"jobs": [_job(j) for j in qs]})
+    try:
+        limit = max(1, min(JOBS_SHOWN, int(request.GET.get("limit", JOBS_SHOWN))))
+    except ValueError:
+        return JsonResponse({"error": "limit must be a whole number"}, status=400)
+    shown = list(Job.objects.filter(uid__isnull=False).select_related("owner")[:limit])
+    positions = _queue_positions(shown)
+    return JsonResponse({"jobs": [_job(j, positions.get(j.pk)) for j in shown],
+                         "total": Job.objects.filter(uid__isnull=False).count()})
 
 
-def _action(a: OperatorAction) -> dict[str, Any]:
-    return {"id": a.pk, "created_at": a.created_at.isoformat(), "actor": a.actor.get_username() if a.actor else None,
-            "action": a.action, "args": a.args, "status": a.status, "verdict": a.verdict}
-
-
-def _valid_args(action: str, args: Any) -> str | None:
-    """Shape only (the leader checks the cluster: that the stage or node exists, capacity)."""
-    if not isinstance(args, dict):
-        return "args must be an object"
-    if action == OperatorAction.SCALE_STAGE:
-        if not all(isinstance(args.get(k), str) and args[k] for k in ("workflow", "stage")):
-            return "workflow and stage are required"
-        n = args.get("instances")
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
-            return "instances must be a whole number >= 0 (or null for automatic)"
-    elif not (isinstance(args.get("node"), str) and args["node"]):
-        return "node is required"
-    return None
+def result_kind(workflow: str) -> str | None:
+    """"video" (shown in <video>), "image" (in <img>), or None for a workflow the engine does not know."""
+    try:
+        return get_workflow(workflow).final_output or None
+    except KeyError:
+        return None
 
 
 @staff_json
-@require_http_methods(["GET", "POST"])
-def actions(request: HttpRequest) -> JsonResponse:
-    if request.method == "GET":
-        for a in OperatorAction.objects.filter(status="submitted")[:ACTIONS_SHOWN]:
-            refresh(a)  # pick up verdicts that came after the POST returned
-        return JsonResponse({"actions": [_action(a) for a in OperatorAction.objects.all()[:ACTIONS_SHOWN]]})
+@require_http_methods(["GET"])
+def job_detail(request: HttpRequest, uid: str) -> JsonResponse:
+    """One job: its stages in the workflow's order with start/finish times (the events the reconciler
+    applied to the ledger), and where its result is once completed."""
+    job = control.refresh(get_object_or_404(Job.objects.select_related("owner"), uid=uid))
     try:
-        body = json.loads(request.body or b"{}")
+        order = [s.name for s in get_workflow(job.workflow).stages]
+    except KeyError:
+        order = []
+    order += [s for s in job.stage_times if s not in order]
+    stages = [{"stage": s, "started": job.stage_times.get(s, {}).get("started"),
+               "finished": job.stage_times.get(s, {}).get("finished")} for s in order]
+    body = _job(job, _queue_positions([job]).get(job.pk))
+    body.update(stages=stages, started_at=job.started_at.timestamp() if job.started_at else None,
+                finished_at=job.finished_at.timestamp() if job.finished_at else None,
+                created_ts=job.created_at.timestamp(), cost_estimate_gpu_s=job.cost_estimate_gpu_s,
+                cost_measured_gpu_s=job.cost_measured_gpu_s,
+                result=({"kind": result_kind(job.workflow), "url": f"/dashboard/api/jobs/{job.uid}/result"}
+                        if job.state == COMPLETED else None))
+    return JsonResponse({"job": body})
+
+
+class JobResultForStaff(JobResultView):
+    """The result endpoint's own response (``result_response``: 409 unfinished, 410 expired, the bytes
+    with their type) for any user's job, to staff in a browser session; everyone else gets 403."""
+
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [IsAdminUser]
+
+    def get(self, request: Request, uid: str) -> HttpResponse | Response:
+        job = control.refresh(get_object_or_404(Job, uid=uid))
+        resp = result_response(job)
+        if resp.status_code == 200:
+            resp["Content-Disposition"] = resp["Content-Disposition"].replace("attachment", "inline", 1)
+        return resp
+
+
+job_result = JobResultForStaff.as_view()
+
+
+@staff_json
+@require_http_methods(["GET"])
+def traffic(request: HttpRequest) -> JsonResponse:
+    try:
+        minutes, step = int(request.GET.get("minutes", 10)), int(request.GET.get("step", 10))
     except ValueError:
-        return JsonResponse({"error": "body must be JSON"}, status=400)
-    kind, args = body.get("action"), body.get("args", {})
-    if kind not in DASHBOARD_ACTIONS:
-        return JsonResponse({"error": f"action must be one of {', '.join(DASHBOARD_ACTIONS)}"}, status=400)
-    problem = _valid_args(kind, args)
-    if problem:
-        return JsonResponse({"error": problem}, status=400)
-    a = OperatorAction.objects.create(actor=request.user, action=kind, args=args)
-    try:
-        dispatch(a, request.user)  # audited there, like the admin's actions
-        refresh(a, timeout=VERDICT_WAIT_S)
-    except Exception as exc:  # etcd unreachable: the operator sees why, the row says so
-        a.status, a.verdict = "refused", {"ok": False, "error": f"cluster unreachable: {exc}"}
-        a.save(update_fields=["status", "verdict"])
-    return JsonResponse({"action": _action(a)}, status=201)
+        return JsonResponse({"error": "minutes and step must be whole numbers"}, status=400)
+    return JsonResponse(traffic_.traffic(timezone.now(), minutes, step))
+

@@ -22,7 +22,7 @@ from engine.workflow import workflows
 from onepiece_platform import conf
 from onepiece_platform.redis_conn import get_redis
 
-SCALING_ACTIONS = ("scale_stage", "move_instance", "drain_node", "undrain_node")
+SCALING_ACTIONS = ("scale_stage", "move_instance", "drain_node", "undrain_node", "set_mode")
 
 
 class ClusterClient:
@@ -51,7 +51,7 @@ class ClusterClient:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        """Nodes, instances by stage, overrides, and in-flight work per workflow, as of now."""
+        """Nodes (instances, devices), routes, overrides, in-flight work and capacity per workflow, as of now."""
         routes: dict[str, list[str]] = {}
         for path, r in self._prefix("/routes/").items():
             wf_stage = path.rsplit("/", 1)[0]
@@ -62,8 +62,11 @@ class ClusterClient:
             entries = r.zrange(keys.inflight_key(name), 0, -1, withscores=True)
             inflight[name] = {"jobs": len(entries), "gpu_s": round(sum(s for _, s in entries), 3)}
         overrides = self.etcd.get(self.root + "/overrides")
+        # capacity: the leader's view per workflow (rps, bottleneck, instances it counts, Theorem 1's
+        # recommended counts, the stage times it used); empty while no Node Manager leads
         return {"ts": time.time(), "nodes": self._prefix("/nodes/"), "routes": routes,
-                "overrides": json.loads(overrides[0]) if overrides else {}, "inflight": inflight}
+                "overrides": json.loads(overrides[0]) if overrides else {}, "inflight": inflight,
+                "capacity": self._prefix("/capacity/")}
 
     def close(self) -> None:
         session = getattr(self.etcd, "session", None)

@@ -22,11 +22,12 @@ class OperatorAction(models.Model):
     leader's (for scaling) or the task's report (for warm-up).
     """
 
-    SCALE_STAGE, MOVE_INSTANCE, DRAIN_NODE, UNDRAIN_NODE, WARM_UP = (
-        "scale_stage", "move_instance", "drain_node", "undrain_node", "warm_up")
+    SCALE_STAGE, MOVE_INSTANCE, DRAIN_NODE, UNDRAIN_NODE, SET_MODE, WARM_UP = (
+        "scale_stage", "move_instance", "drain_node", "undrain_node", "set_mode", "warm_up")
     KINDS = [(SCALE_STAGE, "scale stage {workflow, stage, instances}"),
              (MOVE_INSTANCE, "move instance {instance, node}"),
              (DRAIN_NODE, "drain node {node}"), (UNDRAIN_NODE, "undrain node {node}"),
+             (SET_MODE, "set a workflow's scheduling mode {workflow, mode: individual|collaboration}"),
              (WARM_UP, "warm up {workflows: [...], nodes: [...]}")]
 
     created_at = models.DateTimeField(auto_now_add=True)
@@ -42,3 +43,22 @@ class OperatorAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.args} ({self.status})"
+
+
+class Rejection(models.Model):
+    """A submission turned away under load: the engine's 503 (over capacity, or unreachable) or the
+    user's quota (429). Accepted work is in the job ledger; this is the other half of the traffic
+    view. A bad request (400) is not traffic turned away and is not recorded."""
+
+    ENGINE_BUSY, ENGINE_UNREACHABLE, QUOTA = "engine_busy", "engine_unreachable", "quota"
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    workflow = models.CharField(max_length=64)
+    reason = models.CharField(max_length=32)
+    status = models.PositiveSmallIntegerField()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.workflow} {self.status} {self.reason}"

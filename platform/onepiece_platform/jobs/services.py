@@ -10,6 +10,7 @@ can never submit twice.
 from __future__ import annotations
 
 import io
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +22,12 @@ from django.utils import timezone
 from engine.workflow import InvalidRequest, request_workflow
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
+from onepiece_platform.engine_link.models import Rejection
 from onepiece_platform.jobs.models import NON_TERMINAL, Job
 from onepiece_platform.quotas import counters
 from onepiece_platform.quotas.models import Limits, limits_for
+
+log = logging.getLogger(__name__)
 
 
 class Invalid(Exception):
@@ -96,6 +100,14 @@ def _ledger_seed(user_id: int, exclude: int) -> tuple[int, float]:
     return running, float(spent)
 
 
+def _rejected(workflow: str, reason: str, status: int) -> None:
+    """Count a turned-away submission for the dashboard's traffic view; never fails the request."""
+    try:
+        Rejection.objects.create(workflow=workflow, reason=reason, status=status)
+    except Exception:  # the answer to the client matters more than the count
+        log.exception("could not record a rejection")
+
+
 def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
            idempotency_key: str = "", api: str = "native", deadline_s: float | None = None) -> Submitted:
     """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError."""
@@ -119,15 +131,21 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         return Submitted(earlier, False)
     try:
         day = counters.reserve(user.pk, cost, limits, *_ledger_seed(user.pk, exclude=job.pk))
-    except BaseException:
+    except BaseException as exc:
         job.delete()
+        if isinstance(exc, counters.QuotaExceeded):
+            _rejected(workflow, Rejection.QUOTA, 429)
         raise
     job.quota_day = day
     try:
         accepted = get_engine().submit(workflow, resolved, inputs, deadline_s)
-    except (EngineRejected, EngineError):
+    except (EngineRejected, EngineError) as exc:
         job.delete()
         counters.release(user.pk, day, cost, 0.0)
+        if isinstance(exc, EngineError):
+            _rejected(workflow, Rejection.ENGINE_UNREACHABLE, 503)
+        elif exc.status == 503:
+            _rejected(workflow, Rejection.ENGINE_BUSY, 503)
         raise
     job.uid = accepted.uid
     job.save(update_fields=["uid", "quota_day", "updated_at"])

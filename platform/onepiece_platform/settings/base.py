@@ -33,6 +33,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "onepiece_platform.ops.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the dashboard's) from STATIC_ROOT after `collectstatic`, compressed and cached,
+    # with no web server in front needed; with DEBUG on, runserver's own handler serves them.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -76,6 +79,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = STATE_DIR / "static"
 STATICFILES_DIRS = [REPO_ROOT / "frontend" / "static"] if (REPO_ROOT / "frontend" / "static").is_dir() else []
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # gzip/brotli copies at collectstatic time; names stay unhashed (the template's {% static %} works
+    # with or without a manifest, so a missing collectstatic is a 404, not a 500 on every page)
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 REDIS_URL = os.environ.get("ONEPIECE_REDIS_URL", "redis://127.0.0.1:6379/0")
 ETCD_URL = os.environ.get("ONEPIECE_ETCD_URL", "http://127.0.0.1:2379")

@@ -50,8 +50,33 @@ def test_jobs_lists_every_users_jobs() -> None:
     assert [(j["uid"], j["owner"], j["stage"], j["progress"]) for j in jobs] == [("a" * 32, "someone", "denoise", 40)]
 
 
+def test_jobs_carry_queue_positions_per_workflow_and_a_total(django_assert_max_num_queries) -> None:
+    from django.contrib.auth import get_user_model
+
+    owner = get_user_model().objects.create_user("someone")
+    for i in range(6):  # alternating workflows: each has its own queue
+        Job.objects.create(uid=f"{i:032d}", owner=owner, workflow=("sd-t2i", "wan2.1-i2v")[i % 2])
+    Job.objects.create(uid="f" * 32, owner=owner, workflow="sd-t2i", state="in_progress", stage="denoise")
+    c = _client("ops", staff=True)
+    with django_assert_max_num_queries(8):  # not one query per row: the page asks for 1,000 of them
+        body = c.get("/dashboard/api/jobs").json()
+    got = {j["uid"]: j["queue_position"] for j in body["jobs"]}
+    assert got == {f"{0:032d}": 0, f"{2:032d}": 1, f"{4:032d}": 2, f"{1:032d}": 0, f"{3:032d}": 1,
+                   f"{5:032d}": 2, "f" * 32: None}
+    assert body["total"] == 7
+    assert len(c.get("/dashboard/api/jobs?limit=2").json()["jobs"]) == 2
+    assert c.get("/dashboard/api/jobs?limit=x").status_code == 400
+
+
 @pytest.mark.parametrize("body, why", [
-    ({"action": "set_mode", "args": {}}, "action must be"),
+    ({"action": "pin_instance", "args": {"instance": "x", "node": "n1"}}, "action must be"),
+    ({"action": "set_mode", "args": {"workflow": "sd-t2i", "mode": "fast"}}, "mode must be one of"),
+    ({"action": "set_mode", "args": {"mode": "individual"}}, "workflow is required"),
+    ({"action": "move_instance", "args": {"instance": "sd-t2i.denoise.0"}}, "instance and node"),
+    ({"action": "undrain_node", "args": {"node": ""}}, "node is required"),
+    ({"action": "warm_up", "args": {"workflows": []}}, "non-empty list"),
+    ({"action": "warm_up", "args": {"workflows": ["no-such-workflow"]}}, "non-empty list"),
+    ({"action": "warm_up", "args": {"workflows": ["sd-t2i"], "nodes": "n1"}}, "list of node names"),
     ({"action": "scale_stage", "args": {"workflow": "sd-t2i"}}, "workflow and stage"),
     ({"action": "scale_stage", "args": {"workflow": "sd-t2i", "stage": "denoise", "instances": -1}}, "whole number"),
     ({"action": "scale_stage", "args": {"workflow": "sd-t2i", "stage": "denoise", "instances": True}}, "whole number"),
