@@ -10,11 +10,15 @@ Nothing here asks a central service per request.
 from __future__ import annotations
 
 import itertools
+import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from engine.worker.routes import Route
+
+log = logging.getLogger("onepiece.deliver")
 
 
 class Outstanding:
@@ -44,6 +48,63 @@ class Outstanding:
 
     def cost(self, instance: str) -> float:
         return sum(self._trim(instance))
+
+
+class Producers:
+    """This sender's ring producers, one per destination instance, for the TaskWorker and the Proxy.
+
+    A producer is made on first use with a fresh entry in the destination's
+    ring (never a dead incarnation's: records it committed stay deliverable),
+    remade when the route names a new ring, and dropped when its peer is gone:
+    a remote worker that died re-opens the same ring memory when it restarts,
+    so what was committed is still there and the next send reconnects.
+    Not thread-safe: one thread owns it.
+    """
+
+    def __init__(self, send_timeout: float) -> None:
+        self.send_timeout = send_timeout
+        self._by_instance: dict[str, tuple[str, Any]] = {}
+
+    def get(self, route: Route) -> Any:
+        got = self._by_instance.get(route.instance)
+        if got is not None and got[0] == route.ring_id:
+            return got[1]
+        self.drop(route.instance)
+        from engine.transport.ring import attach_producer
+
+        p = attach_producer(route.address, None, send_timeout=self.send_timeout)
+        self._by_instance[route.instance] = (route.ring_id, p)
+        return p
+
+    def poll(self, instance: str) -> int:
+        """Unacknowledged sends to ``instance`` (0 if none or its peer is gone); resends what it dropped."""
+        from engine.transport.errors import TransportError
+
+        got = self._by_instance.get(instance)
+        if got is None:
+            return 0
+        try:
+            return int(got[1].poll())
+        except TransportError as exc:
+            log.warning("lost the ring of %s (%s); reconnecting on the next send", instance, exc)
+            self.drop(instance)
+            return 0
+
+    def poll_all(self) -> None:
+        for instance in list(self._by_instance):
+            self.poll(instance)
+
+    def drop(self, instance: str) -> None:
+        got = self._by_instance.pop(instance, None)
+        if got is not None:
+            try:
+                got[1].close()
+            except Exception:  # the region may already be gone
+                pass
+
+    def close(self) -> None:
+        for instance in list(self._by_instance):
+            self.drop(instance)
 
 
 class ResultDeliver(ABC):

@@ -10,7 +10,9 @@ one tick is logged and the next tick starts afresh.
   pid, readiness, restarts, requests, busy and last stage seconds).
 - Workers: one process per instance (:mod:`engine.worker.proc`). A worker
   that dies is restarted with exponential backoff (0.5 s doubling to 10 s).
-- Rings: each instance's inbox is ``shm://<ring_prefix><instance>``; the worker
+- Rings: each instance's inbox is ``shm://<ring_prefix><instance>`` (or, with
+  ``transport`` tcp/verbs, ``tcp://<data_host>:<port>/<ring_prefix><instance>``,
+  reachable from other hosts; its memory is still a segment here); the worker
   is its consumer (see :mod:`engine.worker.taskworker` for why). The route
   stays published while a dead worker restarts: the ring survives the crash,
   so upstream stages keep handing requests to it and the new worker serves
@@ -80,6 +82,8 @@ class NodeSettings:
     result_ttl_s: int = 3600
     route_refresh_s: float = 1.0
     timing: StageTiming = field(default_factory=StageTiming)  # stretched stage times (benchmarks, tests)
+    transport: str = "shm"  # the inbox rings: "shm" (one host), "tcp" or "verbs" (reachable from other hosts)
+    data_host: str = "127.0.0.1"  # tcp/verbs: the address peers reach this node's rings at
 
 
 class TaskManager:
@@ -141,7 +145,7 @@ class TaskManager:
         for iid, spec in wanted.items():
             if iid not in self.instances:
                 self.instances[iid] = _Instance(
-                    spec, f"shm://{self.prefix}{iid}", self.desired.model_dirs[spec.workflow],
+                    spec, self._address(iid), self.desired.model_dirs[spec.workflow],
                     self.desired.deliver.get(spec.workflow, self.s.deliver))
         for inst in self.instances.values():
             self._supervise(inst, now)
@@ -306,9 +310,21 @@ class TaskManager:
         except (FileNotFoundError, ValueError):
             return None
 
+    def _address(self, iid: str) -> str:
+        """A new instance's inbox. tcp/verbs get a port of their own, kept across the worker's restarts
+        so producers on other hosts reconnect to the same address."""
+        name = f"{self.prefix}{iid}"
+        if self.s.transport == "shm":
+            return f"shm://{name}"
+        from engine.embedded.services import free_port
+
+        return f"{self.s.transport}://{self.s.data_host}:{free_port(self.s.data_host)}/{name}"
+
     def _unlink(self, address: str) -> None:
-        if address.startswith("shm://"):
-            Path(SHM_DIR, SHM_PREFIX + address[len("shm://"):]).unlink(missing_ok=True)
+        # every transport keeps the ring's memory in a segment on this host named after the address path
+        name = address.split("://", 1)[1]
+        name = name.split("/", 1)[1] if "/" in name else name
+        Path(SHM_DIR, SHM_PREFIX + name).unlink(missing_ok=True)
 
     def _unlink_segments(self) -> None:
         try:

@@ -25,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per inbox ring")
     p.add_argument("--ring-slots", type=int, default=None, help="slots per inbox ring")
     p.add_argument("--deliver", default=None, help="default ResultDeliver policy")
+    p.add_argument("--transport", choices=["shm", "tcp", "verbs"], default=None,
+                   help="inbox rings: shm (one host) or tcp/verbs, reachable from other hosts (default: ONEPIECE_TRANSPORT)")
+    p.add_argument("--data-host", default=None,
+                   help="tcp/verbs: this node's data-plane address, where peers reach its rings "
+                   "(default: ONEPIECE_BIND_HOST)")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
                    help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
     p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
@@ -55,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         ring_slots=args.ring_slots or min(envs.RING_SLOTS, 256), ring_bytes=args.ring_bytes or envs.RING_BYTES,
         lease_ttl_s=envs.NODE_LEASE_TTL_S, deliver=args.deliver or envs.DELIVER,
         progress_interval_s=envs.PROGRESS_INTERVAL_MS / 1000, result_ttl_s=envs.RESULT_TTL_S,
-        route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing,
+        route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing, transport=args.transport or envs.TRANSPORT,
+        data_host=args.data_host or envs.BIND_HOST,
     )
     stop = {"flag": False}
 

@@ -29,9 +29,9 @@ from typing import Any
 
 from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
 from engine.store import JobStore, keys
-from engine.transport.ring import Delivery, RingConfig, RingConsumer, RingProducer
-from engine.worker.deliver import Outstanding, make_deliver
-from engine.worker.routes import Route, RouteTable
+from engine.transport.ring import Delivery, RingConfig, RingConsumer
+from engine.worker.deliver import Outstanding, Producers, make_deliver
+from engine.worker.routes import RouteTable
 from engine.workflow import get_workflow
 from engine.workflow import message as wm
 
@@ -90,9 +90,9 @@ class TaskWorker:
         self.route = self.spec.route()
         i = self.route.index(config.stage)
         self.next_stage = self.route[i + 1] if i + 1 < len(self.route) else None
-        self._producers: dict[str, tuple[str, RingProducer]] = {}
+        self.producers = Producers(config.send_timeout_s)
         # poll() (non-blocking) reads the consumer's acknowledgements now, so policies see fresh counts
-        self.outstanding = Outstanding(lambda inst: self._producers[inst][1].poll() if inst in self._producers else 0)
+        self.outstanding = Outstanding(self.producers.poll)
         self.deliver = make_deliver(config.deliver, self.outstanding)
         self.handled = 0
 
@@ -102,8 +102,7 @@ class TaskWorker:
         while not should_stop():
             d = self.consumer.recv(timeout=0.1)
             if d is None:
-                for _, p in self._producers.values():
-                    p.poll()  # retransmit what a restarted downstream consumer dropped
+                self.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
                 continue
             self.handle(d)
 
@@ -227,15 +226,14 @@ class TaskWorker:
             if candidates:
                 route = self.deliver.choose(candidates, cost)
                 try:
-                    producer = self._producer(route)
-                    res = producer.reserve(size, timeout=1.0)
+                    res = self.producers.get(route).reserve(size, timeout=1.0)
                     wm.encode_into(res.view, h, tensors, blobs)
                     res.commit()
                     self.outstanding.sent(route.instance, cost)
                     return
                 except TransportError as exc:
                     log.warning("send to %s failed (%s); retrying", route.instance, exc)
-                    self._drop_producer(route.instance)
+                    self.producers.drop(route.instance)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no instance of {h.workflow}/{self.next_stage} took the request "
                                    f"within {self.config.send_timeout_s:.0f}s")
@@ -243,29 +241,6 @@ class TaskWorker:
             delay = min(delay * 2, 1.0)
             self.routes.candidates(h.workflow, self.next_stage, fresh=True)
 
-    def _producer(self, route: Route) -> RingProducer:
-        got = self._producers.get(route.instance)
-        if got is not None and got[0] == route.ring_id:
-            return got[1]
-        if got is not None:
-            self._drop_producer(route.instance)
-        from engine.transport.ring import attach_producer
-
-        # A fresh producer entry (id None), never the dead incarnation's: records
-        # it committed before dying stay deliverable instead of being fenced.
-        p = attach_producer(route.address, None, send_timeout=self.config.send_timeout_s)
-        self._producers[route.instance] = (route.ring_id, p)
-        return p
-
-    def _drop_producer(self, instance: str) -> None:
-        got = self._producers.pop(instance, None)
-        if got is not None:
-            try:
-                got[1].close()
-            except Exception:  # the region may already be gone
-                pass
-
     def close(self) -> None:
-        for inst in list(self._producers):
-            self._drop_producer(inst)
+        self.producers.close()
         self.consumer.close()
