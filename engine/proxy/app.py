@@ -24,6 +24,7 @@ import base64
 import binascii
 import io
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -32,10 +33,13 @@ from aiohttp import web
 
 from engine.proxy.injector import Injector
 from engine.proxy.monitor import Load, RequestMonitor
+from engine.proxy.recovery import OrphanSweeper
 from engine.store import JobStore, keys
 from engine.worker.routes import RouteTable
 from engine.workflow import InvalidRequest, get_workflow, request_workflow, workflows
 from engine.workflow import message as wm
+
+log = logging.getLogger("onepiece.proxy")
 
 MAX_BODY = 64 << 20
 CONTENT_TYPES = {"image": "image/png", "video": "video/mp4"}
@@ -145,20 +149,22 @@ async def submit(request: web.Request) -> web.Response:
     decision = app[MONITOR].decide(load, cost, time.time(), deadline)
     if not decision.admit:
         return _error(503, decision.reason, headers={"Retry-After": str(decision.retry_after)})
-    try:
-        await asyncio.to_thread(store.accept, uid, spec.name, cost)
+    header = wm.Header(uid=uid, workflow=spec.name, stage=route[0], route=route, deadline=deadline,
+                       priority=priority, params=params, timestamps={"proxy": time.time()})
+    message = wm.encode(header, {}, inputs)
+    try:  # kept with the job until it finishes: a job whose node is lost starts again from it
+        await asyncio.to_thread(store.accept, uid, spec.name, cost, "", message)
     except Exception as exc:  # Redis unreachable: an overload answer, never a 500
         return _error(503, f"the result store is unavailable: {exc}", headers={"Retry-After": "5"})
-    header = wm.Header(uid=uid, workflow=spec.name, stage=route[0], route=route, deadline=deadline,
-                       priority=priority, params=params)
     try:
-        instance = await app[INJECTOR].inject(header, inputs, spec.estimate_cost(params).get(route[0], 0.0))
+        target = await app[INJECTOR].inject(spec.name, route[0], message, spec.estimate_cost(params).get(route[0], 0.0))
+        await asyncio.to_thread(store.located, uid, target.node, target.instance)
     except Exception as exc:  # any send failure is an overload answer
         await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, route[0],
                                 f"could not enter {route[0]}: {exc}")
         return _error(503, f"could not hand the request to {route[0]}: {exc}", headers={"Retry-After": "1"})
     return web.json_response({"uid": uid, "state": keys.QUEUED, "workflow": spec.name, "cost_gpu_s": cost,
-                              "predicted_wait_s": decision.predicted_wait_s, "instance": instance,
+                              "predicted_wait_s": decision.predicted_wait_s, "instance": target.instance,
                               "deadline": deadline}, status=202)
 
 
@@ -237,8 +243,21 @@ async def _poll_producers(app: web.Application) -> None:
             pass
 
 
-def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: RequestMonitor) -> web.Application:
+async def _sweep_orphans(sweeper: OrphanSweeper, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await sweeper.sweep()
+        except Exception:  # Redis or etcd down: retried on the next round
+            log.exception("orphan sweep failed")
+
+
+def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: RequestMonitor,
+             sweep_interval: float = 1.0, max_attempts: int = 3) -> web.Application:
+    """The Proxy; every ``sweep_interval`` seconds it restarts jobs lost with a dead node
+    (engine.proxy.recovery), at most ``max_attempts`` starts per job."""
     app = web.Application(client_max_size=MAX_BODY)
+    sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
     app.router.add_post("/v1/requests", submit)
     app.router.add_get("/v1/requests/{uid}", status)
@@ -248,9 +267,11 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     app.router.add_get("/readyz", readyz)
 
     async def _background(app: web.Application) -> Any:
-        task = asyncio.create_task(_poll_producers(app))
+        tasks = [asyncio.create_task(_poll_producers(app)),
+                 asyncio.create_task(_sweep_orphans(sweeper, sweep_interval))]
         yield
-        task.cancel()
+        for task in tasks:
+            task.cancel()
 
     app.cleanup_ctx.append(_background)
     return app

@@ -8,12 +8,10 @@ awaits its futures (a blocking call never runs on the loop).
 from __future__ import annotations
 
 import asyncio
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.worker.deliver import Outstanding, Producers, make_deliver
-from engine.worker.routes import RouteTable
-from engine.workflow import message as wm
+from engine.worker.routes import Route, RouteTable
 
 
 class NoRoute(RuntimeError):
@@ -29,10 +27,11 @@ class Injector:
         self.outstanding = Outstanding(self.producers.poll)
         self.deliver = make_deliver(deliver, self.outstanding)
 
-    async def inject(self, header: wm.Header, blobs: dict[str, bytes], cost: float) -> str:
-        """Encode and send; returns the chosen instance. Raises ``NoRoute`` or a transport error."""
+    async def inject(self, workflow: str, stage: str, data: bytes, cost: float) -> Route:
+        """Send an encoded Workflow Message to an instance of ``stage``; returns its route.
+        Raises ``NoRoute`` or a transport error."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._send, header, blobs, cost)
+        return await loop.run_in_executor(self._pool, self._send, workflow, stage, data, cost)
 
     async def poll(self) -> None:
         """Let producers retransmit what a recovering consumer dropped (called periodically)."""
@@ -42,22 +41,20 @@ class Injector:
     def _poll(self) -> None:
         self.producers.poll_all()
 
-    def _send(self, header: wm.Header, blobs: dict[str, bytes], cost: float) -> str:
+    def _send(self, workflow: str, stage: str, data: bytes, cost: float) -> Route:
         from engine.transport.errors import TransportError
 
-        candidates = self.routes.candidates(header.workflow, header.stage)
+        candidates = self.routes.candidates(workflow, stage)
         if not candidates:
-            raise NoRoute(f"no instance of {header.workflow}/{header.stage} is published")
+            raise NoRoute(f"no instance of {workflow}/{stage} is published")
         route = self.deliver.choose(candidates, cost)
-        header.timestamps["proxy"] = time.time()
-        data = wm.encode(header, {}, blobs)
         try:
             self.producers.get(route).send(data, timeout=self.send_timeout)
         except TransportError:
             self.producers.drop(route.instance)
             raise
         self.outstanding.sent(route.instance, cost)
-        return route.instance
+        return route
 
     def close(self) -> None:
         self._pool.submit(self.producers.close).result()

@@ -49,10 +49,41 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'stage', ARGV[3], 'progress', ARGV
            'detail', ARGV[6])
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[5])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
            'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6])
 return 1
 """
+
+# Start a job again after its node was lost: only if it is unfinished and still where the caller saw it
+# (so two Proxies sweeping at once retry it once), at most ARGV[5] times. Returns {1, message} to
+# re-inject, {2} when out of attempts, {0} when someone else moved or finished it.
+_RETRY = """
+local s = redis.call('HGET', KEYS[1], 'state')
+if not s or s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then return {0} end
+if redis.call('HGET', KEYS[1], 'node') ~= ARGV[2] then return {0} end
+local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+if n > tonumber(ARGV[5]) then return {2} end
+local msg = redis.call('GET', KEYS[3])
+if not msg then return {2} end
+for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
+redis.call('HSET', KEYS[1], 'state', 'queued', 'stage', '', 'progress', 0, 'updated', ARGV[3], 'detail', ARGV[4],
+           'node', '', 'instance', '')
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'uid', ARGV[1], 'type', 'retried', 'stage', '',
+           'progress', 0, 'ts', ARGV[3], 'detail', ARGV[4])
+return {1, msg}
+"""
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """An unfinished job last handed to an instance on a node that is gone."""
+
+    uid: str
+    workflow: str
+    node: str
+    instance: str
+    stage: str
 
 
 @dataclass(frozen=True)
@@ -89,6 +120,7 @@ class JobStore:
         self.maxlen = int(events_maxlen)
         self._event = client.register_script(_EVENT)
         self._finish = client.register_script(_FINISH)
+        self._retry = client.register_script(_RETRY)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> JobStore:
@@ -100,10 +132,14 @@ class JobStore:
         self.r.close()
 
     # -- intake --------------------------------------------------------------------------
-    def accept(self, uid: str, workflow: str, cost: float, detail: str = "") -> None:
-        """Record a newly accepted job (state ``queued``) and count its cost as in flight."""
+    def accept(self, uid: str, workflow: str, cost: float, detail: str = "",
+               message: bytes | None = None) -> None:
+        """Record a newly accepted job (state ``queued``) and count its cost as in flight; ``message``
+        (the request as it enters the first stage) is kept until the job finishes, for :meth:`retry`."""
         now = time.time()
         pipe = self.r.pipeline(transaction=True)
+        if message is not None:
+            pipe.set(keys.input_key(uid), message, ex=self.ttl)
         pipe.hset(keys.job_key(uid), mapping={
             "state": keys.QUEUED, "workflow": workflow, "stage": "", "progress": 0, "created": now,
             "updated": now, "detail": detail, "cost": cost,
@@ -145,8 +181,45 @@ class JobStore:
         progress = 100 if state == keys.COMPLETED else int(self._field(uid, "progress") or 0)
         args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen,
                            bytes(result) if result is not None else b""]
-        ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow), keys.result_key(uid)]
+        ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow), keys.result_key(uid), keys.input_key(uid)]
         return bool(self._finish(keys=ks, args=args))
+
+    # -- where jobs are, and jobs whose node was lost -----------------------------------------------
+    def located(self, uid: str, node: str, instance: str) -> None:
+        """Record the instance (and its node) a job was just handed to."""
+        self.r.hset(keys.job_key(uid), mapping={"node": node, "instance": instance})
+
+    def orphans(self, workflows: list[str], live_nodes: set[str]) -> list[Orphan]:
+        """Unfinished jobs whose last hand-off went to a node not in ``live_nodes``."""
+        out = []
+        for wf in workflows:
+            uids = [u.decode() for u in self.r.zrange(keys.inflight_key(wf), 0, -1)]
+            pipe = self.r.pipeline(transaction=False)
+            for uid in uids:
+                pipe.hmget(keys.job_key(uid), "state", "node", "instance", "stage")
+            for uid, (state, node, instance, stage) in zip(uids, pipe.execute(), strict=True):
+                node_s = node.decode() if node else ""
+                if state and state.decode() not in keys.TERMINAL and node_s and node_s not in live_nodes:
+                    out.append(Orphan(uid, wf, node_s, instance.decode() if instance else "",
+                                      stage.decode() if stage else ""))
+        return out
+
+    def retry(self, orphan: Orphan, stages: list[str], max_attempts: int) -> bytes | None:
+        """Claim ``orphan`` for a fresh start (its per-stage done markers cleared, a ``retried`` event);
+        returns the message to re-inject, or None when it was already moved, finished, or is out of
+        attempts (:attr:`Orphan` then still names the lost node: the caller fails it with the reason)."""
+        detail = (f"node {orphan.node} was lost while the job was at {orphan.instance or orphan.stage or 'intake'}; "
+                  f"started again")
+        ks = [keys.job_key(orphan.uid), keys.EVENTS, keys.input_key(orphan.uid),
+              *(keys.done_key(orphan.uid, s) for s in stages)]
+        got = self._retry(keys=ks, args=[orphan.uid, orphan.node, time.time(), detail, max_attempts, self.maxlen])
+        if int(got[0]) == 1:
+            return bytes(got[1])
+        if int(got[0]) == 2:
+            self.finish(orphan.uid, orphan.workflow, keys.FAILED, orphan.stage,
+                        detail=f"node {orphan.node} was lost while the job was at {orphan.instance or orphan.stage}; "
+                               f"gave up after {max_attempts} attempts")
+        return None
 
     def events(self, uid: str | None = None, count: int = 10_000) -> list[dict[str, str]]:
         """Events in stream order (all jobs, or one UID's); a convenience for tests and tools."""

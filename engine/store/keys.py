@@ -24,7 +24,8 @@ STAGE_STARTED = "stage_started"
 STAGE_FINISHED = "stage_finished"
 STAGE_STOPPED = "stage_stopped"  # a stage gave up between steps (cancel, deadline); detail says where
 PROGRESS = "progress"
-EVENT_TYPES = frozenset({ACCEPTED, STAGE_STARTED, STAGE_FINISHED, STAGE_STOPPED, PROGRESS, *TERMINAL})
+RETRIED = "retried"  # the node holding the job was lost; the job starts again from its first stage
+EVENT_TYPES = frozenset({ACCEPTED, STAGE_STARTED, STAGE_FINISHED, STAGE_STOPPED, PROGRESS, RETRIED, *TERMINAL})
 
 
 def result_key(uid: str) -> str:
@@ -35,6 +36,12 @@ def result_key(uid: str) -> str:
 def job_key(uid: str) -> str:
     """The status hash: state, workflow, stage, progress, created, updated, detail, cost."""
     return f"{PREFIX}:job:{uid}"
+
+
+def input_key(uid: str) -> str:
+    """The request as it entered the first stage (an encoded Workflow Message), kept until the job
+    finishes so that a job whose node is lost can start again elsewhere."""
+    return f"{PREFIX}:input:{uid}"
 
 
 def cancel_key(uid: str) -> str:

@@ -93,6 +93,17 @@ def withdraw_route(client: Any, route: Route) -> None:
     client.delete(route_key(route.workflow, route.stage, route.instance))
 
 
+def live_nodes(client: Any) -> set[str]:
+    """Names of the nodes registered now (each key lives as long as its node's lease). Raises when etcd
+    cannot be read: an unknown membership must never be taken for an empty one."""
+    prefix = f"{ROOT}/nodes/"
+    out = set()
+    for _value, meta in client.get_prefix(prefix):
+        key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
+        out.add(key[len(prefix):])
+    return out
+
+
 class RouteTable:
     """A cached view of every published route, refreshed from etcd at most every ``refresh_s``.
 

@@ -230,6 +230,7 @@ class TaskWorker:
                     wm.encode_into(res.view, h, tensors, blobs)
                     res.commit()
                     self.outstanding.sent(route.instance, cost)
+                    self.store.located(h.uid, route.node, route.instance)  # where to look if that node dies
                     return
                 except TransportError as exc:
                     log.warning("send to %s failed (%s); retrying", route.instance, exc)

@@ -17,7 +17,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,74 @@ def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  
         assert not left, f"rings left behind: {left}\n{node_out}"
         assert proxy.returncode == 0, proxy_out
         assert node.returncode == 0, node_out
+
+
+@dataclass
+class NodeRun:
+    """One ``onepiece node`` of a multi-node test engine."""
+
+    name: str
+    assignment: Any  # engine.worker.config.Assignment
+    args: tuple[str, ...] = ()  # extra `onepiece node` arguments
+    wrap: Callable[[list[str]], list[str]] = lambda argv: argv  # e.g. run it in a network namespace
+
+
+@contextmanager
+def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefix: str,
+           env_extra: dict[str, str] | None = None) -> Iterator[tuple[Cluster, dict[str, subprocess.Popen[str]]]]:
+    """Nodes and a Proxy on services of the test's own (so ``/onepiece/`` is not shared with the session
+    engine); every node's rings are named ``<prefix><node>-...``. Checks clean exits and no rings left."""
+    from engine.store import JobStore
+    from engine.worker.routes import etcd_client
+
+    store = JobStore.from_url(redis_url, ttl=600)
+    etcd = etcd_client(etcd_url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
+    env.update(ONEPIECE_REDIS_URL=redis_url, ONEPIECE_ETCD_URL=etcd_url, ONEPIECE_DEVICE="cpu",
+               ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2", **(env_extra or {}))
+    onepiece = [sys.executable, "-m", "engine.cli"]
+    procs: dict[str, subprocess.Popen[str]] = {}
+    proxy = None
+    try:
+        for n in nodes:
+            run_dir = tmp / f"node-{n.name}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "assignment.json").write_text(n.assignment.to_json())
+            procs[n.name] = subprocess.Popen(n.wrap([
+                *onepiece, "node", "--node", n.name, "--run-dir", str(run_dir), "--assignment",
+                str(run_dir / "assignment.json"), "--ring-prefix", f"{prefix}{n.name}-", "--ring-bytes",
+                str(8 << 20), "--ring-slots", "64", *n.args]), env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+        proxy = subprocess.Popen([*onepiece, "proxy", "--port", "0"], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        assert proxy.stdout is not None
+        line = proxy.stdout.readline()
+        assert line.startswith("proxy: "), line + _stop(proxy)
+        c = Cluster(line.split(": ", 1)[1].strip(), next(iter(procs.values())), proxy, store, etcd, tmp, prefix)
+        want = {i.id for n in nodes for i in n.assignment.instances}
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix("/onepiece/routes/")}
+            status, doc, _ = c.call("GET", "/readyz")
+            checks = doc.get("checks", {}) if isinstance(doc, dict) else {}
+            if published >= want and status == 200 and all(
+                    v == "ok" for k, v in checks.items() if k.startswith("routes:") and k[7:] in
+                    {i.workflow for n in nodes for i in n.assignment.instances}):
+                break
+            for p in procs.values():
+                assert p.poll() is None, _stop(p)
+            assert time.monotonic() < deadline, f"not ready: {sorted(want - published)} {doc}"
+            time.sleep(0.25)
+        yield c, procs
+    finally:
+        outs = {n: _stop(p) for n, p in procs.items()}
+        proxy_out = _stop(proxy) if proxy is not None else ""
+        store.close()
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
+        assert not left, f"rings left behind: {left}"
+        for name, p in procs.items():
+            assert p.returncode in (0, -signal.SIGKILL), outs[name]  # a test may kill a node on purpose
+        assert proxy is None or proxy.returncode == 0, proxy_out
 
 
 def logs(c: Cluster, instance: str) -> str:

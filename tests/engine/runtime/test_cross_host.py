@@ -15,7 +15,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import numpy as np
 import pytest
 
 from engine.embedded.services import EtcdServer, RedisServer
-from tests.engine.runtime.conftest import Cluster, _stop
+from tests.engine.runtime.conftest import Cluster, NodeRun, engine
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
 from tests.netns import Hosts, hosts
 
@@ -51,66 +50,26 @@ class TwoHosts:
 @pytest.fixture(scope="module")
 def two_hosts(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory  # noqa: F811
               ) -> Iterator[TwoHosts]:
-    from engine.store import JobStore
     from engine.worker.config import Assignment, InstanceSpec
-    from engine.worker.routes import etcd_client
 
     with hosts(2) as net:
         print(f"cross-host test: {net.kind} ({', '.join(h.address for h in net.hosts)})")
         tmp = tmp_path_factory.mktemp("xhost")
         redis = RedisServer("redis-server", tmp / "redis", host=net.gateway).start()
         etcd_srv = EtcdServer("etcd", tmp / "etcd", host=net.gateway).start()
-        store = JobStore.from_url(redis.url, ttl=600)
-        etcd = etcd_client(etcd_srv.url)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
-        env.update(ONEPIECE_REDIS_URL=redis.url, ONEPIECE_ETCD_URL=etcd_srv.url, ONEPIECE_DEVICE="cpu",
-                   ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2")
-        onepiece = [sys.executable, "-m", "engine.cli"]
         stage_time = ",".join(f"{s}={STAGE_TIME_S}" for s in ROUTE)
-        nodes: dict[str, subprocess.Popen[str]] = {}
-        proxy = None
-        prefix = f"test-{os.getpid()}-x"
+        runs = [NodeRun(f"host-{name}",
+                        Assignment(tuple(InstanceSpec(f"sd-t2i.{s}.{name}", "sd-t2i", s, "cpu") for s in stages),
+                                   {"sd-t2i": str(tiny_models["sd-t2i"])}),
+                        ("--transport", "tcp", "--data-host", net[i].address, "--stage-time", stage_time),
+                        net[i].wrap)
+                for i, (name, stages) in enumerate(ON.items())]
         try:
-            for i, (name, stages) in enumerate(ON.items()):
-                run_dir = tmp / f"node-{name}"
-                run_dir.mkdir()
-                a = Assignment(tuple(InstanceSpec(f"sd-t2i.{s}.{name}", "sd-t2i", s, "cpu") for s in stages),
-                               {"sd-t2i": str(tiny_models["sd-t2i"])})
-                (run_dir / "assignment.json").write_text(a.to_json())
-                nodes[name] = subprocess.Popen(net[i].wrap([
-                    *onepiece, "node", "--node", f"host-{name}", "--run-dir", str(run_dir), "--assignment",
-                    str(run_dir / "assignment.json"), "--ring-prefix", f"{prefix}{name}-", "--ring-bytes",
-                    str(8 << 20), "--ring-slots", "64", "--transport", "tcp", "--data-host", net[i].address,
-                    "--stage-time", stage_time]), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    text=True)
-            proxy = subprocess.Popen([*onepiece, "proxy", "--port", "0"], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-            assert proxy.stdout is not None
-            line = proxy.stdout.readline()
-            assert line.startswith("proxy: "), line + _stop(proxy)
-            c = Cluster(line.split(": ", 1)[1].strip(), nodes["a"], proxy, store, etcd, tmp, prefix)
-            deadline = time.monotonic() + 240
-            while True:
-                status, doc, _ = c.call("GET", "/readyz")
-                checks = doc.get("checks", {}) if isinstance(doc, dict) else {}
-                if status == 200 and checks.get("routes:sd-t2i") == "ok":
-                    break
-                for n in nodes.values():
-                    assert n.poll() is None, _stop(n)
-                assert time.monotonic() < deadline, f"not ready: {doc}"
-                time.sleep(0.25)
-            yield TwoHosts(c, net, nodes)
+            with engine(redis.url, etcd_srv.url, runs, tmp, f"test-{os.getpid()}-x") as (c, procs):
+                yield TwoHosts(c, net, procs)
         finally:
-            outs = {n: _stop(p) for n, p in nodes.items()}
-            proxy_out = _stop(proxy) if proxy is not None else ""
-            store.close()
             etcd_srv.stop()
             redis.stop()
-            left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
-            assert not left, f"rings left behind: {left}"
-            for name, p in nodes.items():
-                assert p.returncode == 0, outs[name]
-            assert proxy is None or proxy.returncode == 0, proxy_out
 
 
 def _reference(tiny_models: dict[str, Path]) -> np.ndarray:  # noqa: F811

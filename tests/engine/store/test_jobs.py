@@ -76,3 +76,30 @@ def test_cancel_flag_and_done_markers(store: JobStore) -> None:
     store.mark_done(uid, "denoise")
     assert store.is_done(uid, "denoise") and not store.is_done(uid, "vae_decode")
     assert store.status(_uid()) is None
+
+
+def test_a_job_lost_with_its_node_is_started_again_then_given_up(store: JobStore) -> None:
+    uid, wf = uuid.uuid4().hex, "sd-t2i"
+    store.accept(uid, wf, 1.0, message=b"the request as it entered")
+    store.located(uid, "node-a", "sd-t2i.denoise.0")
+    store.event(uid, keys.STAGE_STARTED, "denoise", 40, state=keys.IN_PROGRESS)
+    store.mark_done(uid, "text_encode")
+    assert store.orphans([wf], {"node-a", "node-b"}) == []  # its node is alive
+    (orphan,) = [o for o in store.orphans([wf], {"node-b"}) if o.uid == uid]
+    assert (orphan.node, orphan.instance, orphan.stage) == ("node-a", "sd-t2i.denoise.0", "denoise")
+    route = ["text_encode", "denoise", "vae_decode", "image_encode"]
+    assert store.retry(orphan, route, max_attempts=2) == b"the request as it entered"
+    assert store.retry(orphan, route, max_attempts=2) is None  # claimed once: a second sweeper gets nothing
+    assert not store.is_done(uid, "text_encode")  # the fresh start runs every stage again
+    st = store.status(uid)
+    assert st is not None and st.state == keys.QUEUED and "node node-a was lost" in st.detail
+    assert [e["type"] for e in store.events(uid)][-1] == keys.RETRIED
+    # lost again, out of attempts: failed with the reason, not left hanging
+    store.located(uid, "node-b", "sd-t2i.vae_decode.1")
+    (orphan,) = [o for o in store.orphans([wf], set()) if o.uid == uid]
+    assert store.retry(orphan, route, max_attempts=1) is None
+    st = store.status(uid)
+    assert st is not None and st.state == keys.FAILED and "node node-b was lost" in st.detail
+    assert "gave up after 1 attempts" in st.detail
+    assert not store.r.exists(keys.input_key(uid))  # the kept request goes with the job's end
+    assert uid not in [o.uid for o in store.orphans([wf], set())]
