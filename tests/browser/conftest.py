@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from tests.web import conftest as web_conftest
+from tests.web.dashboard.conftest import celery_broker  # noqa: F401 - the Celery client on the test Redis
 
 web_redis = web_conftest.web_redis  # the platform on its own Redis database, as in the web tests
+store = web_conftest.store  # the engine's job store on that database (tests play the workers)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
@@ -117,3 +119,42 @@ def shot(page: Any, name: str) -> Path:
     return path
 
 
+def make_user(name: str, staff: bool) -> Any:
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.create_user(name, password="pw-" + name, is_staff=staff)
+
+
+def login(page: Any, url: str, name: str) -> None:
+    """Through the admin's login form, as an operator would."""
+    page.goto(url + "/dashboard/")
+    assert "/admin/login/" in page.url  # anonymous: sent to the login form first
+    page.fill("#id_username", name)
+    page.fill("#id_password", "pw-" + name)
+    page.click("input[type=submit]")
+    page.wait_for_url(url + "/dashboard/")
+
+
+@pytest.fixture
+def leader(cluster: dict[str, Any]) -> Iterator[Any]:
+    """A leading Node Manager (sd-t2i, 5 slots a node) ticking in a thread, so actions get a verdict."""
+    from engine.manager.election import Election
+    from engine.manager.node_manager import ManagerConfig, NodeManager
+
+    root, client = cluster["root"], cluster["client"]
+    election = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=60, key=f"{root}/leader")
+    manager = NodeManager(client, election, ManagerConfig(workflows={"sd-t2i": "/models/sd"}, root=root,
+                                                          slots_per_node=5))
+    assert election.try_acquire() is not None
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(0.2):
+            manager.tick()
+
+    t = threading.Thread(target=run, name="browser-test-leader", daemon=True)
+    t.start()
+    yield manager
+    stop.set()
+    t.join(5)
+    election.resign()

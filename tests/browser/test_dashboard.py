@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-import uuid
 from typing import Any
 
 import pytest
 from django.test import Client
 
-from tests.browser.conftest import shot
+from tests.browser.conftest import login, make_user, shot
 
 pytestmark = pytest.mark.timeout(60)
 WF = "sd-t2i"
@@ -23,43 +21,7 @@ def _instances(node: str, times: dict[str, float]) -> dict[str, dict[str, Any]]:
                                  "utilisation": 0.5} for s, t in times.items()}
 
 
-def _user(name: str, staff: bool) -> Any:
-    from django.contrib.auth import get_user_model
-
-    return get_user_model().objects.create_user(name, password="pw-" + name, is_staff=staff)
-
-
-def _login(page: Any, url: str, name: str) -> None:
-    page.goto(url + "/dashboard/")
-    assert "/admin/login/" in page.url  # anonymous: sent to the login form first
-    page.fill("#id_username", name)
-    page.fill("#id_password", "pw-" + name)
-    page.click("input[type=submit]")
-    page.wait_for_url(url + "/dashboard/")
-
-
-@pytest.fixture
-def leader(cluster: dict[str, Any]) -> Any:
-    """A leading Node Manager ticking in a thread, so scaling actions get a verdict."""
-    from engine.manager.election import Election
-    from engine.manager.node_manager import ManagerConfig, NodeManager
-
-    root, client = cluster["root"], cluster["client"]
-    election = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=60, key=f"{root}/leader")
-    manager = NodeManager(client, election, ManagerConfig(workflows={WF: "/models/sd"}, root=root, slots_per_node=5))
-    assert election.try_acquire() is not None
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.wait(0.2):
-            manager.tick()
-
-    t = threading.Thread(target=run, name="browser-test-leader", daemon=True)
-    t.start()
-    yield manager
-    stop.set()
-    t.join(5)
-    election.resign()
+_user, _login = make_user, login
 
 
 def test_staff_sees_the_cluster_live_and_acts(live_asgi, cluster, leader, browser) -> None:

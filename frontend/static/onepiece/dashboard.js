@@ -8,7 +8,8 @@
 (function () {
   const STAGES = JSON.parse(document.getElementById("workflow-stages").textContent);
   const CSRF = document.querySelector('meta[name="csrf-token"]').content;
-  const JOBS_POLL_MS = 2000;  // the jobs list has no push channel of its own
+  const JOBS_POLL_MS = 1000;  // the jobs list has no push channel of its own: polled while shown
+  const JOBS_IDLE_POLL_MS = 5000;  // ...and slower behind another view (its counts and choices stay fresh)
   const TRAFFIC_POLL_MS = 5000;
   const SVG = "http://www.w3.org/2000/svg";
   let lastCluster = null;
@@ -47,6 +48,7 @@
     for (const s of document.querySelectorAll(".view")) s.hidden = s.id !== `view-${view}`;
     for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === view);
     if (view === "traffic") refreshTraffic();
+    if (view === "jobs" && typeof refreshJobs === "function") refreshJobs();
   }
   window.addEventListener("hashchange", () => show(location.hash.slice(1) || "cluster"));
 
@@ -134,7 +136,7 @@
         return `<div class="stage${stage === bottleneck ? " bottleneck" : ""}" data-stage="${esc(stage)}">` +
           `<strong>${esc(stage)}</strong>` +
           `<span class="count">${s.instances} instance${s.instances === 1 ? "" : "s"}</span>` +
-          `<span class="recommended${off ? " off" : ""}">Theorem 1: ${esc(rec)}</span>` +
+          `<span class="recommended${off ? " off" : ""}" title="instances Theorem 1 recommends for the live slots">Theorem 1: ${esc(rec)}</span>` +
           `<span>service ${secs(s.service)}</span>` +
           `<span class="waiting">at stage: ${esc((waiting.stages || {})[stage] || 0)} jobs</span>` +
           `<span>throughput ${s.throughput ? s.throughput.toFixed(2) + "/s" : "–"}</span>` +
@@ -175,9 +177,10 @@
   // -- traffic: inline SVG line charts ------------------------------------------------------------------
   const COLOURS = ["#2f6fdd", "#c4342d", "#e08a00", "#7b3fbf", "#1f8a4c", "#555"];
   function lineChart(title, series, t0, step, unit) {
-    const W = 460, H = 160, L = 44, B = 22, T = 18;
+    const W = 520, H = 170, L = 44, B = 22, T = 18;
     const n = Math.max(1, ...series.map((s) => s.values.length));
-    const ymax = Math.max(1e-9, ...series.flatMap((s) => s.values.filter((v) => v != null))) * 1.1;
+    const top = Math.max(0, ...series.flatMap((s) => s.values.filter((v) => v != null)));
+    const ymax = (top > 0 ? top : 1) * 1.1;  // an empty chart keeps a readable 0..1 axis
     const x = (i) => L + (W - L - 6) * (n === 1 ? 0.5 : i / (n - 1));
     const y = (v) => T + (H - T - B) * (1 - v / ymax);
     let body = `<text x="${L}" y="12" class="title">${esc(title)}</text>`;
@@ -187,6 +190,7 @@
     }
     const tl = (i) => new Date((t0 + i * step) * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
     body += `<text x="${L}" y="${H - 4}">${tl(0)}</text><text x="${W - 6}" y="${H - 4}" text-anchor="end">${tl(n)}</text>`;
+    let lx = L + 8;
     series.forEach((s, k) => {
       const colour = COLOURS[k % COLOURS.length];
       let d = "", pen = false;
@@ -195,7 +199,8 @@
         d += `${pen ? "L" : "M"}${x(i).toFixed(1)},${y(v).toFixed(1)}`; pen = true;
       });
       body += `<path d="${d}" stroke="${colour}" fill="none" stroke-width="1.6" data-series="${esc(s.name)}"/>`;
-      body += `<text x="${L + 8 + k * 110}" y="${T + 10}" fill="${colour}">${esc(s.name)}</text>`;
+      body += `<text x="${lx}" y="${T + 10}" style="fill:${colour}">${esc(s.name)}</text>`;
+      lx += 12 + 5.6 * String(s.name).length;  // legend entries side by side, spaced by their length
     });
     return `<svg class="chart" viewBox="0 0 ${W} ${H}" width="${W}" height="${H}" role="img" aria-label="${esc(title)}">${body}</svg>` +
       `<span class="sr-only">${esc(unit)}</span>`;
@@ -216,7 +221,7 @@
   async function refreshTraffic() {
     try {
       const minutes = document.getElementById("traffic-minutes").value;
-      renderTraffic(await getJSON(`/dashboard/api/traffic?minutes=${minutes}&step=${Math.max(5, minutes * 6)}`));
+      renderTraffic(await getJSON(`/dashboard/api/traffic?minutes=${minutes}&step=${Math.max(5, +minutes)}`));
     } catch (e) { /* the next poll tries again */ }
   }
   document.getElementById("traffic-minutes").addEventListener("change", refreshTraffic);
@@ -254,7 +259,7 @@
     const end = Math.max(job.finished_at || 0, ...job.stages.map((s) => s.finished || s.started || 0),
       job.finished_at ? 0 : now) || now;
     const span = Math.max(1e-3, end - t0);
-    const W = 560, L = 110, R = 60, row = 22, H = 26 + row * (job.stages.length + 1);
+    const W = 580, L = 110, R = 90, row = 22, H = 26 + row * (job.stages.length + 1);
     const x = (t) => L + (W - L - R) * ((t - t0) / span);
     let body = `<text x="4" y="14" class="title">0 s</text><text x="${W - R}" y="14" text-anchor="end" class="title">${span.toFixed(2)} s</text>`;
     const first = job.stages.map((s) => s.started).filter(Boolean).sort((a, b) => a - b)[0];
@@ -263,7 +268,9 @@
       const y = 22 + i * row;
       body += `<text x="4" y="${y + 14}">${esc(s.stage)}</text>`;
       if (!s.started) { body += `<text x="${L}" y="${y + 14}" class="muted">not started</text>`; return; }
-      const running = !s.finished;
+      // No finish event: still running, or (a finished job) the stage ended with the job: the last
+      // stage reports the job's end, not a stage_finished of its own.
+      const running = !s.finished && !job.finished_at;
       const fin = s.finished || (job.finished_at || now);
       const w = Math.max(2, x(fin) - x(s.started));
       body += `<rect data-stage="${esc(s.stage)}" class="${s.wait ? "wait" : running ? "running" : "done"}" x="${x(s.started).toFixed(1)}" y="${y + 3}" width="${w.toFixed(1)}" height="${row - 8}" rx="2"/>` +
@@ -335,7 +342,11 @@
   function fillActionChoices() {
     const nodes = (lastCluster || {}).nodes || {};
     const names = Object.keys(nodes).sort();
-    const instances = names.flatMap((n) => Object.keys(nodes[n].instances || {}).sort().map((i) => [i, n]));
+    // What can be moved is what the leader assigned (ids it knows); the nodes' reports until it has.
+    const assigned = (lastCluster || {}).assignments || {};
+    const instances = Object.keys(assigned).length
+      ? Object.keys(assigned).sort().flatMap((n) => (assigned[n] || []).slice().sort().map((i) => [i, n]))
+      : names.flatMap((n) => Object.keys(nodes[n].instances || {}).sort().map((i) => [i, n]));
     const scale = form("scale-form");
     setOptions(scale.workflow, Object.keys(STAGES));
     setOptions(scale.stage, STAGES[scale.workflow.value] || []);
@@ -422,6 +433,10 @@
   }
   show(location.hash.slice(1) || "cluster");
   connect();
-  setInterval(refreshJobs, JOBS_POLL_MS);
+  let lastJobsPoll = 0;
+  setInterval(() => {
+    const due = current === "jobs" ? JOBS_POLL_MS : JOBS_IDLE_POLL_MS;
+    if (performance.now() - lastJobsPoll >= due - 50) { lastJobsPoll = performance.now(); refreshJobs(); }
+  }, JOBS_POLL_MS);
   setInterval(() => { if (current === "traffic") refreshTraffic(); }, TRAFFIC_POLL_MS);
 })();

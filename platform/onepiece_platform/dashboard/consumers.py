@@ -65,9 +65,14 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
             started = loop.time()
             try:
                 snap = await database_sync_to_async(_snapshot)()
-                await self.send_json({"type": "cluster", "cluster": snap})
             except Exception:  # keep pushing; one failed sample is not a dead dashboard
                 log.exception("cluster snapshot failed")
+            else:
+                try:
+                    await self.send_json({"type": "cluster", "cluster": snap})
+                except Exception:  # the client has gone (disconnect() cancels this task): nothing to push to
+                    log.debug("dashboard client gone", exc_info=True)
+                    return
             await asyncio.sleep(max(0.0, PERIOD_S - (loop.time() - started)))
 
     async def disconnect(self, code: int) -> None:

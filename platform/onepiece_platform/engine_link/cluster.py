@@ -63,10 +63,13 @@ class ClusterClient:
             inflight[name] = {"jobs": len(entries), "gpu_s": round(sum(s for _, s in entries), 3)}
         overrides = self.etcd.get(self.root + "/overrides")
         # capacity: the leader's view per workflow (rps, bottleneck, instances it counts, Theorem 1's
-        # recommended counts, the stage times it used); empty while no Node Manager leads
+        # recommended counts, the stage times it used); empty while no Node Manager leads. assignments:
+        # the instance ids the leader placed on each node (what an operator can move)
         return {"ts": time.time(), "nodes": self._prefix("/nodes/"), "routes": routes,
                 "overrides": json.loads(overrides[0]) if overrides else {}, "inflight": inflight,
-                "capacity": self._prefix("/capacity/")}
+                "capacity": self._prefix("/capacity/"), "assignments": {
+                    node: [i.get("id") for i in body.get("instances", [])] if isinstance(body, dict) else []
+                    for node, body in self._prefix("/assignments/").items()}}
 
     def close(self) -> None:
         session = getattr(self.etcd, "session", None)

@@ -53,6 +53,16 @@ def finish(uid: str, state: str, detail: str = "", stage: str | None = None) -> 
     return True
 
 
+def _late_stage_time(job: Job, type_: str, stage: str, ts: float) -> None:
+    """A stage event read after the row was finished (the sweep or a status read got there first):
+    only the timeline takes it, so a job's stage times stay whole; its state and charge do not move."""
+    field = {keys.STAGE_STARTED: "started", keys.STAGE_FINISHED: "finished", keys.STAGE_STOPPED: "finished"}
+    if stage and type_ in field and field[type_] not in job.stage_times.get(stage, {}):
+        times = dict(job.stage_times)
+        times.setdefault(stage, {})[field[type_]] = ts
+        Job.objects.filter(pk=job.pk).update(stage_times=times)
+
+
 def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str) -> bool:
     """Apply one engine event to the ledger; False if the job is unknown or already finished."""
     if type_ in keys.TERMINAL:
@@ -60,8 +70,11 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
     if type_ == keys.ACCEPTED:
         return False
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(uid=uid, state__in=NON_TERMINAL).first()
+        job = Job.objects.select_for_update().filter(uid=uid).first()
         if job is None:
+            return False
+        if job.terminal:
+            _late_stage_time(job, type_, stage, ts)
             return False
         times = dict(job.stage_times)
         if type_ == keys.STAGE_STARTED and stage:

@@ -83,3 +83,21 @@ def test_video_workflows_say_video() -> None:
 
     assert result_kind("wan2.1-i2v") == "video" and result_kind("sd-t2i") == "image"
     assert result_kind("no-such-workflow") is None
+
+
+def test_stage_events_read_after_the_row_finished_still_complete_the_timeline(alice, store) -> None:
+    """The sweep (or a status read) can finish a row before the reconciler reaches its last stage events."""
+    from onepiece_platform.engine_link.reconciler import Reconciler
+    from onepiece_platform.jobs.models import Job
+
+    _, api, _ = alice
+    uid = api.post("/api/v1/jobs", sd_body(), format="json").json()["uid"]
+    stages = ["text_encode", "denoise", "vae_decode", "image_encode"]
+    _run(store, uid, stages)
+    assert Reconciler().sweep() == 1  # finished from the engine's status, no event applied yet
+    job = Job.objects.get(uid=uid)
+    assert job.state == "completed" and job.stage_times == {}
+    Reconciler(block_ms=0).step()
+    job.refresh_from_db()
+    assert all("started" in job.stage_times[s] and "finished" in job.stage_times[s] for s in stages)
+    assert job.state == "completed" and job.progress == 100  # the late events moved nothing else

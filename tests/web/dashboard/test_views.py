@@ -94,3 +94,18 @@ def test_actions_need_the_csrf_token() -> None:
     body = json.dumps({"action": "drain_node", "args": {"node": "n1"}})
     assert c.post("/dashboard/api/actions", body, content_type="application/json").status_code == 403
     assert not OperatorAction.objects.exists()
+
+
+def test_warm_up_is_queued_then_reports_what_the_task_returned(celery_broker) -> None:
+    from onepiece_platform.redis_conn import get_redis
+
+    c = _client("ops", staff=True)
+    body = json.dumps({"action": "warm_up", "args": {"workflows": ["sd-t2i"], "nodes": []}})
+    a = c.post("/dashboard/api/actions", body, content_type="application/json").json()["action"]
+    assert a["status"] == "queued" and get_redis().llen("celery") == 1  # on the real broker, for a worker
+    row = OperatorAction.objects.get(pk=a["id"])
+    assert c.get("/dashboard/api/actions").json()["actions"][0]["status"] == "queued"  # no worker has run it
+    report = {"sd-t2i": {"sent": 1, "completed": 1, "failed": 0, "seconds": 0.5}}
+    celery_broker.backend.store_result(row.request_id, report, "SUCCESS")  # what a worker stores when done
+    shown = c.get("/dashboard/api/actions").json()["actions"][0]
+    assert shown["status"] == "done" and shown["verdict"] == {"ok": True, "report": report}

@@ -1,0 +1,220 @@
+"""The dashboard against the real engine: a client submits through the REST API with an API key, an
+operator watches the queue and progress move in the browser (no reload), the jobs complete, and the
+job's detail shows its stage timeline and the image the engine made.
+
+The engine is what an operator runs: ``onepiece node`` (one worker process per sd-t2i stage over the
+tiny models, text_encode stretched to 3 s so a queue forms) and ``onepiece proxy``, on the session's
+redis-server and etcd. The platform runs in this process (uvicorn thread) with the ledger reconciler
+in a thread of its own, as `onepiece up` runs it beside the web server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import login, make_user, shot
+from tests.engine.stages.conftest import tiny_models  # noqa: F401 - session fixture reused here
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.models]
+WF = "sd-t2i"
+ENGINE_DB = 6  # engine tests use db 0, web tests db 5
+TEXT_ENCODE_S = 3.0
+STARTUP_TIMEOUT_S = 300
+
+
+@dataclass
+class Engine:
+    proxy: str
+    redis_url: str
+    node: subprocess.Popen[str]
+    proxy_proc: subprocess.Popen[str]
+
+
+def _stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
+
+
+@pytest.fixture(scope="module")
+def engine(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  # noqa: F811
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    import redis
+
+    from engine.worker.config import Assignment, InstanceSpec
+    from engine.worker.routes import etcd_client
+    from engine.workflow import get_workflow
+
+    redis_url = redis_server.url.rsplit("/", 1)[0] + f"/{ENGINE_DB}"
+    redis.Redis.from_url(redis_url).flushdb()
+    etcd = etcd_client(etcd_server.url)
+    etcd.delete_prefix("/onepiece/")  # the engine's root is fixed; nothing else runs under it now
+    instances = tuple(InstanceSpec(f"{WF}.{s}.0", WF, s, "cpu", 0.2 if s == "denoise" else 0.0)
+                      for s in get_workflow(WF).route())
+    run_dir = tmp_path_factory.mktemp("browser-node")
+    (run_dir / "assignment.json").write_text(Assignment(instances, {WF: str(tiny_models[WF])}).to_json())
+    prefix = f"test-{os.getpid()}-browser-"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
+    env.update(ONEPIECE_REDIS_URL=redis_url, ONEPIECE_ETCD_URL=etcd_server.url, ONEPIECE_DEVICE="cpu",
+               ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2")
+    onepiece = [sys.executable, "-m", "engine.cli"]
+    node = subprocess.Popen(
+        [*onepiece, "node", "--node", "browser-node", "--run-dir", str(run_dir), "--assignment",
+         str(run_dir / "assignment.json"), "--ring-prefix", prefix, "--ring-bytes", str(8 << 20),
+         "--ring-slots", "64", "--stage-time", f"{WF}/text_encode={TEXT_ENCODE_S}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proxy = subprocess.Popen([*onepiece, "proxy", "--port", "0"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proxy.stdout is not None
+        line = proxy.stdout.readline()
+        assert line.startswith("proxy: "), line + _stop(proxy)
+        url = line.split(": ", 1)[1].strip()
+        want = {i.id for i in instances}
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix("/onepiece/routes/")} < want:
+            assert node.poll() is None, _stop(node)
+            assert time.monotonic() < deadline, "workers not ready"
+            time.sleep(0.25)
+        while True:  # the Proxy refreshes its routes on its own clock
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=5) as r:
+                    checks = json.loads(r.read()).get("checks", {})
+                if checks.get(f"routes:{WF}") == "ok":
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the proxy does not see the routes"
+            time.sleep(0.25)
+        yield Engine(url, redis_url, node, proxy)
+    finally:
+        proxy_out, node_out = _stop(proxy), _stop(node)
+        etcd.delete_prefix("/onepiece/")
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
+        assert not left, f"rings left behind: {left}\n{node_out}"
+        assert node.returncode == 0, node_out
+        assert proxy.returncode == 0, proxy_out
+
+
+@pytest.fixture
+def platform_on_engine(engine: Engine, live_asgi: Any, settings: Any) -> Iterator[Engine]:
+    """The platform (already serving) pointed at the engine: its Redis, its Proxy, its etcd root; and the
+    ledger reconciler running beside it."""
+    from onepiece_platform import redis_conn
+    from onepiece_platform.engine_link.client import reset_engines
+    from onepiece_platform.engine_link.cluster import reset_clusters
+    from onepiece_platform.engine_link.reconciler import Reconciler
+
+    settings.REDIS_URL = engine.redis_url
+    settings.ONEPIECE = {**settings.ONEPIECE, "ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
+                         "PROXY_URL": engine.proxy, "ETCD_ROOT": "/onepiece"}
+    redis_conn.close_all()
+    reset_engines()
+    reset_clusters()
+    stop = threading.Event()
+    t = threading.Thread(target=lambda: Reconciler(block_ms=200).run(stop, sweep_every_s=2.0),
+                         name="browser-reconciler", daemon=True)
+    t.start()
+    yield engine
+    stop.set()
+    t.join(10)
+    redis_conn.close_all()
+    reset_engines()
+    reset_clusters()
+
+
+def _submit(base: str, key: str, seed: int) -> str:
+    body = {"workflow": WF, "params": {"prompt": f"a cat {seed}", "height": 64, "width": 64,
+                                       "num_inference_steps": 8, "seed": seed}}
+    req = urllib.request.Request(base + "/api/v1/jobs", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 202
+        return str(json.loads(r.read())["uid"])
+
+
+ROWS = """uids => uids.map(uid => {
+    const r = document.querySelector(`#jobs-table tr[data-uid="${uid}"]`);
+    if (!r) return null;
+    return {state: r.querySelector('.state').textContent, progress: +r.querySelector('progress').value,
+            queue: r.querySelector('.queue').textContent};
+})"""
+
+
+def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_on_engine, live_asgi, browser) -> None:
+    from onepiece_platform.accounts.models import ApiKey
+
+    make_user("ops", staff=True)
+    _, key = ApiKey.issue(make_user("client", staff=False), "browser test")
+    ctx = browser.new_context(viewport={"width": 1600, "height": 1000})
+    page = ctx.new_page()
+    try:
+        login(page, live_asgi.url, "ops")
+        # the real node's report, with the host's devices as its sampler saw them (no NVML here)
+        node = page.wait_for_selector('[data-node="browser-node"] tr.device', timeout=20_000)
+        assert ("NVML" in node.inner_text()) != ("CPU figures (no GPU)" in node.inner_text())
+        assert page.inner_text(f'[data-workflow="{WF}"] [data-stage="denoise"] .count') == "1 instance"
+        shot(page, "engine-cluster")
+        page.click('nav a[data-view="jobs"]')
+        page.evaluate("window.__noReload = true")
+
+        uids = [_submit(live_asgi.url, key, seed) for seed in range(3)]
+        seen: dict[str, list[dict[str, Any]]] = {u: [] for u in uids}
+        shot_mid = False
+        deadline = time.monotonic() + 240
+        while True:
+            for uid, row in zip(uids, page.evaluate(ROWS, uids), strict=True):
+                if row and (not seen[uid] or seen[uid][-1] != row):
+                    seen[uid].append(row)
+            if not shot_mid and any(r and r["state"] == "in_progress" for r in (s[-1] for s in seen.values() if s)):
+                shot(page, "engine-jobs-running")
+                shot_mid = True
+            if all(s and s[-1]["state"] == "completed" for s in seen.values()):
+                break
+            assert time.monotonic() < deadline, f"not all completed: {seen}"
+            time.sleep(0.15)
+        print("\nwhat the page showed, per job:\n" + "\n".join(f"{u[:8]}: {s}" for u, s in seen.items()))
+        assert page.evaluate("window.__noReload") is True  # all of it without a reload
+
+        # the queue moved: a job waiting behind others was shown with a position that then went down
+        positions = {u: [int(r["queue"]) for r in s if r["state"] == "queued" and r["queue"].isdigit()]
+                     for u, s in seen.items()}
+        assert any(len(p) >= 2 and p[0] > p[-1] for p in positions.values()), positions
+        # progress moved while jobs ran, and every job ended completed at 100%
+        running = {r["progress"] for s in seen.values() for r in s if r["state"] == "in_progress"}
+        assert len({p for p in running if 0 < p < 100}) >= 2, running
+        assert all(s[-1] == {"state": "completed", "progress": 100, "queue": "–"} for s in seen.values())
+        shot(page, "engine-jobs-completed")
+
+        page.click(f'tr[data-uid="{uids[-1]}"]')
+        page.wait_for_selector("#job-gantt rect[data-stage='image_encode']", timeout=10_000)
+        bars = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#job-gantt rect[data-stage]')]
+            .map(r => [r.dataset.stage, [+r.getAttribute('x'), +r.getAttribute('width')]]))""")
+        assert set(bars) == {"waiting", "text_encode", "denoise", "vae_decode", "image_encode"}
+        # the stretched text_encode is the longest bar; the stages ran in the workflow's order
+        assert max(bars, key=lambda s: bars[s][1] if s != "waiting" else 0) == "text_encode"
+        order = sorted((v[0], s) for s, v in bars.items() if s != "waiting")
+        assert [s for _, s in order] == ["text_encode", "denoise", "vae_decode", "image_encode"]
+        page.wait_for_function("document.querySelector('#job-result img')?.complete &&"
+                               " document.querySelector('#job-result img').naturalWidth === 64", timeout=10_000)
+        shot(page, "engine-job-detail")
+    finally:
+        ctx.close()
