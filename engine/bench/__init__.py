@@ -45,6 +45,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--poll-ms", type=float, default=2.0, help="status polling interval for the latency figure")
     e.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
     e.add_argument("--json", action="store_true", help="print JSON instead of text")
+    res = sub.add_parser(
+        "resources",
+        help="devices needed vs target throughput: monolithic vs OnePiece (the paper's 16x claim), simulated "
+        "and validated against the real engine",
+        description="For a stage profile, the fewest devices meeting a p99 latency objective at each target "
+        "throughput, monolithic (every device serves the whole pipeline) vs OnePiece (per-stage instances sized "
+        "by the Node Manager's allocator), by discrete-event simulation; sensitivity to the diffusion share, "
+        "steps, video length and request mix; and the simulation checked against the real engine on this "
+        "machine (tiny models, stretched stage times). Writes a table, JSON and a PNG plot to --out-dir.",
+    )
+    res.add_argument("--profile", default="benchmarks/resources/profiles/wan2.1-i2v-14b-480p-h200-published.json",
+                     help="stage profile JSON (benchmarks/wan_fullsize_profile.py's output, or a hand-written one)")
+    res.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512],
+                     help="target throughputs, as the devices a fully busy monolith would need for them")
+    res.add_argument("--slo-x", type=float, default=2.0,
+                     help="latency objective: p99 <= this x the idle end-to-end time of the longest request")
+    res.add_argument("--batch", type=int, default=1, help="monolithic batch size")
+    res.add_argument("--hop-ms", type=float, default=20.0, help="OnePiece cost per stage hop, besides the bytes")
+    res.add_argument("--requests", type=int, default=2000, help="simulated requests per point (at least)")
+    res.add_argument("--sensitivity-devices", type=int, default=64,
+                     help="cluster size (in fully busy monolithic devices) for the sensitivity sweeps")
+    res.add_argument("--light-occupancy", type=float, default=0.25,
+                     help="what-if share of the device the light stages keep busy (the paper's idle GPUs)")
+    res.add_argument("--no-sensitivity", action="store_true", help="skip the assumption and sensitivity sweeps")
+    res.add_argument("--no-validate", action="store_true", help="skip the real-engine validation")
+    res.add_argument("--validate-requests", type=int, default=40, help="requests per validation load")
+    res.add_argument("--validate-loads", type=float, nargs="+", default=[0.3, 0.6, 0.85, 1.2],
+                     help="validation loads as fractions of the engine's calibrated capacity")
+    res.add_argument("--out-dir", default="benchmarks/resources", help="where the PNG, JSON and results.md go")
+    res.add_argument("--json", action="store_true", help="print JSON instead of the tables")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,4 +90,8 @@ def run(args: argparse.Namespace) -> int:
         from engine.bench.rebalance import main as rebalance_main
 
         return rebalance_main(args)
+    if args.bench == "resources":
+        from engine.bench.resources import main as resources_main
+
+        return resources_main(args)
     raise SystemExit(f"unknown benchmark {args.bench!r}")

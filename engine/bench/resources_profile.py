@@ -167,8 +167,9 @@ def _stage(name: str, d: Mapping[str, Any]) -> Stage:
 
 def from_obj(obj: Mapping[str, Any], name: str = "profile") -> Profile:
     shape = dict(obj.get("shape", {}))
+    # a measured profile (wan_fullsize_profile.py) times one step; requests default to the pipeline's 50
     ref = Request(int(shape.get("height", 480)), int(shape.get("width", 832)), int(shape.get("frames", 81)),
-                  int(shape.get("steps", 1)))
+                  int(shape.get("steps", obj.get("steps", 50))))
     stages = tuple(_stage(n, d) for n, d in obj["stages"].items())
     if not stages:
         raise ValueError("a profile needs at least one stage")

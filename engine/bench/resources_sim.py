@@ -213,24 +213,23 @@ def simulate_onepiece(profile: Profile, reqs: Sequence[Request], arrivals: Seque
                   "max_rho": max(rho.values()), "devices_packed": packed_devices(profile, instances, rho)})
 
 
-def packed_devices(profile: Profile, instances: dict[str, int], rho: dict[str, float], max_util: float = 0.95
-                   ) -> int:
-    """Devices if the light stages (all accelerator stages but the longest) share devices, as an
+def packed_devices(profile: Profile, instances: dict[str, int], rho: dict[str, float], max_util: float = 0.95,
+                   diffusion: str = "denoise") -> int:
+    """Devices if the light stages (every accelerator stage but ``diffusion``) share devices, as an
     assignment may place several instances on one device: enough devices for their summed busy
     time x occupancy at ``max_util`` and for their summed memory. Optimistic: the simulation
     does not model their contention on a shared device."""
     gpu = [s for s in profile.stages if s.device == "gpu"]
-    heavy = max(gpu, key=lambda s: profile.seconds(s, profile.reference))
-    light = [s for s in gpu if s is not heavy]
+    heavy = [s for s in gpu if s.name == diffusion] or [max(gpu, key=lambda s: profile.seconds(s, profile.reference))]
+    light = [s for s in gpu if s is not heavy[0]]
     if not light:
-        return instances[heavy.name]
+        return instances[heavy[0].name]
     busy = sum(rho[s.name] * instances[s.name] * s.occupancy for s in light)
     mem = sum(s.memory_gib * instances[s.name] for s in light)
     shared = max(1, math.ceil(busy / max_util - 1e-9), math.ceil(mem / profile.device_memory_gib - 1e-9))
-    return instances[heavy.name] + min(shared, sum(instances[s.name] for s in light))
+    return instances[heavy[0].name] + min(shared, sum(instances[s.name] for s in light))
 
 
-# -- sizing --------------------------------------------------------------------------------------
 def _min_meeting(lo: int, run: Callable[[int], Point], slo: float, hi_cap: int, max_util: float = 0.95
                  ) -> Point | None:
     """The smallest n >= lo whose run meets ``slo`` (p99) with no device group busier than
@@ -293,11 +292,12 @@ def size(sc: Scenario, rate: float) -> tuple[Point | None, Point | None]:
     def mono(n: int) -> Point:
         return simulate_monolithic(prof, reqs, arrivals, n, sc.batch, sc.gpus_per_replica, sc.sp_speedup)
 
+    # a stage that does not fit one device alone needs sharding, which neither deployment models
+    too_big = [s.name for s in prof.stages if s.device == "gpu" and s.memory_gib > prof.device_memory_gib]
     lo_mono = math.ceil(rate * mean_gpu / (sc.sp_speedup * sc.batch) - 1e-9)
-    m = _min_meeting(lo_mono, mono, slo, max(64, 20 * lo_mono), sc.max_util)
+    m = None if too_big else _min_meeting(lo_mono, mono, slo, max(64, 20 * lo_mono), sc.max_util)
 
     gpu_profiles = stage_profiles(prof, mix, batch=sc.onepiece_batch)
-    too_big = [s.name for s in prof.stages if s.device == "gpu" and s.memory_gib > prof.device_memory_gib]
     cpu = cpu_workers(prof, mix, rate)
 
     def onepiece(budget: int) -> Point:

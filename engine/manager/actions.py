@@ -141,6 +141,15 @@ def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Ove
             raise ActionRefused(f"no workflow {wf!r}")
         if mode not in MODES:
             raise ActionRefused(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "collaboration":
+            from engine.workflow import get_workflow
+
+            spec = get_workflow(wf)
+            if not any(spec.stage(s).cfg_parallel for s in spec.route()):
+                raise ActionRefused(
+                    f"{wf} has no stage that can collaborate bit-identically: its denoiser batches the "
+                    f"conditional and unconditional predictions into one call, and splitting them changes the "
+                    f"result in the last bits")
         new.modes[wf] = mode
     else:
         raise ActionRefused(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")

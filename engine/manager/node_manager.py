@@ -73,6 +73,7 @@ class NodeManager:
         self._thread: threading.Thread | None = None
         self.overrides = act.Overrides()
         self._capacity: dict[str, float] = {}  # last published, per workflow
+        self._modes: dict[str, str] = {}  # scheduling mode last published, per workflow
         self._recommended: dict[str, dict[str, int]] = {}  # Theorem 1's counts last published
         self._profiles: dict[str, list[StageProfile]] = {}  # this tick's stage profiles
         self._force = False  # an accepted operator action applies at once, past hysteresis
@@ -186,11 +187,12 @@ class NodeManager:
             rps, bottleneck = throughput(self.profile(w), have.get(w, {}))
             last = self._capacity.get(w)
             recommended = desired.get(w, {})
+            mode = self.overrides.modes.get(w, "individual")
             if (last is not None and abs(rps - last) <= 0.05 * max(last, 1e-9)
-                    and self._recommended.get(w) == recommended):
+                    and self._recommended.get(w) == recommended and self._modes.get(w) == mode):
                 continue
-            self._capacity[w], self._recommended[w] = rps, recommended
-            body = {"rps": rps, "bottleneck": bottleneck, "instances": have.get(w, {}),
+            self._capacity[w], self._recommended[w], self._modes[w] = rps, recommended, mode
+            body = {"rps": rps, "bottleneck": bottleneck, "instances": have.get(w, {}), "mode": mode,
                     "recommended": recommended, "service_s": {p.name: p.seconds for p in self.profile(w)},
                     "fence_token": self.election.leadership.token if self.election.leadership else None}
             puts[f"{self.cfg.root}/capacity/{w}"] = json.dumps(body, sort_keys=True)

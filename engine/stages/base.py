@@ -61,6 +61,9 @@ class StageContext:
     deadline: float | None = None
     clock: Callable[[], float] = time.time
     stats: dict[str, Any] = field(default_factory=dict)
+    #: Collaboration mode: a handle on a peer instance that computes the unconditional half of each
+    #: guided step (engine.worker.collab.CfgRemote); None in Individual mode.
+    cfg_parallel: Any = None
 
     def check(self) -> None:
         """Raise :class:`Cancelled` or :class:`DeadlineExceeded` if the request must stop."""

@@ -120,6 +120,8 @@ def to_torch(t: TensorData) -> torch.Tensor:
 def from_torch(tensor: torch.Tensor) -> TensorData:
     """Describe a tensor for the codec: moved to CPU, made contiguous, viewed as bytes."""
     cpu = tensor.detach().to("cpu").contiguous()
+    if cpu.numel() and cpu.stride()[-1] != 1:  # an expanded size-1 dim counts as contiguous but has stride 0
+        cpu = torch.empty_like(cpu, memory_format=torch.contiguous_format).copy_(cpu)
     # A flat uint8 view works for every dtype, bfloat16 included (numpy has none).
     data = cpu.reshape(-1).view(torch.uint8).numpy() if cpu.numel() else b""
     return TensorData(str(cpu.dtype).removeprefix("torch."), tuple(cpu.shape), data)

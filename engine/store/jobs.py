@@ -269,6 +269,10 @@ class JobStore:
         pipe.hincrbyfloat(keys.instance_key(instance), "busy_s", busy_s)
         pipe.execute()
 
+    def count_instance(self, instance: str, name: str, n: int = 1) -> None:
+        """Add ``n`` to one of an instance's counters (e.g. ``cfg_halves``: steps it helped a peer with)."""
+        self.r.hincrby(keys.instance_key(instance), name, n)
+
     def instance_stats(self, instance: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.instance_key(instance)).items()}
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from engine.worker.config import Assignment, InstanceSpec, StageTiming
 from engine.worker.routes import Route, assignment_key, etcd_client, node_key, publish_route, withdraw_route
+from engine.workflow import get_workflow
 
 log = logging.getLogger("onepiece.node")
 
@@ -62,6 +63,7 @@ class _Instance:
     published: bool = False
     generation: int = field(default_factory=time.time_ns)  # a new ring for each new instance (see Route)
     history: list[float] = field(default_factory=list)
+    collab: str = ""  # Collaboration mode: the instance's second ring (see engine.worker.collab)
     busy: tuple[float, float] = (0.0, 0.0)  # (busy seconds, when) at the last report: utilisation baseline
 
 
@@ -144,9 +146,11 @@ class TaskManager:
                 self._remove(inst)
         for iid, spec in wanted.items():
             if iid not in self.instances:
+                cfg_parallel = get_workflow(spec.workflow).stage(spec.stage).cfg_parallel
                 self.instances[iid] = _Instance(
                     spec, self._address(iid), self.desired.model_dirs[spec.workflow],
-                    self.desired.deliver.get(spec.workflow, self.s.deliver))
+                    self.desired.deliver.get(spec.workflow, self.s.deliver),
+                    collab=self._address(iid + ".cfg") if cfg_parallel else "")
         for inst in self.instances.values():
             self._supervise(inst, now)
         self._report()
@@ -230,7 +234,7 @@ class TaskManager:
             device=inst.spec.device, step_delay_s=inst.spec.step_delay_s,
             progress_interval_s=self.s.progress_interval_s, result_ttl_s=self.s.result_ttl_s,
             route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
-            stage_time_s=floor_s, stage_stretch=factor,
+            stage_time_s=floor_s, stage_stretch=factor, collab_address=inst.collab,
         )
         with open(self.logs / f"{inst.spec.id}.log", "ab") as out:
             inst.proc = subprocess.Popen(
@@ -252,6 +256,8 @@ class TaskManager:
                 inst.proc.kill()
                 inst.proc.wait()
         self._unlink(inst.address)
+        if inst.collab:
+            self._unlink(inst.collab)
         self.instances.pop(inst.spec.id, None)
 
     # -- reporting ---------------------------------------------------------------------------------
@@ -299,7 +305,8 @@ class TaskManager:
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _route(self, inst: _Instance) -> Route:
-        return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node, inst.generation)
+        return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node, inst.generation,
+                     inst.collab)
 
     def _ready_file(self, inst: _Instance) -> Path:
         return self.s.run_dir / f"{inst.spec.id}.ready"

@@ -53,7 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
     routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s).start()
     consumer = open_ring(config.address, RingConfig(slots=config.ring_slots, buffer_bytes=config.ring_bytes))
-    worker = TaskWorker(config, store, routes, executor, consumer)
+    collab = None
+    if config.collab_address:
+        from engine.worker.collab import CfgService
+
+        ring = open_ring(config.collab_address, RingConfig(slots=64, buffer_bytes=config.ring_bytes))
+        collab = CfgService(config.instance, config.collab_address, ring, executor,
+                            on_helped=lambda n: store.count_instance(config.instance, "cfg_halves", n)).start()
+    worker = TaskWorker(config, store, routes, executor, consumer, collab)
     try:
         if config.ready_file:
             tmp = Path(config.ready_file + ".tmp")

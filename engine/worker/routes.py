@@ -6,7 +6,8 @@ Keys (values are JSON)::
                                                      "generation": <int>}
     /onepiece/assignments/<node>                     the node's desired instances (see engine.worker.config)
     /onepiece/nodes/<node>                           the node's registration, bound to its lease
-    /onepiece/capacity/<workflow>                    {"rps": ...}: capacity the Node Manager measured
+    /onepiece/capacity/<workflow>                    {"rps": ..., "mode": ...}: capacity the Node Manager
+                                                     measured, and the workflow's scheduling mode
 
 A TaskManager publishes a route once the instance's worker is ready and removes
 it when the instance is stopped; routes are bound to the node's lease, so a
@@ -75,6 +76,7 @@ class Route:
     address: str
     node: str = ""
     generation: int = 0
+    collab: str = ""  # Collaboration mode: the ring where this instance takes (and answers) CFG halves
 
     @property
     def ring_id(self) -> str:
@@ -82,7 +84,7 @@ class Route:
 
     def to_json(self) -> str:
         return json.dumps({"address": self.address, "node": self.node, "instance": self.instance,
-                           "generation": self.generation})
+                           "generation": self.generation, "collab": self.collab})
 
 
 def publish_route(client: Any, route: Route, lease: Any = None) -> None:
@@ -119,6 +121,7 @@ class RouteTable:
         self.clock = clock
         self._routes: dict[tuple[str, str], list[Route]] = {}
         self._capacity: dict[str, float] = {}
+        self._modes: dict[str, str] = {}
         self._fetched = -1e18
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -162,20 +165,30 @@ class RouteTable:
                 continue  # a malformed route is skipped, not fatal
             found.setdefault((workflow, stage), []).append(
                 Route(workflow, stage, instance, str(data["address"]), str(data.get("node", "")),
-                      int(data.get("generation", 0))))
+                      int(data.get("generation", 0)), str(data.get("collab", ""))))
         for rs in found.values():
             rs.sort(key=lambda r: r.instance)
         capacity: dict[str, float] = {}
+        modes: dict[str, str] = {}
         for value, meta in self.client.get_prefix(capacity_prefix()):
             key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
             try:
-                capacity[key[len(capacity_prefix()):]] = float(json.loads(value)["rps"])
+                body = json.loads(value)
+                capacity[key[len(capacity_prefix()):]] = float(body["rps"])
+                modes[key[len(capacity_prefix()):]] = str(body.get("mode", "individual"))
             except (ValueError, KeyError, TypeError):
                 continue
         with self._lock:
             self._routes = found
             self._capacity = capacity
+            self._modes = modes
             self._fetched = self.clock()
+
+    def mode(self, workflow: str) -> str:
+        """The workflow's scheduling mode the Node Manager published: "individual" (the default) or
+        "collaboration"."""
+        with self._lock:
+            return self._modes.get(workflow, "individual")
 
     def capacity(self, workflow: str) -> float | None:
         """Requests/s the Node Manager measured ``workflow`` sustains now, if it published one."""

@@ -59,6 +59,7 @@ class WorkerConfig:
     route_refresh_s: float = 1.0
     send_timeout_s: float = 30.0
     ready_file: str = ""
+    collab_address: str = ""  # Collaboration mode: this instance's collab ring (engine.worker.collab)
     stage_time_s: float = 0.0  # stretched stage times (see engine.worker.config.StageTiming); 0 / 1: off
     stage_stretch: float = 1.0
 
@@ -80,8 +81,9 @@ class TaskWorker:
     """The core loop of one stage instance (no process concerns: see :func:`main`)."""
 
     def __init__(self, config: WorkerConfig, store: JobStore, routes: RouteTable,
-                 executor: StageExecutor, consumer: RingConsumer) -> None:
+                 executor: StageExecutor, consumer: RingConsumer, collab: Any = None) -> None:
         self.config = config
+        self.collab = collab  # a started engine.worker.collab.CfgService, for Collaboration mode
         self.store = store
         self.routes = routes
         self.executor = executor
@@ -173,6 +175,8 @@ class TaskWorker:
                 time.sleep(cfg.step_delay_s)
 
         ctx = StageContext(progress=progress, cancelled=lambda: self.store.cancel_requested(uid), deadline=h.deadline)
+        if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
+            ctx.cfg_parallel = self.collab.remote_for(h, self.routes)
         values: dict[str, Any] = {k: to_torch(t) for k, t in msg.tensors.items()}
         values.update(msg.blobs)
         stage = self.spec.stage(st)
@@ -190,6 +194,8 @@ class TaskWorker:
         if pad:
             time.sleep(pad)
         elapsed = time.perf_counter() - t0
+        helped = f" (collaboration: {ctx.cfg_parallel.steps_helped} halves by {ctx.cfg_parallel.helper.instance})" \
+            if ctx.cfg_parallel is not None else ""
         values.update(out)
         tensors, blobs = values_to_message({k: values[k] for k in self.spec.carried_after(st)})
         h.timestamps[st] = time.time()
@@ -202,7 +208,7 @@ class TaskWorker:
             h.stage = self.next_stage
             self._send(h, tensors, blobs, costs.get(self.next_stage, 0.0))
             self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (before + share) / total),
-                             detail=f"{elapsed:.3f}s")
+                             detail=f"{elapsed:.3f}s{helped}")
         self.store.mark_done(uid, st)
         self.store.record_instance(cfg.instance, {"workflow": cfg.workflow, "stage": st,
                                                   "last_stage_s": round(elapsed, 6)}, elapsed)
@@ -243,5 +249,7 @@ class TaskWorker:
             self.routes.candidates(h.workflow, self.next_stage, fresh=True)
 
     def close(self) -> None:
+        if self.collab is not None:
+            self.collab.stop()
         self.producers.close()
         self.consumer.close()

@@ -66,6 +66,11 @@ class StageSpec:
     outputs: tuple[TensorSpec, ...]
     components: tuple[str, ...] = ()
     doc: str = ""
+    #: Collaboration mode: two instances compute the conditional and unconditional predictions of each
+    #: step in parallel (classifier-free-guidance parallelism). Only where the split is bit-identical to
+    #: one instance: a stage whose model makes the two predictions in separate calls (Wan2.1), not one
+    #: that batches them into one call (SD's UNet: batch 2 and two batch-1 calls differ in the last bits).
+    cfg_parallel: bool = False
 
 
 @dataclass(frozen=True)

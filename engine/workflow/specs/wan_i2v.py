@@ -78,6 +78,7 @@ SPEC = WorkflowSpec(
             inputs=("prompt_embeds", "negative_prompt_embeds", "image_embeds", "latents", "condition"),
             outputs=(TensorSpec("denoised", "float32", _LATENT),),
             components=("transformer", "scheduler"), doc="classifier-free-guided flow-matching denoising",
+            cfg_parallel=True,
         ),
         StageSpec(
             "vae_decode", f"{_P}.decoders.WanVaeDecode", inputs=("denoised",),

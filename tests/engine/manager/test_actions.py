@@ -69,6 +69,8 @@ def test_scale_stage_applies_at_once_and_is_audited(env) -> None:
     ("drain_node", {"node": "n9"}, "no live node"),
     ("move_instance", {"instance": "ghost", "node": "n1"}, "no instance"),
     ("set_mode", {"workflow": WF, "mode": "turbo"}, "mode must be"),
+    # sd-t2i's UNet batches both CFG halves into one call: splitting them would change the result
+    ("set_mode", {"workflow": WF, "mode": "collaboration"}, "bit-identically"),
 ])
 def test_invalid_actions_are_refused_with_a_reason_and_audited(env, action, args, why) -> None:
     client, root, nm = env

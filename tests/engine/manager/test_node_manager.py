@@ -146,6 +146,39 @@ def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server
     nm.election.resign()
 
 
+def test_the_scheduling_mode_is_published_with_the_capacity(cluster, etcd_server) -> None:
+    """set_mode reaches the workers through the capacity key their route tables read."""
+    from engine.manager import actions as act
+    from engine.worker.routes import RouteTable
+
+    client, key, report = cluster
+    wan = "wan2.1-i2v"
+    stages = ["text_encode", "image_encode", "vae_encode", "denoise", "vae_decode", "video_encode"]
+    for n in ("n1", "n2"):
+        instances = {f"{wan}.{s}.x{n}": {"workflow": wan, "stage": s, "last_stage_s": 0.1} for s in stages}
+        client.put(ROOT + NODES + n, json.dumps({"node": n, "instances": instances}))
+    e = Election(client, "nm-mode", ttl=2, key=key)
+    e.try_acquire()
+    nm = NodeManager(client, e, ManagerConfig(workflows={wan: "/models/wan"}, root=ROOT, slots_per_node=8),
+                     clock=Clock())
+    nm.tick()
+    assert json.loads(client.get(f"{ROOT}/capacity/{wan}")[0])["mode"] == "individual"
+    action_id = act.submit(client, ROOT, "set_mode", {"workflow": wan, "mode": "collaboration"}, "ops")
+    nm.tick()
+    assert act.result(client, ROOT, action_id, timeout=1)["ok"]
+    nm.tick()
+    raw = client.get(f"{ROOT}/capacity/{wan}")
+    assert json.loads(raw[0])["mode"] == "collaboration"
+    client.put(f"/onepiece/capacity/{wan}", raw[0])
+    try:
+        table = RouteTable(connect(etcd_server.url))
+        table.refresh()
+        assert table.mode(wan) == "collaboration" and table.mode(WF) == "individual"
+    finally:
+        client.delete(f"/onepiece/capacity/{wan}")
+    e.resign()
+
+
 def test_two_workflows_share_the_slots_and_each_gets_its_minimums(cluster) -> None:
     client, key, report = cluster
     report("n1", {"denoise": 0.3})
