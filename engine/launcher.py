@@ -3,9 +3,9 @@
 Starts (unless URLs are configured) a redis-server and an etcd on free loopback
 ports, prepares the SQLite ledger, serves the web platform, builds the tiny
 models on first run (into the state dir), and runs the engine: a TaskManager
-(``onepiece node``) with one instance per stage of every workflow, under a
-static assignment until the Node Manager writes them, and the Proxy
-(``onepiece proxy``). Prints where everything listens; on Ctrl-C (or SIGTERM)
+(``onepiece node``) with one instance per stage of every workflow under a
+static assignment, the Proxy (``onepiece proxy``), then a Node Manager
+(``onepiece manager``) that takes the assignment over. Prints where everything listens; on Ctrl-C (or SIGTERM)
 stops every child it started, the engine first, so no worker process or
 shared-memory ring is left behind.
 """
@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         _say(api_key_line)
         _say(f"proxy: {proxy_url}")
         _say(f"workers: {instances} stage instances ready (logs: {logs / 'node' / 'logs'})")
+        _say(f"manager: leading, rebalancing every 2 s (log: {logs / 'manager.log'})")
         _say(f"state: {state}")
         _say("ready (Ctrl-C stops everything)")
         if args.exit_after_ready:
@@ -231,7 +232,8 @@ def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -
 
 def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str], state: Path, host: str,
                   logs: Path) -> tuple[dict[str, subprocess.Popen[bytes]], str, int]:
-    """Start ``onepiece node`` (static assignment) and ``onepiece proxy``; wait until every instance serves."""
+    """Start ``onepiece node`` (static assignment) and ``onepiece proxy``, wait until every instance serves,
+    then start ``onepiece manager`` and wait until it leads."""
     from engine.worker.config import default_assignment
     from engine.worker.routes import etcd_client, routes_prefix
 
@@ -262,12 +264,29 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     while True:
         published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix(routes_prefix())}
         if want <= published and _proxy_sees_routes(proxy_url):
-            return procs, proxy_url, len(want)
+            break
         if procs["node"].poll() is not None:
             raise ServiceError(f"node exited with {procs['node'].returncode}; see {logs / 'node.log'}")
         if time.monotonic() > deadline:
             raise ServiceError(f"stage workers not ready: {sorted(want - published)}; see {node_dir / 'logs'}")
         time.sleep(0.25)
+    # The Node Manager takes over from the static assignment (keeping its instances: one node, one slot per
+    # instance) and from then on measures stage times, rebalances, applies operators' actions and feeds the
+    # Proxy's admission control with the measured capacity.
+    manager_cmd = [*cli, "manager", "--name", "local-manager", "--slots-per-node", str(len(want)),
+                   *(a for wf, folder in sorted(models.items()) for a in ("--workflow", f"{wf}={folder}"))]
+    with open(logs / "manager.log", "ab") as out:
+        procs["manager"] = subprocess.Popen(manager_cmd, env=env, cwd=REPO_ROOT, stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+    stack.callback(_terminate, procs["manager"], 15.0)
+    while not etcd.get("/onepiece/manager/leader"):
+        if procs["manager"].poll() is not None:
+            raise ServiceError(f"manager exited with {procs['manager'].returncode}; see {logs / 'manager.log'}")
+        if time.monotonic() > deadline:
+            raise ServiceError(f"the Node Manager did not take the lead; see {logs / 'manager.log'}")
+        time.sleep(0.1)
+    return procs, proxy_url, len(want)
 
 
 def _proxy_sees_routes(proxy_url: str) -> bool:

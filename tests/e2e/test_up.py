@@ -37,7 +37,8 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "onepiece up took too long"
         assert "web" in lines, lines
         children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) >= 5  # redis, etcd, web, node (+ its workers), proxy
+        assert len(children) >= 6  # redis, etcd, web, node (+ its workers), proxy, manager
+        assert lines["manager"].startswith("leading"), lines
         with urllib.request.urlopen(lines["web"] + "readyz", timeout=10) as r:
             body = json.loads(r.read())
         assert body["checks"] == {"database": "ok", "redis": "ok"}
@@ -47,7 +48,22 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
             checks = json.loads(r.read())["checks"]
         assert checks == {"redis": "ok", "routes:sd-t2i": "ok", "routes:wan2.1-i2v": "ok"}
         rings = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")]
-        assert len(rings) == 10, rings  # one inbox ring per stage instance
+        inboxes = [n for n in rings if not n.endswith(".cfg")]
+        assert len(inboxes) == 10, rings  # one inbox ring per stage instance
+        assert [n for n in rings if n.endswith(".cfg")] == [f"onepiece-up-{proc.pid}-wan2.1-i2v.denoise.0.cfg"]
+        # the Node Manager leads, took the assignment over without moving an instance, and feeds the
+        # Proxy's admission with each workflow's capacity
+        from engine.worker.routes import etcd_client
+
+        etcd = etcd_client(lines["etcd"])
+        deadline = time.monotonic() + 60
+        while not all(etcd.get(f"/onepiece/capacity/{wf}") for wf in ("sd-t2i", "wan2.1-i2v")):
+            assert time.monotonic() < deadline, "the Node Manager published no capacity"
+            time.sleep(0.2)
+        capacity = json.loads(etcd.get("/onepiece/capacity/sd-t2i")[0])
+        assert capacity["fence_token"] > 0 and capacity["rps"] > 0 and capacity["mode"] == "individual"
+        assert capacity["instances"] == {s: 1 for s in ("text_encode", "denoise", "vae_decode", "image_encode")}
+        assert sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")) == sorted(rings)
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
