@@ -135,16 +135,15 @@ def login(page: Any, url: str, name: str) -> None:
     page.wait_for_url(url + "/dashboard/")
 
 
-@pytest.fixture
-def leader(cluster: dict[str, Any]) -> Iterator[Any]:
-    """A leading Node Manager (sd-t2i, 5 slots a node) ticking in a thread, so actions get a verdict."""
+def _leader(cluster: dict[str, Any], workflows: dict[str, str], slots_per_node: int) -> Iterator[Any]:
+    """A leading Node Manager ticking in a thread, so actions get a verdict."""
     from engine.manager.election import Election
     from engine.manager.node_manager import ManagerConfig, NodeManager
 
     root, client = cluster["root"], cluster["client"]
     election = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=60, key=f"{root}/leader")
-    manager = NodeManager(client, election, ManagerConfig(workflows={"sd-t2i": "/models/sd"}, root=root,
-                                                          slots_per_node=5))
+    manager = NodeManager(client, election, ManagerConfig(workflows=workflows, root=root,
+                                                          slots_per_node=slots_per_node))
     assert election.try_acquire() is not None
     stop = threading.Event()
 
@@ -158,3 +157,15 @@ def leader(cluster: dict[str, Any]) -> Iterator[Any]:
     stop.set()
     t.join(5)
     election.resign()
+
+
+@pytest.fixture
+def leader(cluster: dict[str, Any]) -> Iterator[Any]:
+    """The leader of an sd-t2i cluster, 5 instance slots a node."""
+    yield from _leader(cluster, {"sd-t2i": "/models/sd"}, 5)
+
+
+@pytest.fixture
+def leader_both(cluster: dict[str, Any]) -> Iterator[Any]:
+    """The leader of a cluster serving both workflows, 10 instance slots a node."""
+    yield from _leader(cluster, {"sd-t2i": "/models/sd", "wan2.1-i2v": "/models/wan"}, 10)

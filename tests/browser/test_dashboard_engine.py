@@ -209,8 +209,13 @@ def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_
         bars = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('#job-gantt rect[data-stage]')]
             .map(r => [r.dataset.stage, [+r.getAttribute('x'), +r.getAttribute('width')]]))""")
         assert set(bars) == {"waiting", "text_encode", "denoise", "vae_decode", "image_encode"}
-        # the stretched text_encode is the longest bar; the stages ran in the workflow's order
-        assert max(bars, key=lambda s: bars[s][1] if s != "waiting" else 0) == "text_encode"
+        # the bars are the stage times the engine's events reported: text_encode held its 3 s floor,
+        # and each bar's length is its stage's share of the job's time
+        job = page.evaluate(f"fetch('/dashboard/api/jobs/{uids[-1]}').then(r => r.json()).then(d => d.job)")
+        took = {s["stage"]: s["finished"] - s["started"] for s in job["stages"]}
+        assert took["text_encode"] >= TEXT_ENCODE_S - 0.05, took
+        per_second = bars["text_encode"][1] / took["text_encode"]
+        assert bars["denoise"][1] == pytest.approx(took["denoise"] * per_second, abs=1.0)
         order = sorted((v[0], s) for s, v in bars.items() if s != "waiting")
         assert [s for _, s in order] == ["text_encode", "denoise", "vae_decode", "image_encode"]
         page.wait_for_function("document.querySelector('#job-result img')?.complete &&"

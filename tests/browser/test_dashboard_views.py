@@ -184,7 +184,7 @@ def test_job_detail_shows_timeline_and_result(live_asgi, browser, store) -> None
         ctx.close()
 
 
-def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, cluster, leader, browser,
+def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, cluster, leader_both, browser,
                                                             celery_broker, web_redis) -> None:
     from onepiece_platform.redis_conn import get_redis
 
@@ -214,7 +214,10 @@ def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, cluster, 
             for name, value in fields.items():
                 page.select_option(f"#{form} select[name={name}]", value)
             page.click(f"#{form} button")
-            page.wait_for_function(f"{outcome}.includes({json.dumps(expect)})", timeout=10_000)
+            try:
+                page.wait_for_function(f"{outcome}.includes({json.dumps(expect)})", timeout=10_000)
+            except Exception:
+                raise AssertionError(f"{form}: {page.inner_text('#action-outcome')!r}") from None
             assert len(asked) == before + 1  # one confirmation per action
             return page.inner_text("#action-outcome")
 
@@ -223,19 +226,35 @@ def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, cluster, 
         assert "Drain node n2?" in asked[0]
         assert "accepted" in act("drain-form", "accepted", node="n2")
         assert "accepted" in act("undrain-form", "accepted", node="n2")
-        assert "accepted" in act("mode-form", "accepted", workflow=WF, mode="collaboration")
+        assert "accepted" in act("mode-form", "accepted", workflow="wan2.1-i2v", mode="collaboration")
+        # the leader refuses what the engine cannot do, and the operator reads why
+        refused = act("mode-form", "refused", workflow=WF, mode="collaboration")
+        assert "bit" in refused and page.get_attribute("#action-outcome", "class") == "error"
+        page.click('nav a[data-view="cluster"]')
+        page.wait_for_function("document.querySelector('[data-workflow=\"wan2.1-i2v\"] .mode')"
+                               ".textContent === 'collaboration'", timeout=10_000)
+        assert page.inner_text(f'[data-workflow="{WF}"] .mode') == "individual"
+        page.click('nav a[data-view="actions"]')
+        # every slot of n1 and n2 is in use; a node joins (its slots stay free while the leader's
+        # rebalancing cools down) and the operator moves an instance onto it
         instance = page.eval_on_selector("#move-form select[name=instance]", "s => s.options[0].value")
-        assert "accepted" in act("move-form", "accepted", instance=instance, node="n2")
+        full = act("move-form", "refused", instance=instance, node="n2")
+        assert "no free slot" in full or "already" in full
+        cluster["put_node"]("n3", {}, CPU)
+        page.wait_for_function("[...document.querySelector('#move-form select[name=node]').options]"
+                               ".some(o => o.value === 'n3')", timeout=10_000)
+        assert "accepted" in act("move-form", "accepted", instance=instance, node="n3")
         assert "queued" in act("warm-form", "queued", workflow=WF, node="n1")
-        page.fill("#scale-form input[name=instances]", "50")
+        page.fill("#scale-form input[name=instances]", "50")  # more than 3 nodes x 10 slots hold
         refused = act("scale-form", "refused", workflow=WF, stage="denoise")
         assert "does not fit" in refused and page.get_attribute("#action-outcome", "class") == "error"
-        page.wait_for_function("document.querySelectorAll('#actions-table tbody tr').length >= 6", timeout=10_000)
+        page.wait_for_function("document.querySelectorAll('#actions-table tbody tr').length === 8", timeout=10_000)
         audit = page.inner_text("#actions-table")
         for kind in ("drain_node", "undrain_node", "set_mode", "move_instance", "warm_up", "scale_stage"):
             assert kind in audit
-        assert leader.overrides.modes == {WF: "collaboration"}
-        assert leader.overrides.drained == [] and leader.overrides.pinned.get(instance) == "n2"
+        leader = leader_both
+        assert leader.overrides.modes == {"wan2.1-i2v": "collaboration"}
+        assert leader.overrides.drained == [] and leader.overrides.pinned.get(instance) == "n3"
         # the warm-up went to the real broker as a JSON task message for a Celery worker
         msgs = [json.loads(m) for m in get_redis().lrange("celery", 0, -1)]
         assert [m["headers"]["task"] for m in msgs] == ["onepiece.warm_up"]

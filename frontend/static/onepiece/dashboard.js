@@ -129,7 +129,8 @@
       const { stats, deployed, bottleneck } = stageStats(nodes, wf, capacity);
       const inflight = (snap.inflight || {})[wf] || {};
       const waiting = (snap.waiting || {})[wf] || { queued: 0, stages: {} };
-      const mode = ((snap.overrides || {}).modes || {})[wf] || "default";
+      // the mode the leader runs (published with capacity), else what operators set, else the default
+      const mode = capacity.mode || ((snap.overrides || {}).modes || {})[wf] || "individual";
       const stages = Object.entries(stats).map(([stage, s]) => {
         const rec = s.recommended == null ? "–" : s.recommended;
         const off = s.recommended != null && s.recommended !== s.instances;
