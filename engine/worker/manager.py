@@ -20,6 +20,10 @@ one tick is logged and the next tick starts afresh.
   segment under its prefix, so nothing is left in /dev/shm.
 - Routes: published (bound to the node's lease) once a worker reports ready;
   withdrawn when its instance is removed from the assignment or the node stops.
+- Moves: an instance removed from the assignment is drained, not killed: its
+  route goes first, then the worker serves what its ring still holds and
+  exits (SIGUSR1); its ring is unlinked after. Start-up (process, model load,
+  ring connect, until ready) and drain times are in the report's ``moves``.
 - Fencing: an assignment the Node Manager wrote carries its leader's
   ``fence_token``; one with a token older than the newest seen is ignored.
 """
@@ -48,6 +52,7 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "onepiece-"  # engine.transport.shm's prefix; not imported, to keep this process light
 BACKOFF_MIN_S = 0.5
 BACKOFF_MAX_S = 10.0
+DRAIN_TIMEOUT_S = 300.0  # a worker still serving its queue after this long is killed
 
 
 @dataclass
@@ -64,6 +69,9 @@ class _Instance:
     generation: int = field(default_factory=time.time_ns)  # a new ring for each new instance (see Route)
     history: list[float] = field(default_factory=list)
     collab: str = ""  # Collaboration mode: the instance's second ring (see engine.worker.collab)
+    spawned: float = 0.0  # when the current process was started (the TaskManager's clock)
+    startup: dict[str, Any] = field(default_factory=dict)  # the last start-up's timings
+    drain_started: float = 0.0
     busy: tuple[float, float] = (0.0, 0.0)  # (busy seconds, when) at the last report: utilisation baseline
 
 
@@ -108,6 +116,8 @@ class TaskManager:
         self.fence_token = 0  # newest Node Manager token seen on this node's assignment
         self.logs = settings.run_dir / "logs"
         self._devices: Any = None  # DeviceSampler, made on first report
+        self.draining: list[_Instance] = []  # removed from the assignment, finishing what their rings hold
+        self.moves: list[dict[str, Any]] = []  # the last drains and start-ups, with their timings
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,9 +153,10 @@ class TaskManager:
         wanted = {i.id: i for i in self.desired.instances}
         for iid, inst in list(self.instances.items()):
             if iid not in wanted or wanted[iid] != inst.spec:
-                self._remove(inst)
+                self._drain(inst, now)
+        draining = {d.spec.id for d in self.draining}
         for iid, spec in wanted.items():
-            if iid not in self.instances:
+            if iid not in self.instances and iid not in draining:  # a re-made id waits for its drain
                 cfg_parallel = get_workflow(spec.workflow).stage(spec.stage).cfg_parallel
                 self.instances[iid] = _Instance(
                     spec, self._address(iid), self.desired.model_dirs[spec.workflow],
@@ -153,10 +164,14 @@ class TaskManager:
                     collab=self._address(iid + ".cfg") if cfg_parallel else "")
         for inst in self.instances.values():
             self._supervise(inst, now)
+        self._supervise_drains(now)
         self._report()
 
     def shutdown(self, timeout: float = 15.0) -> None:
         """Stop every worker (SIGTERM, then SIGKILL), withdraw routes, drop the lease, unlink rings."""
+        for inst in self.draining:
+            self.instances.setdefault(f"{inst.spec.id}#draining", inst)
+        self.draining = []
         for inst in self.instances.values():
             if inst.proc is not None and inst.proc.poll() is None:
                 inst.proc.send_signal(signal.SIGTERM)
@@ -215,6 +230,8 @@ class TaskManager:
             self._spawn(inst)
         if inst.proc is not None and not inst.ready and self._ready_pid(inst) == inst.proc.pid:
             inst.ready = True
+            inst.startup = dict(self._ready_info(inst), ready_s=round(now - inst.spawned, 3))
+            self._log_move({"event": "ready", "instance": inst.spec.id, **inst.startup})
             if not inst.published:
                 publish_route(self.client, self._route(inst), self.lease)
                 inst.published = True
@@ -243,22 +260,48 @@ class TaskManager:
                 start_new_session=True,  # Ctrl-C reaches the manager, which stops workers in order
             )
         inst.history.append(time.time())
+        inst.spawned = self.clock()
         log.info("started worker %s (pid %d)", inst.spec.id, inst.proc.pid)
 
-    def _remove(self, inst: _Instance) -> None:
+    def _drain(self, inst: _Instance, now: float) -> None:
+        """Take an instance out of service without losing what its ring holds: withdraw its route (senders
+        stop choosing it within one route refresh), then SIGUSR1: the worker serves what is queued and exits
+        once its ring stayed empty past the senders' refresh. The slot is free when the process is gone."""
+        self.instances.pop(inst.spec.id, None)
         if inst.published:
             self._try(withdraw_route, self.client, self._route(inst))
-        if inst.proc is not None and inst.proc.poll() is None:
-            inst.proc.terminate()
-            try:
-                inst.proc.wait(15)
-            except subprocess.TimeoutExpired:
+            inst.published = False
+        if inst.proc is None or inst.proc.poll() is not None:
+            self._forget(inst)
+            return
+        inst.proc.send_signal(signal.SIGUSR1)
+        inst.drain_started = now
+        self.draining.append(inst)
+        log.info("draining worker %s (pid %d)", inst.spec.id, inst.proc.pid)
+
+    def _supervise_drains(self, now: float) -> None:
+        for inst in list(self.draining):
+            assert inst.proc is not None
+            if inst.proc.poll() is None and now - inst.drain_started < DRAIN_TIMEOUT_S:
+                continue
+            if inst.proc.poll() is None:
+                log.error("worker %s did not drain within %.0fs; killing it", inst.spec.id, DRAIN_TIMEOUT_S)
                 inst.proc.kill()
                 inst.proc.wait()
+            self.draining.remove(inst)
+            self._log_move({"event": "drained", "instance": inst.spec.id, "exit": inst.proc.returncode,
+                            "drain_s": round(now - inst.drain_started, 3)})
+            self._forget(inst)
+
+    def _forget(self, inst: _Instance) -> None:
         self._unlink(inst.address)
         if inst.collab:
             self._unlink(inst.collab)
-        self.instances.pop(inst.spec.id, None)
+
+    def _log_move(self, entry: dict[str, Any]) -> None:
+        entry["at"] = time.time()
+        self.moves = [*self.moves[-19:], entry]
+        log.info("%s", json.dumps(entry))
 
     # -- reporting ---------------------------------------------------------------------------------
     def _report(self, force: bool = False) -> None:
@@ -269,6 +312,7 @@ class TaskManager:
         report = {
             "node": self.s.node, "pid": os.getpid(), "ts": time.time(), "tick_seconds": self.tick_seconds,
             "instances": {iid: self._instance_report(i) for iid, i in self.instances.items()},
+            "draining": [i.spec.id for i in self.draining], "moves": self.moves,
             "devices": self._device_report(),
         }
         self.client.put(node_key(self.s.node), json.dumps(report), lease=self.lease)
@@ -290,7 +334,7 @@ class TaskManager:
         and utilisation (busy fraction since the previous report)."""
         out: dict[str, Any] = {"workflow": inst.spec.workflow, "stage": inst.spec.stage, "address": inst.address,
                                "pid": inst.proc.pid if inst.proc else None, "ready": inst.ready,
-                               "restarts": inst.restarts}
+                               "restarts": inst.restarts, "startup": inst.startup}
         try:
             stats = self.store.instance_stats(inst.spec.id) if self.store is not None else {}
         except Exception:  # Redis unreachable: report what the node itself knows
@@ -311,11 +355,17 @@ class TaskManager:
     def _ready_file(self, inst: _Instance) -> Path:
         return self.s.run_dir / f"{inst.spec.id}.ready"
 
-    def _ready_pid(self, inst: _Instance) -> int | None:
+    def _ready_info(self, inst: _Instance) -> dict[str, Any]:
+        """What the worker wrote when it became ready: its pid and how long its start-up parts took."""
         try:
-            return int(self._ready_file(inst).read_text())
+            info = json.loads(self._ready_file(inst).read_text())
         except (FileNotFoundError, ValueError):
-            return None
+            return {}
+        return info if isinstance(info, dict) else {"pid": info}
+
+    def _ready_pid(self, inst: _Instance) -> int | None:
+        pid = self._ready_info(inst).get("pid")
+        return pid if isinstance(pid, int) else None
 
     def _address(self, iid: str) -> str:
         """A new instance's inbox. tcp/verbs get a port of their own, kept across the worker's restarts

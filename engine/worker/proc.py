@@ -1,7 +1,8 @@
 """The TaskWorker process shell: ``python -m engine.worker.proc CONFIG_JSON``.
 
 Wraps :class:`engine.worker.taskworker.TaskWorker` with what a process needs:
-logging, signals (SIGTERM/SIGINT stop it after the current request), the
+logging, signals (SIGTERM/SIGINT stop it after the current request; SIGUSR1
+drains it: it serves what its ring holds, then exits), the
 ready file its TaskManager waits for, and an exit when its TaskManager dies
 (the parent pid changes), so no worker outlives its node.
 """
@@ -13,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,14 +34,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {config.instance} %(levelname)s %(message)s")
     log = logging.getLogger("onepiece.worker")
-    stop = {"flag": False}
+    stop: dict[str, float | bool | None] = {"flag": False, "drain": None}
 
     def _on_signal(signum: int, frame: object) -> None:
         stop["flag"] = True
 
+    def _on_drain(signum: int, frame: object) -> None:
+        stop["drain"] = time.monotonic()
+
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGUSR1, _on_drain)  # drain: serve what the ring holds, then exit
     parent = os.getppid()
+    t_start = time.monotonic()
 
     # Heavy imports happen here, in the worker, never in the TaskManager.
     from engine.stages.registry import executor_class
@@ -48,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     from engine.worker.routes import RouteTable, etcd_client
     from engine.worker.taskworker import TaskWorker, open_ring
 
+    t_load = time.monotonic()
     executor = executor_class(config.workflow, config.stage)()
     executor.load(config.model_dir, config.device)
+    t_ring = time.monotonic()
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
     routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s).start()
     consumer = open_ring(config.address, RingConfig(slots=config.ring_slots, buffer_bytes=config.ring_bytes))
@@ -61,13 +70,25 @@ def main(argv: list[str] | None = None) -> int:
         collab = CfgService(config.instance, config.collab_address, ring, executor,
                             on_helped=lambda n: store.count_instance(config.instance, "cfg_halves", n)).start()
     worker = TaskWorker(config, store, routes, executor, consumer, collab)
+    t_ready = time.monotonic()
+    # a drained worker exits once its ring stayed empty for longer than senders take to see its route gone
+    quiet = 2 * config.route_refresh_s + 0.5
+
+    def should_stop() -> bool:
+        if stop["flag"] or os.getppid() != parent:
+            return True
+        since = stop["drain"]
+        return isinstance(since, float) and time.monotonic() - max(since, worker.last_active) >= quiet
+
     try:
         if config.ready_file:
             tmp = Path(config.ready_file + ".tmp")
-            tmp.write_text(str(os.getpid()))
+            # start-up parts: imports (process_s), model load (load_s), rings, store and routes (ring_s)
+            tmp.write_text(json.dumps({"pid": os.getpid(), "process_s": round(t_load - t_start, 3),
+                                       "load_s": round(t_ring - t_load, 3), "ring_s": round(t_ready - t_ring, 3)}))
             tmp.replace(config.ready_file)  # atomic: the manager never reads a half-written file
         log.info("serving %s/%s on %s", config.workflow, config.stage, config.address)
-        worker.serve(lambda: stop["flag"] or os.getppid() != parent)
+        worker.serve(should_stop)
     finally:
         worker.close()
         routes.stop()

@@ -97,6 +97,7 @@ class TaskWorker:
         self.outstanding = Outstanding(self.producers.poll)
         self.deliver = make_deliver(config.deliver, self.outstanding)
         self.handled = 0
+        self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
 
     # -- loop --------------------------------------------------------------------------------
     def serve(self, should_stop: Callable[[], bool]) -> None:
@@ -107,6 +108,7 @@ class TaskWorker:
                 self.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
                 continue
             self.handle(d)
+            self.last_active = time.monotonic()
 
     def handle(self, d: Delivery) -> None:
         """Run the stage on one message; the input is released on every path, last."""

@@ -6,10 +6,12 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine.transport.ring import attach_producer
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
 from engine.worker.routes import assignment_key, etcd_client, node_key, routes_prefix
@@ -63,11 +65,31 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         assert (dev["kind"], dev["source"]) == ("gpu", "nvml") or (
             dev["kind"] == "cpu" and dev["source"].startswith("cpu (no NVML"))
 
-        # removed from the assignment: stopped, route withdrawn, ring unlinked
+        startup = report["instances"][ID]["startup"]
+        assert {"process_s", "load_s", "ring_s", "ready_s"} <= set(startup), startup
+
+        # removed from the assignment with requests queued: route withdrawn at once, the queue served
+        # (nothing lost), then the worker exits and the ring is unlinked
+        from engine.store import JobStore
+        from tests.engine.worker.test_taskworker import _send
+
+        store = JobStore.from_url(redis_server.url, ttl=60)
+        producer = attach_producer(f"shm://{prefix}{ID}")
+        uids = [uuid.uuid4().hex for _ in range(3)]
+        for uid in uids:
+            store.accept(uid, "sd-t2i", 1.0)
+            _send(producer, uid)
+        producer.close()
+        producer.region.close()
         etcd.put(assignment_key("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
         tm.tick()
-        assert ID not in tm.instances and _routes(etcd) == [] and not ring.exists()
-        assert second.poll() is not None
+        assert ID not in tm.instances and _routes(etcd) == [] and [d.spec.id for d in tm.draining] == [ID]
+        _until(tm, lambda: not tm.draining, timeout=60)
+        assert second.poll() == 0 and not ring.exists()
+        assert [store.state(u) for u in uids] == ["completed"] * 3
+        store.close()
+        drained = [m for m in tm.moves if m["event"] == "drained"]
+        assert drained[-1]["instance"] == ID and drained[-1]["exit"] == 0 and drained[-1]["drain_s"] > 0
     finally:
         tm.shutdown()
     assert not etcd.get(node_key("n1"))  # the lease went with the node
