@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="what-if share of the device the light stages keep busy (the paper's idle GPUs)")
     res.add_argument("--no-sensitivity", action="store_true", help="skip the assumption and sensitivity sweeps")
     res.add_argument("--no-validate", action="store_true", help="skip the real-engine validation")
-    res.add_argument("--validate-requests", type=int, default=40, help="requests per validation load")
+    res.add_argument("--validate-requests", type=int, default=60, help="requests per validation load")
     res.add_argument("--validate-loads", type=float, nargs="+", default=[0.3, 0.6, 0.85, 1.2],
                      help="validation loads as fractions of the engine's calibrated capacity")
     res.add_argument("--out-dir", default="benchmarks/resources", help="where the PNG, JSON and results.md go")

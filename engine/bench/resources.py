@@ -69,19 +69,22 @@ def sensitivity(sc: Scenario, devices: int, light_occupancy: float) -> dict[str,
     prof, ref = sc.profile, sc.profile.reference
     out: dict[str, list[dict[str, Any]]] = {"diffusion_share": [], "steps": [], "frames": [], "mix": []}
     base_share = _share(prof, sc.mix)
-    for share in sorted({0.3, 0.5, 0.7, 0.9, round(base_share, 3), 0.99}):
+    for share in sorted({0.05, 0.1, 0.3, 0.5, 0.7, 0.9, round(base_share, 3), 0.99}):
         p = prof if abs(share - base_share) < 1e-3 else prof.with_diffusion_share(share)
         row = _at(replace(sc, profile=p), devices)
         idle = _at(replace(sc, profile=p.with_occupancy(light_occupancy)), devices)
         out["diffusion_share"].append({"diffusion_share": share, **row,
                                        "ratio_packed_idle_light": idle["ratio_packed"]})
+    idle_prof = prof.with_occupancy(light_occupancy)
+
+    def both(mix: Mix) -> dict[str, Any]:
+        return {"diffusion_share": _share(prof, mix), **_at(replace(sc, mix=mix), devices),
+                "ratio_packed_idle_light": _at(replace(sc, mix=mix, profile=idle_prof), devices)["ratio_packed"]}
+
     for steps in (4, 10, 20, 40, 50):
-        mix = [(1.0, replace(ref, steps=steps))]
-        out["steps"].append({"steps": steps, "diffusion_share": _share(prof, mix), **_at(replace(sc, mix=mix), devices)})
+        out["steps"].append({"steps": steps, **both([(1.0, replace(ref, steps=steps))])})
     for frames in (17, 33, 49, 81, 129):
-        mix = [(1.0, replace(ref, frames=frames))]
-        out["frames"].append({"frames": frames, "diffusion_share": _share(prof, mix),
-                              **_at(replace(sc, mix=mix), devices)})
+        out["frames"].append({"frames": frames, **both([(1.0, replace(ref, frames=frames))])})
     mixes: dict[str, Mix] = {
         "all 480p, 81 frames, 40 steps": [(1.0, ref)],
         "50% distilled 4-step + 50% 40-step": [(0.5, replace(ref, steps=4)), (0.5, ref)],
@@ -89,7 +92,7 @@ def sensitivity(sc: Scenario, devices: int, light_occupancy: float) -> dict[str,
         "50% 480p + 50% 720p (720x1280)": [(0.5, ref), (0.5, Request(720, 1280, ref.frames, ref.steps))],
     }
     for name, mix in mixes.items():
-        out["mix"].append({"mix": name, "diffusion_share": _share(prof, mix), **_at(replace(sc, mix=mix), devices)})
+        out["mix"].append({"mix": name, **both(mix)})
     return out
 
 
@@ -163,11 +166,11 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {r['diffusion_share']:.3f} | {_dev(r)} | {_f(r['ratio'], '.3f')} | "
                          f"{_f(r['ratio_packed'], '.3f')} | {_f(r['ratio_packed_idle_light'], '.3f')} |")
         for key, label in (("steps", "steps"), ("frames", "frames"), ("mix", "request mix")):
-            lines += ["", f"| {label} | diffusion share | monolithic | OnePiece | packed | ratio | ratio packed |",
-                      "|---|---:|---:|---:|---:|---:|---:|"]
+            lines += ["", f"| {label} | diffusion share | monolithic | OnePiece | packed | ratio | ratio packed "
+                      "| ratio packed, idle light |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
             for r in sens[key]:
                 lines.append(f"| {r[key]} | {r['diffusion_share']:.3f} | {_dev(r)} | {_f(r['ratio'], '.3f')} | "
-                             f"{_f(r['ratio_packed'], '.3f')} |")
+                             f"{_f(r['ratio_packed'], '.3f')} | {_f(r['ratio_packed_idle_light'], '.3f')} |")
     v = result.get("validation")
     if v:
         lines += ["", f"Validation against the real engine ({v['workflow']}, tiny models, stage times stretched to "
@@ -232,7 +235,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.plot(s, [r["ratio_packed"] for r in ds], "^--", label="light stages packed")
         ax.plot(s, [r["ratio_packed_idle_light"] for r in ds], "v-.",
                 label=f"packed, light stages occupancy {result['light_occupancy']}")
-        ax.plot(s, [1 / v for v in s], ":", color="black", label="bound: 1 / diffusion share")
+        ax.plot(s, [1 / v for v in s], ":", color="black", label="bound: 1 / diffusion share (light stages free)")
+        ax.axvline(result["base_share"], color="grey", linewidth=0.8)
+        ax.annotate(f"profile: {result['base_share']:.3f}", (result["base_share"], 1.3), fontsize=7, ha="right",
+                    rotation=90)
         ax.axhline(CLAIM, color="red", linestyle=":", label="16x")
         ax.set_yscale("log")
         ax.set_xlabel("diffusion stage's share of device time")
@@ -257,7 +263,7 @@ def run(args: Any, log: Any = print) -> dict[str, Any]:
                     "sources": list(profile.sources)},
         "mix": "all at the reference shape " + str(profile.reference.__dict__), "slo_x": args.slo_x,
         "slo_s": slo_seconds(profile, mix, args.slo_x), "hop_ms": args.hop_ms, "requests": args.requests,
-        "batch": args.batch, "sensitivity_devices": args.sensitivity_devices, "light_occupancy": args.light_occupancy,
+        "batch": args.batch, "base_share": _share(profile, mix), "sensitivity_devices": args.sensitivity_devices, "light_occupancy": args.light_occupancy,
     }
     if not args.no_validate:
         from engine.bench.resources_validate import ValidationConfig

@@ -57,7 +57,7 @@ class ValidationConfig:
     instances: dict[str, int] = field(default_factory=lambda: {
         "text_encode": 1, "denoise": 2, "vae_decode": 1, "image_encode": 1})
     loads: tuple[float, ...] = (0.3, 0.6, 0.85, 1.2)  # fractions of the calibrated capacity
-    requests: int = 40  # per load
+    requests: int = 60  # per load
     calibration: int = 5
     warmup: float = 0.1
     seed: int = 0
