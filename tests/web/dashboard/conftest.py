@@ -15,8 +15,14 @@ def celery_broker(web_redis: str) -> Iterator[Any]:
     from onepiece_platform.celery_app import app
 
     def use(broker: str, results: str, backend_cache: Any, local_backend: Any) -> None:
+        from kombu import pools
+
         app.pool.force_close_all()
         app._pool = None
+        # kombu keeps producer pools per connection URL for the whole process: a later test on the same
+        # URL would get the pool closed above
+        pools.reset()
+        app.amqp._producer_pool = None
         app.conf.update(broker_url=broker, result_backend=results)
         app._backend_cache = backend_cache
         app._local.backend = local_backend
