@@ -54,6 +54,18 @@ def test_ratio_grows_as_the_diffusion_share_falls_only_if_light_stages_idle_the_
     assert 1.2 < ratios[0.5][1] <= 1 / (0.5 + 0.5 * 0.25) + 0.05
 
 
+def test_published_wan_profile_never_beats_one_over_the_diffusion_share_at_batch_1() -> None:
+    wan = load(WAN_PROFILE)
+    share = wan.seconds("denoise", wan.reference) / wan.total_seconds(wan.reference, "gpu")
+    assert 0.9 < share < 1.0
+    for devices in (4, 32):
+        m, o = _sized(wan, devices)
+        assert m is not None and o is not None
+        assert m.devices / o.devices <= 1 / share + 1e-9
+        assert m.devices / o.detail["devices_packed"] <= 1 / share + 1e-9
+        assert o.latency_p99 <= 2 * wan.total_seconds(wan.reference) and m.latency_p99 <= 2 * wan.total_seconds(wan.reference)
+
+
 def test_monolith_offloads_when_the_components_do_not_fit_and_nothing_fits_a_too_small_device() -> None:
     stages = (Stage("encode", 1.0, weights_gib=30), Stage("denoise", 4.0, weights_gib=30, activation_gib=10))
     prof = Profile("p", stages, Request(steps=1), device_memory_gib=80)
