@@ -46,7 +46,7 @@ class Leadership:
 
 
 def connect(url: str) -> Any:
-    """An etcd3gw client for ``http://host:port`` (the same client the TaskManagers use)."""
+    """An etcd client for ``http://host:port`` or comma-separated endpoints (the TaskManagers' client)."""
     from engine.worker.routes import etcd_client
 
     return etcd_client(url)

@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 ROOT = "/onepiece"
 
@@ -53,12 +52,14 @@ def node_key(node: str) -> str:
 
 
 def etcd_client(url: str, timeout: float = 5.0) -> Any:
-    """An ``etcd3gw`` client for ``http://host:port`` (imported lazily: it pulls in requests)."""
-    import etcd3gw
+    """An etcd client for ``http://host:port`` or a comma-separated list of a cluster's endpoints.
 
-    u = urlparse(url)
-    return etcd3gw.client(host=u.hostname or "127.0.0.1", port=u.port or 2379, protocol=u.scheme or "http",
-                          timeout=timeout)
+    It fails over to the next endpoint when one is unreachable (``engine.etcdclient``; etcd3gw,
+    which pulls in requests, is imported lazily).
+    """
+    from engine.etcdclient import FailoverClient
+
+    return FailoverClient(url, timeout)
 
 
 @dataclass(frozen=True)
