@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -146,9 +147,12 @@ def _submit(base: str, key: str, seed: int) -> str:
                                        "num_inference_steps": 8, "seed": seed}}
     req = urllib.request.Request(base + "/api/v1/jobs", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        assert r.status == 202
-        return str(json.loads(r.read())["uid"])
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 202
+            return str(json.loads(r.read())["uid"])
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"submit answered {e.code}: {e.read()[:2000]!r}") from None
 
 
 ROWS = """uids => uids.map(uid => {
@@ -221,5 +225,14 @@ def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_
         page.wait_for_function("document.querySelector('#job-result img')?.complete &&"
                                " document.querySelector('#job-result img').naturalWidth === 64", timeout=10_000)
         shot(page, "engine-job-detail")
+
+        # the workers' measured stage times reach the cluster view through the node's report in etcd
+        page.click('nav a[data-view="cluster"]')
+        te = f'[data-workflow="{WF}"] [data-stage="text_encode"]'
+        page.wait_for_function(f"!document.querySelector('{te}').textContent.includes('service –')", timeout=15_000)
+        service = float(page.inner_text(te).split("service ", 1)[1].split(" s", 1)[0])
+        assert service >= TEXT_ENCODE_S - 0.05
+        assert page.inner_text(f'[data-workflow="{WF}"] .stage.bottleneck strong') == "text_encode"
+        shot(page, "engine-cluster-after")
     finally:
         ctx.close()
