@@ -230,9 +230,14 @@ def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_
         page.click('nav a[data-view="cluster"]')
         te = f'[data-workflow="{WF}"] [data-stage="text_encode"]'
         page.wait_for_function(f"!document.querySelector('{te}').textContent.includes('service –')", timeout=15_000)
-        service = float(page.inner_text(te).split("service ", 1)[1].split(" s", 1)[0])
-        assert service >= TEXT_ENCODE_S - 0.05
-        assert page.inner_text(f'[data-workflow="{WF}"] .stage.bottleneck strong') == "text_encode"
+        page.wait_for_function(f"![...document.querySelectorAll('[data-workflow=\"{WF}\"] .stage')]"
+                               ".some(e => e.textContent.includes('service –'))", timeout=15_000)
+        service = {s: float(t.split("service ", 1)[1].split(" s", 1)[0]) for s, t in page.evaluate(
+            f"[...document.querySelectorAll('[data-workflow=\"{WF}\"] .stage')].map(e => [e.dataset.stage, e.innerText])")}
+        assert service["text_encode"] >= TEXT_ENCODE_S - 0.05, service
+        # one instance each: the bottleneck is the slowest stage as measured (denoise or the stretched one)
+        slowest = max(service, key=lambda k: service[k])
+        assert page.inner_text(f'[data-workflow="{WF}"] .stage.bottleneck strong') == slowest, service
         shot(page, "engine-cluster-after")
     finally:
         ctx.close()
