@@ -121,6 +121,7 @@ class JobResultForStaff(JobResultView):
 
     authentication_classes = [SessionAuthentication]
     permission_classes = [IsAdminUser]
+    schema = None  # the dashboard's, not part of the public API's OpenAPI schema
 
     def get(self, request: Request, uid: str) -> HttpResponse | Response:
         job = control.refresh(get_object_or_404(Job, uid=uid))
