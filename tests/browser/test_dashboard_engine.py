@@ -42,6 +42,7 @@ class Engine:
     redis_url: str
     node: subprocess.Popen[str]
     proxy_proc: subprocess.Popen[str]
+    start_reconciler: Any = None
 
 
 def _stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
@@ -133,10 +134,13 @@ def platform_on_engine(engine: Engine, live_asgi: Any, settings: Any) -> Iterato
     stop = threading.Event()
     t = threading.Thread(target=lambda: Reconciler(block_ms=200).run(stop, sweep_every_s=2.0),
                          name="browser-reconciler", daemon=True)
-    t.start()
+    # started by the test (engine.start_reconciler) once its submissions are in: the test database is
+    # SQLite's shared in-memory one, whose table locks fail a concurrent writer at once instead of waiting
+    engine.start_reconciler = t.start
     yield engine
     stop.set()
-    t.join(10)
+    if t.is_alive():
+        t.join(10)
     redis_conn.close_all()
     reset_engines()
     reset_clusters()
@@ -181,6 +185,7 @@ def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_
         page.evaluate("window.__noReload = true")
 
         uids = [_submit(live_asgi.url, key, seed) for seed in range(3)]
+        platform_on_engine.start_reconciler()
         seen: dict[str, list[dict[str, Any]]] = {u: [] for u in uids}
         shot_mid = False
         deadline = time.monotonic() + 240
