@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.embedded.services import free_port
 
@@ -71,6 +72,38 @@ class Cluster:
     def urls(self) -> str:
         """The comma-separated client URLs (what ONEPIECE_ETCD_URL / --etcd-url carries)."""
         return ",".join(m.url for m in self.members)
+
+    def _client(self, m: Member) -> Any:
+        import etcd3gw
+
+        return etcd3gw.client(host=m.host, port=m.client_port, timeout=5)
+
+    def raft_leader(self) -> int | None:
+        """Index of the member that leads Raft now (asked of the live members)."""
+        ids = {}
+        leader = None
+        for i, m in enumerate(self.members):
+            if m.proc is None or m.proc.poll() is not None:
+                continue
+            st = self._client(m).status()
+            ids[st["header"]["member_id"]] = i
+            leader = st["leader"]
+        return ids.get(leader) if leader is not None else None
+
+    def move_leader(self, target: int, timeout: float = 15.0) -> None:
+        """Make member ``target`` the Raft leader (etcd's MoveLeader, asked of the current leader)."""
+        deadline = time.monotonic() + timeout
+        want = self._client(self.members[target]).status()["header"]["member_id"]
+        while (now := self.raft_leader()) != target:
+            if now is not None:
+                c = self._client(self.members[now])
+                try:
+                    c.post(c.get_url("/maintenance/transfer-leadership"), json={"targetID": want})
+                except Exception:  # an election in progress: ask again
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"member {target} did not become the Raft leader (leader: {now})")
+            time.sleep(0.2)
 
 
 @contextmanager

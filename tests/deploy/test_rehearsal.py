@@ -306,18 +306,26 @@ def _rehearse(r: Rehearsal, cluster: Any, tiny_models: dict[str, Path], t_start:
     print(f"first request across hosts: completed in {time.monotonic() - t0:.1f}s")
 
     # -- lose host 1 (the leading Node Manager and one etcd member) with requests in flight -----------
+    # the hardest case for etcd: host 1's member leads Raft, so its loss also means a Raft election
+    cluster.move_leader(1)
     before = [submit() for _ in range(3)]
-    status0 = etcd.status()
-    killed_raft_leader = status0["leader"] == etcd_client(cluster.members[1].url).status()["header"]["member_id"]
     t_kill = time.monotonic()
     killed = r.kill_host(1)
-    print(f"killed host 1: {len(killed)} processes (etcd member m1 was the Raft leader: {killed_raft_leader})")
+    cluster.members[1].kill()  # on loopback hosts there is no namespace to empty: stop it ourselves
+    in_flight = [u for u in before if state(u)["state"] not in TERMINAL]
+    print(f"killed host 1 ({len(killed)} processes, among them etcd member m1, the Raft leader, and nm-host1) "
+          f"with {len(in_flight)} of {len(before)} earlier requests in flight")
+    assert in_flight, "the kill came after every earlier request had finished: nothing was in flight"
     during = [submit() for _ in range(3)]
+    t_during = time.monotonic()
     new = _wait("nm-host0 to lead", lambda: (lambda ld: ld if ld and ld[0] == "nm-host0" else None)(_leader(etcd)),
                 TTL_S + 12, 0.05)
     failover_s = time.monotonic() - t_kill
-    print(f"nm-host0 leads {failover_s:.2f}s after the kill (token {first[1]} -> {new[1]})")
-    assert failover_s < TTL_S + 5, failover_s
+    print(f"nm-host0 leads {failover_s:.2f}s after the kill (token {first[1]} -> {new[1]}); "
+          f"Raft leader now m{cluster.raft_leader()}; 3 requests accepted {t_during - t_kill:.2f}s into the loss")
+    # the old leader's lease runs out TTL after its last refresh; losing the Raft leader adds the Raft
+    # election (about 1-2 s) and etcd's renewal of every lease by its TTL on a leader change
+    assert failover_s < 2 * TTL_S + 4, failover_s
     assert new[1] > first[1]
     after = [submit() for _ in range(3)]
 
