@@ -128,3 +128,25 @@ def test_dockerfile_copies_what_exists() -> None:
         if line.startswith("COPY "):
             for src in line.split()[1:-1]:
                 assert (root / src).exists(), f"Dockerfile copies missing {src}"
+
+
+def test_clients_get_every_etcd_member_and_nodes_their_data_address() -> None:
+    """ONEPIECE_ETCD_URL lists each member of the etcd StatefulSet (a client fails over between them);
+    a TaskManager publishes its rings at its host's address, not the loopback default."""
+    from engine.etcdclient import parse_endpoints
+
+    by = {d["metadata"]["name"]: d for _, d in DOCS}
+    etcd = by["etcd"]["spec"]
+    peers = f"{etcd['serviceName']}"
+    want = [f"http://etcd-{i}.{peers}:2379" for i in range(etcd["replicas"])]
+    assert parse_endpoints(by["onepiece-config"]["data"]["ONEPIECE_ETCD_URL"]) == want
+    assert by[peers]["spec"]["clusterIP"] == "None"  # headless: one DNS name per member
+    (tm,) = by["onepiece-node"]["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(tm["command"][1:])
+    assert args.data_host == "$(HOST_IP)"
+    env = {e["name"]: e for e in tm["env"]}
+    assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    example = (DEPLOY / "systemd" / "onepiece.env.example").read_text()
+    lines = dict(ln.split("=", 1) for ln in example.splitlines() if ln and not ln.startswith("#"))
+    assert len(parse_endpoints(lines["ONEPIECE_ETCD_URL"])) == 3
+    assert lines["ONEPIECE_BIND_HOST"] not in ("127.0.0.1", "0.0.0.0")
