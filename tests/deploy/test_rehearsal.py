@@ -116,17 +116,17 @@ class Rehearsal:
     def alive(self, name: str) -> bool:
         return self.procs[name][1].poll() is None
 
-    def kill_host(self, i: int) -> list[int]:
+    def kill_host(self, i: int) -> set[int]:
         """SIGKILL every process on host i: in its namespace (all of them, children included), or ours."""
-        killed = []
+        killed = set()
         for _name, (h, p) in self.procs.items():
             if h == i and p.poll() is None:
                 p.kill()
-                killed.append(p.pid)
+                killed.add(p.pid)
         for pid in self.net[i].pids():
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+                killed.add(pid)
             except ProcessLookupError:
                 pass
         for _name, (h, p) in self.procs.items():
