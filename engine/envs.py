@@ -83,6 +83,8 @@ _VARS: dict[str, Callable[[], Any]] = {
     # its compute time. The worker sleeps the difference (see engine.worker.config.StageTiming).
     "STAGE_TIME_S": _str("ONEPIECE_STAGE_TIME_S", None),
     "STAGE_STRETCH": _str("ONEPIECE_STAGE_STRETCH", None),
+    # ... and ONEPIECE_STEP_TIME_S "denoise=0.05" adds that much after each denoising step (time grows with steps)
+    "STEP_TIME_S": _str("ONEPIECE_STEP_TIME_S", None),
 }
 
 

@@ -163,19 +163,20 @@ class NodeManager:
                 return TickResult(leader=False, reason=str(exc))
             return TickResult(leader=True, reason=f"kept (gain {gain:.2f}, hysteresis)", counts=have,
                               token=ship.token)
+        why = "operator action" if forced else "missing instances" if missing else f"gain {gain:.2f}"
         plan = self._place(desired, current, sorted(nodes))
         for gone in set(current) - set(plan):  # drained (or dead) nodes get an empty assignment
             plan[gone] = []
         try:
             self._publish_capacity(have, desired)
             for node, instances in plan.items():
-                body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token}
+                body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token,
+                        "decided_at": time.time(), "reason": why}
                 self.election.fenced_put(self.cfg.root + ASSIGNMENTS + node, json.dumps(body, sort_keys=True))
         except NotLeader as exc:
             log.warning("tick aborted: %s", exc)
             return TickResult(leader=False, reason=str(exc))
         self.last_change = now
-        why = "operator action" if forced else "missing instances" if missing else f"gain {gain:.2f}"
         return TickResult(leader=True, applied=True, reason=why, counts=desired, token=ship.token)
 
     def _publish_capacity(self, have: dict[str, dict[str, int]], desired: dict[str, dict[str, int]]) -> None:

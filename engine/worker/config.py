@@ -100,16 +100,23 @@ class StageTiming:
     tests where the bottleneck must be clear on a CPU-only machine (0 / 1: off, the production default).
 
     Each run of a stage takes at least ``floor_s`` seconds and at least ``factor`` times its compute
-    time; the worker sleeps for the difference, so a stretched stage occupies its instance (like a
+    time, and each denoising step ``step_s`` seconds more; the worker sleeps for the difference, so a stretched stage occupies its instance (like a
     GPU kernel would) without taking a CPU core from the other workers.
     """
 
     floor_s: dict[str, float] = field(default_factory=dict)
     factor: dict[str, float] = field(default_factory=dict)
+    step_s: dict[str, float] = field(default_factory=dict)  # a sleep after every denoising step
 
     @classmethod
-    def parse(cls, floor_text: str | None, factor_text: str | None) -> StageTiming:
-        return cls(parse_stage_map(floor_text, "stage time"), parse_stage_map(factor_text, "stage stretch"))
+    def parse(cls, floor_text: str | None, factor_text: str | None, step_text: str | None = None) -> StageTiming:
+        return cls(parse_stage_map(floor_text, "stage time"), parse_stage_map(factor_text, "stage stretch"),
+                   parse_stage_map(step_text, "step time"))
+
+    def step_for(self, workflow: str, stage: str) -> float:
+        """Seconds added after each denoising step: a stage time that grows with the request's steps, as
+        on a GPU (a load shift from short to long requests moves the bottleneck)."""
+        return self.step_s.get(f"{workflow}/{stage}", self.step_s.get(stage, 0.0))
 
     def for_stage(self, workflow: str, stage: str) -> tuple[float, float]:
         """(floor seconds, factor) for one stage; ``workflow/stage`` wins over ``stage``."""

@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
     p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
                    help="benchmarks/tests: multiply a stage's compute time by F (default: ONEPIECE_STAGE_STRETCH)")
+    p.add_argument("--step-time", default=None, metavar="STAGE=S,...",
+                   help="benchmarks/tests: add S seconds after each denoising step (default: ONEPIECE_STEP_TIME_S)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     node = args.node or envs.NODE_NAME or socket.gethostname()
     try:
-        timing = StageTiming.parse(args.stage_time or envs.STAGE_TIME_S, args.stage_stretch or envs.STAGE_STRETCH)
+        timing = StageTiming.parse(args.stage_time or envs.STAGE_TIME_S, args.stage_stretch or envs.STAGE_STRETCH,
+                                   args.step_time or envs.STEP_TIME_S)
     except (ValueError, KeyError) as exc:
         print(f"error: {exc}")
         return 2

@@ -97,6 +97,7 @@ class TaskWorker:
         self.outstanding = Outstanding(self.producers.poll)
         self.deliver = make_deliver(config.deliver, self.outstanding)
         self.handled = 0
+        self.runs = 0  # stage runs completed by this process
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
 
     # -- loop --------------------------------------------------------------------------------
@@ -120,9 +121,10 @@ class TaskWorker:
             return
         h = msg.header
         release = True
+        t0 = time.perf_counter()
         try:
-            if self._admit(h):
-                self._run(h, msg)
+            if self._admit(h) and self._run(h, msg):
+                self._record(time.perf_counter() - t0)
         except Exception as exc:  # one bad request must not stop the instance
             log.exception("request %s failed in %s", h.uid, self.config.stage)
             try:
@@ -155,7 +157,8 @@ class TaskWorker:
             return False
         return True
 
-    def _run(self, h: wm.Header, msg: wm.Message) -> None:
+    def _run(self, h: wm.Header, msg: wm.Message) -> bool:
+        """Run the stage and hand its output on; False when it stopped early (cancel, deadline)."""
         from engine.stages.components import to_torch, values_to_message
 
         cfg, uid, st = self.config, h.uid, self.config.stage
@@ -190,7 +193,7 @@ class TaskWorker:
             self.store.event(uid, keys.STAGE_STOPPED, st, detail=where)
             state = keys.CANCELLED if isinstance(exc, Cancelled) else keys.EXPIRED
             self.store.finish(uid, h.workflow, state, st, detail=where)
-            return
+            return False
         compute = time.perf_counter() - t0
         pad = max(cfg.stage_time_s - compute, (cfg.stage_stretch - 1.0) * compute, 0.0)
         if pad:
@@ -212,8 +215,20 @@ class TaskWorker:
             self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (before + share) / total),
                              detail=f"{elapsed:.3f}s{helped}")
         self.store.mark_done(uid, st)
-        self.store.record_instance(cfg.instance, {"workflow": cfg.workflow, "stage": st,
-                                                  "last_stage_s": round(elapsed, 6)}, elapsed)
+        return True
+
+    def _record(self, occupied: float) -> None:
+        """Report how long the instance was occupied by one request, from taking it off the ring to handing
+        it on (decode, checks, the stage, events, the send): the service time Theorem 1 needs, not just the
+        stage's compute. A new process's first run pays one-off costs (lazy initialisation, allocator and
+        kernel warm-up): counted as busy time, but not offered to the Node Manager as the stage's service
+        time, where it would make every freshly moved instance look slow and the allocation flap."""
+        cfg = self.config
+        fields: dict[str, Any] = {"workflow": cfg.workflow, "stage": cfg.stage}
+        if self.runs:
+            fields["last_stage_s"] = round(occupied, 6)
+        self.runs += 1
+        self.store.record_instance(cfg.instance, fields, occupied)
 
     # -- delivery --------------------------------------------------------------------------------
     def _send(self, h: wm.Header, tensors: dict[str, wm.TensorData], blobs: dict[str, Any], cost: float) -> None:

@@ -14,6 +14,9 @@ def test_parse_and_precedence() -> None:
     assert t.for_stage("sd-t2i", "vae_decode") == (0.05, 1.0)
     assert t.for_stage("sd-t2i", "text_encode") == (0.0, 1.0)  # untouched stages: off
     assert StageTiming.parse(None, "").for_stage("sd-t2i", "denoise") == (0.0, 1.0)
+    steps = StageTiming.parse(None, None, "denoise=0.05,wan2.1-i2v/denoise=0.2")
+    assert steps.step_for("sd-t2i", "denoise") == 0.05 and steps.step_for("wan2.1-i2v", "denoise") == 0.2
+    assert steps.step_for("sd-t2i", "vae_decode") == 0.0
 
 
 @pytest.mark.parametrize("text, needle", [

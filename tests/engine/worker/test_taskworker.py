@@ -65,7 +65,7 @@ def test_last_stage_writes_once_and_drops_redeliveries(redis_server: Any, etcd_s
     assert types.count(keys.COMPLETED) == 1 and types.count(keys.STAGE_STARTED) == 1
     assert store.is_done(uid, "image_encode")
     stats = store.instance_stats("sd-t2i.image_encode.0")
-    assert int(stats["requests"]) >= 1 and float(stats["last_stage_s"]) >= 0
+    assert int(stats["requests"]) >= 1 and float(stats["busy_s"]) > 0
     store.close()
 
 
@@ -76,14 +76,20 @@ def test_a_stretched_stage_takes_its_floor_time(redis_server: Any, etcd_server: 
     consumer, producer = ring
     store = JobStore.from_url(redis_server.url, ttl=60)
     uid = uuid.uuid4().hex
-    store.accept(uid, "sd-t2i", 1.0)
     worker = _worker(store, consumer, etcd_server.url, stage_time_s=0.3)
-    _send(producer, uid)
-    d = consumer.recv(timeout=5)
-    assert d is not None
-    worker.handle(d)
-    assert store.state(uid) == keys.COMPLETED
-    assert float(store.instance_stats("sd-t2i.image_encode.0")["last_stage_s"]) >= 0.3
+    store.r.delete(keys.instance_key("sd-t2i.image_encode.0"))
+    uids = [uid, uuid.uuid4().hex]
+    for u in uids:
+        store.accept(u, "sd-t2i", 1.0)
+        _send(producer, u)
+        d = consumer.recv(timeout=5)
+        assert d is not None
+        worker.handle(d)
+        assert store.state(u) == keys.COMPLETED
+        stats = store.instance_stats("sd-t2i.image_encode.0")
+        if u == uids[0]:  # a new process's first run (warm-up) is not offered as the stage's time
+            assert "last_stage_s" not in stats and float(stats["busy_s"]) >= 0.3
+    assert float(stats["last_stage_s"]) >= 0.3
     store.close()
 
 
