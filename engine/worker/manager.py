@@ -333,9 +333,12 @@ class TaskManager:
     def _instance_report(self, inst: _Instance) -> dict[str, Any]:
         """Identity and health, plus what the worker measured: requests, busy seconds, last stage time,
         and utilisation (busy fraction since the previous report)."""
+        from engine.transport.ring.base import local_backlog
+
         out: dict[str, Any] = {"workflow": inst.spec.workflow, "stage": inst.spec.stage, "address": inst.address,
                                "pid": inst.proc.pid if inst.proc else None, "ready": inst.ready,
-                               "restarts": inst.restarts, "startup": inst.startup}
+                               "restarts": inst.restarts, "startup": inst.startup,
+                               "ring": local_backlog(inst.address) if inst.ready else None}
         try:
             stats = self.store.instance_stats(inst.spec.id) if self.store is not None else {}
         except Exception:  # Redis unreachable: report what the node itself knows

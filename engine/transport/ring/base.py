@@ -117,3 +117,28 @@ class _RingBase:
         return ((tb - hb) & L.BYTE_MASK) / self.buffer_bytes
 
 
+def local_backlog(address: str) -> dict[str, float] | None:
+    """How full the ring at ``address`` is, read from its memory on this host (any transport keeps it in
+    a segment named by the address): ``bytes`` (fraction of the buffer in use) and ``messages`` (committed
+    and not yet released). For the TaskManager's reports; None when the ring is not there (yet)."""
+    from engine.transport.errors import TransportError
+    from engine.transport.region import attach_region
+
+    scheme, _, rest = address.partition("://")
+    name = rest.split("/", 1)[1] if scheme != "shm" and "/" in rest else rest
+    try:
+        region = attach_region(f"shm://{name}")
+    except TransportError:
+        return None
+    try:
+        ring = _RingBase(region)
+        ring._read_geometry()
+        head_slot, hb = L.unpack_pos(region.load(L.C_HEAD))
+        tail_slot, tb = L.unpack_pos(region.load(L.C_TAIL))
+        return {"bytes": round(((tb - hb) & L.BYTE_MASK) / ring.buffer_bytes, 4),
+                "messages": float(L.slot_diff(tail_slot, head_slot))}
+    except TransportError:
+        return None
+    finally:
+        region.close()
+

@@ -98,13 +98,17 @@
   // the largest service time per instance.
   function stageStats(nodes, wf, capacity) {
     const out = {};
-    for (const stage of STAGES[wf] || []) out[stage] = { instances: 0, times: [] };
+    for (const stage of STAGES[wf] || []) out[stage] = { instances: 0, times: [], ringMsgs: null, ringFull: null };
     for (const n of Object.values(nodes)) {
       for (const i of Object.values(n.instances || {})) {
         if (i.workflow !== wf) continue;
-        const s = (out[i.stage] ||= { instances: 0, times: [] });
+        const s = (out[i.stage] ||= { instances: 0, times: [], ringMsgs: null, ringFull: null });
         s.instances += 1;
         if (i.last_stage_s > 0) s.times.push(i.last_stage_s);
+        if (i.ring) {  // the node reads each instance's ring: messages in it and how full its buffer is
+          s.ringMsgs = (s.ringMsgs || 0) + i.ring.messages;
+          s.ringFull = Math.max(s.ringFull || 0, i.ring.bytes);
+        }
       }
     }
     let worst = null, worstLoad = -1;
@@ -140,6 +144,8 @@
           `<span class="recommended${off ? " off" : ""}" title="instances Theorem 1 recommends for the live slots">Theorem 1: ${esc(rec)}</span>` +
           `<span>service ${secs(s.service)}</span>` +
           `<span class="waiting">at stage: ${esc((waiting.stages || {})[stage] || 0)} jobs</span>` +
+          (s.ringMsgs == null ? "" : `<span class="ring" title="messages in the instances' rings; fullest buffer">` +
+            `rings: ${esc(s.ringMsgs)} msgs, ${esc(Math.round(100 * s.ringFull))}% full</span>`) +
           `<span>throughput ${s.throughput ? s.throughput.toFixed(2) + "/s" : "–"}</span>` +
           `${stage === bottleneck ? '<span class="badge">bottleneck</span>' : ""}</div>`;
       }).join('<span class="arrow">→</span>');

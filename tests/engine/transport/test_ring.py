@@ -372,3 +372,25 @@ def test_auto_registration_reuses_a_dead_producers_entry_only_once_its_messages_
         p.region.close()
     finally:
         c.close()
+
+
+def test_local_backlog_reads_a_rings_fill_from_its_memory(ring_name) -> None:
+    """What a TaskManager reports per instance: messages in the ring and how full its buffer is."""
+    from engine.transport.ring import RingConfig, RingConsumer, attach_producer
+    from engine.transport.ring.base import local_backlog
+
+    assert local_backlog(f"shm://{ring_name}") is None  # no ring (yet)
+    with RingConsumer.create(f"shm://{ring_name}", RingConfig(slots=16, buffer_bytes=1 << 16)) as c:
+        p = attach_producer(f"shm://{ring_name}")
+        for _ in range(3):
+            p.send(b"x" * 1000)
+        got = local_backlog(f"tcp://127.0.0.1:1/{ring_name}")  # any transport: the segment is named by the path
+        assert got is not None and got["messages"] == 3 and 0 < got["bytes"] < 1
+        for _ in range(3):
+            d = c.recv(5)
+            assert d is not None
+            d.release()
+        assert c.recv(0.05) is None  # the consumer reclaims released space as it goes
+        assert local_backlog(f"shm://{ring_name}") == {"bytes": 0.0, "messages": 0.0}
+        p.close()
+        p.region.close()

@@ -65,6 +65,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         assert (dev["kind"], dev["source"]) == ("gpu", "nvml") or (
             dev["kind"] == "cpu" and dev["source"].startswith("cpu (no NVML"))
 
+        assert report["instances"][ID]["ring"] == {"bytes": 0.0, "messages": 0.0}  # read from the ring itself
         startup = report["instances"][ID]["startup"]
         assert {"process_s", "load_s", "ring_s", "ready_s"} <= set(startup), startup
 
