@@ -68,6 +68,8 @@ _VARS: dict[str, Callable[[], Any]] = {
     "PROGRESS_INTERVAL_MS": _int("ONEPIECE_PROGRESS_INTERVAL_MS", 250),
     # This node's name in etcd (default: the host name).
     "NODE_NAME": _str("ONEPIECE_NODE_NAME", None),
+    # The Workflow Set a node (its home) or a Proxy belongs to; requests stay inside one set.
+    "WORKFLOW_SET": _str("ONEPIECE_WORKFLOW_SET", "default"),
     # TTL of a node's etcd lease; the TaskManager refreshes it every third of this.
     "NODE_LEASE_TTL_S": _int("ONEPIECE_NODE_LEASE_TTL_S", 10),
     # How stale a worker's or the Proxy's cached route table may get (seconds).

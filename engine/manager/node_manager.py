@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.manager import actions as act
+from engine.manager import sets
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, throughput
 from engine.manager.election import Election, NotLeader
 
@@ -77,6 +78,7 @@ class NodeManager:
         self._recommended: dict[str, dict[str, int]] = {}  # Theorem 1's counts last published
         self._profiles: dict[str, list[StageProfile]] = {}  # this tick's stage profiles
         self._force = False  # an accepted operator action applies at once, past hysteresis
+        self._last_state = ""  # the Workflow Sets state last published
 
     # reading the cluster ---------------------------------------------------------------------
     def _read_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
@@ -142,12 +144,37 @@ class NodeManager:
         nodes = {n: r for n, r in nodes.items() if n not in self.overrides.drained}
         if not nodes:
             return TickResult(leader=True, reason="no live nodes", token=ship.token)
-        slots = self.cfg.slots_per_node * len(nodes)
-        desired = self._allocate(slots)
-        have = self._counts(current, set(nodes))
-        missing = any(have.get(w, {}).get(s, 0) < 1 for w in desired for s in desired[w])
-        gain = self._gain(have, desired)
         now = self.clock()
+        # Workflow Sets: each node's current set, and at most one move between sets (engine.manager.sets)
+        home = {n: str(r.get("set") or sets.DEFAULT) for n, r in nodes.items()}
+        chosen = {n: str(v) for n, v in self._read_prefix(root + "/sets/nodes/").items() if n in nodes}
+        member = sets.current_sets(home, chosen)
+        arrival: dict[str, dict[str, float]] = {}
+        proxies: dict[str, list[str]] = {}
+        for key, body in self._read_prefix(root + "/proxies/").items():
+            sname = key.split("/", 1)[0]
+            proxies.setdefault(sname, []).append(str(body.get("url", "")))
+            for w, r in (body.get("rps") or {}).items():
+                arrival.setdefault(sname, {})[w] = arrival.get(sname, {}).get(w, 0.0) + float(r)
+        moved = None
+        if now - self.last_change >= self.cfg.cooldown and len(set(member.values())) > 1:
+            moved = sets.rebalance_sets(home, member, self._set_capacity, arrival)
+            if moved is not None:
+                node, src, dst = moved
+                try:
+                    self.election.fenced_put(f"{root}/sets/nodes/{node}", json.dumps(dst))
+                except NotLeader as exc:
+                    return TickResult(leader=False, reason=str(exc))
+                member[node] = dst
+                log.warning("node %s moves from set %s to set %s (%s is short)", node, src, dst, dst)
+        by_set: dict[str, list[str]] = {}
+        for n in sorted(nodes):
+            by_set.setdefault(member[n], []).append(n)
+        desired_by = {sn: self._allocate(self.cfg.slots_per_node * len(ns)) for sn, ns in by_set.items()}
+        have_by = {sn: self._counts(current, set(ns), sn) for sn, ns in by_set.items()}
+        desired, have = _sum_counts(desired_by.values()), _sum_counts(have_by.values())
+        missing = any(have_by[sn].get(w, {}).get(st, 0) < 1 for sn, d in desired_by.items() for w in d for st in d[w])
+        gain = max((self._gain(have_by[sn], desired_by[sn]) for sn in by_set), default=0.0)
         forced, self._force = self._force, False
         # instances still assigned to a drained or dead node must move: apply regardless
         stranded = any(body.get("instances") for n, body in current.items() if n not in nodes)
@@ -155,20 +182,25 @@ class NodeManager:
         unpinned = any(where.get(i, n) != n for i, n in self.overrides.pinned.items() if n in nodes)
         if forced and desired == have and not (stranded or unpinned):
             forced = False
-        forced = forced or stranded or unpinned
+        forced = forced or stranded or unpinned or moved is not None
+        state = self._sets_state(by_set, have_by, arrival, proxies)
         if not missing and not forced and (gain < self.cfg.min_gain or now - self.last_change < self.cfg.cooldown):
             try:
-                self._publish_capacity(have, desired)
+                self._publish_capacity(have, desired, have_by, state)
             except NotLeader as exc:
                 return TickResult(leader=False, reason=str(exc))
             return TickResult(leader=True, reason=f"kept (gain {gain:.2f}, hysteresis)", counts=have,
                               token=ship.token)
-        why = "operator action" if forced else "missing instances" if missing else f"gain {gain:.2f}"
-        plan = self._place(desired, current, sorted(nodes))
+        why = ("operator action" if forced and moved is None else f"node {moved[0]} moved to set {moved[2]}"
+               if moved else "missing instances" if missing else f"gain {gain:.2f}")
+        plan: dict[str, list[dict[str, Any]]] = {}
+        used_ids: set[str] = set()
+        for sn, ns in sorted(by_set.items()):
+            plan.update(self._place(desired_by[sn], current, ns, used_ids, sn))
         for gone in set(current) - set(plan):  # drained (or dead) nodes get an empty assignment
             plan[gone] = []
         try:
-            self._publish_capacity(have, desired)
+            self._publish_capacity(have, desired, have_by, state)
             for node, instances in plan.items():
                 body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token,
                         "decided_at": time.time(), "reason": why}
@@ -179,13 +211,51 @@ class NodeManager:
         self.last_change = now
         return TickResult(leader=True, applied=True, reason=why, counts=desired, token=ship.token)
 
-    def _publish_capacity(self, have: dict[str, dict[str, int]], desired: dict[str, dict[str, int]]) -> None:
+    def _set_capacity(self, workflow_set: str, n_nodes: int) -> dict[str, float]:
+        """Each workflow's throughput a set would have with ``n_nodes`` nodes, allocated by Theorem 1."""
+        if n_nodes <= 0:
+            return {}
+        try:
+            alloc = self._allocate(self.cfg.slots_per_node * n_nodes)
+        except AllocationError:
+            return dict.fromkeys(self.cfg.workflows, 0.0)
+        return {w: throughput(self.profile(w), alloc[w])[0] for w in self.cfg.workflows}
+
+    def _sets_state(self, by_set: dict[str, list[str]], have_by: dict[str, dict[str, dict[str, int]]],
+                    arrival: dict[str, dict[str, float]], proxies: dict[str, list[str]]) -> dict[str, Any]:
+        """What :func:`engine.manager.sets.which_proxy` reads: per set, its nodes, Proxies, capacity and load."""
+        out: dict[str, Any] = {}
+        for sn in sorted(set(by_set) | set(proxies)):
+            wfs = {w: {"capacity": throughput(self.profile(w), have_by.get(sn, {}).get(w, {}))[0]
+                       if have_by.get(sn, {}).get(w) else 0.0,
+                       "arrival": arrival.get(sn, {}).get(w, 0.0)} for w in self.cfg.workflows}
+            out[sn] = {"nodes": by_set.get(sn, []), "proxies": sorted(u for u in proxies.get(sn, []) if u),
+                       "workflows": wfs}
+        return out
+
+    def _publish_capacity(self, have: dict[str, dict[str, int]], desired: dict[str, dict[str, int]],
+                          have_by: dict[str, dict[str, dict[str, int]]] | None = None,
+                          state: dict[str, Any] | None = None) -> None:
         """Feed the Proxies' admission control (and the dashboard): each workflow's throughput with
-        the instances it has now, what Theorem 1 recommends for the live slots, and the stage times
-        used. Written (fenced) only when the throughput moved by 5% or more or the recommendation changed."""
+        the instances it has now (the sum over Workflow Sets; each set's own under ``sets/capacity``),
+        what Theorem 1 recommends for the live slots, and the stage times used. Written (fenced) only
+        when the throughput moved by 5% or more or the recommendation, mode or sets changed."""
         puts = {}
+        have_by = have_by if have_by is not None else {sets.DEFAULT: have}
+        per_set = {sn: {w: throughput(self.profile(w), h.get(w, {})) for w in self.cfg.workflows}
+                   for sn, h in have_by.items()}
+        if state is not None:
+            text = json.dumps(state, sort_keys=True)
+            if text != self._last_state:
+                puts[f"{self.cfg.root}/sets/state"] = text
+                for sn, caps in per_set.items():
+                    for w, (rps_s, neck) in caps.items():
+                        puts[f"{self.cfg.root}/sets/capacity/{sn}/{w}"] = json.dumps(
+                            {"rps": rps_s, "bottleneck": neck, "instances": have_by[sn].get(w, {})}, sort_keys=True)
+                self._last_state = text
         for w in self.cfg.workflows:
-            rps, bottleneck = throughput(self.profile(w), have.get(w, {}))
+            rps = sum(per_set[sn][w][0] for sn in per_set if have_by[sn].get(w))
+            bottleneck = throughput(self.profile(w), have.get(w, {}))[1]
             last = self._capacity.get(w)
             recommended = desired.get(w, {})
             mode = self.overrides.modes.get(w, "individual")
@@ -256,12 +326,15 @@ class NodeManager:
         return out
 
     @staticmethod
-    def _counts(current: dict[str, dict[str, Any]], live: set[str]) -> dict[str, dict[str, int]]:
+    def _counts(current: dict[str, dict[str, Any]], live: set[str],
+                workflow_set: str | None = None) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for node, body in current.items():
             if node not in live:
                 continue  # a dead node's instances do not count
             for inst in body.get("instances", []):
+                if workflow_set is not None and inst.get("workflow_set", sets.DEFAULT) != workflow_set:
+                    continue  # serving another set until it is re-made
                 d = out.setdefault(inst["workflow"], {})
                 d[inst["stage"]] = d.get(inst["stage"], 0) + 1
         return out
@@ -276,12 +349,15 @@ class NodeManager:
         return max(gains, default=0.0)
 
     def _place(self, desired: dict[str, dict[str, int]], current: dict[str, dict[str, Any]],
-               nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
-        """Per node, its instance list: keep what stays, then fill free slots with what is new."""
+               nodes: list[str], used_ids: set[str] | None = None,
+               workflow_set: str = sets.DEFAULT) -> dict[str, list[dict[str, Any]]]:
+        """Per node of one Workflow Set, its instance list: keep what stays, then fill free slots with what
+        is new. ``used_ids`` is shared across the sets' calls so instance ids stay unique in the cluster."""
         plan: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
         want = {(w, s): c for w, stages in desired.items() for s, c in stages.items()}
-        used_ids: set[str] = set()
-        known = {i["id"]: i for body in current.values() for i in body.get("instances", [])}
+        used_ids = set() if used_ids is None else used_ids
+        known = {i["id"]: i for body in current.values() for i in body.get("instances", [])
+                 if i.get("workflow_set", sets.DEFAULT) == workflow_set}
         for inst_id, node in sorted(self.overrides.pinned.items()):  # operators' pins first
             inst = known.get(inst_id)
             if inst is None or node not in plan:
@@ -294,7 +370,7 @@ class NodeManager:
         for n in nodes:
             for inst in current.get(n, {}).get("instances", []):
                 k = (inst["workflow"], inst["stage"])
-                if inst["id"] in used_ids:
+                if inst["id"] in used_ids or inst.get("workflow_set", sets.DEFAULT) != workflow_set:
                     continue
                 if want.get(k, 0) > 0 and len(plan[n]) < self.cfg.slots_per_node:
                     plan[n].append(inst)
@@ -310,7 +386,10 @@ class NodeManager:
                 while f"{w}.{s}.{i}" in used_ids:
                     i += 1
                 used_ids.add(f"{w}.{s}.{i}")
-                plan[n].append({"id": f"{w}.{s}.{i}", "workflow": w, "stage": s})
+                inst = {"id": f"{w}.{s}.{i}", "workflow": w, "stage": s}
+                if workflow_set != sets.DEFAULT:
+                    inst["workflow_set"] = workflow_set
+                plan[n].append(inst)
         return plan
 
     # the service loop ------------------------------------------------------------------------
@@ -336,3 +415,13 @@ class NodeManager:
             except Exception:
                 log.exception("node manager tick failed")
             self._stop.wait(interval)
+
+
+def _sum_counts(parts: Any) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for part in parts:
+        for w, stages in part.items():
+            for st, n in stages.items():
+                out.setdefault(w, {})[st] = out.setdefault(w, {}).get(st, 0) + n
+    return out
+

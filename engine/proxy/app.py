@@ -48,6 +48,7 @@ STORE = web.AppKey("store", JobStore)
 INJECTOR = web.AppKey("injector", Injector)
 MONITOR = web.AppKey("monitor", RequestMonitor)
 ROUTES = web.AppKey("routes", RouteTable)
+ACCEPTED = web.AppKey("accepted", dict)  # workflow -> requests accepted since start
 
 
 class BadRequest(Exception):
@@ -159,6 +160,7 @@ async def submit(request: web.Request) -> web.Response:
     try:
         target = await app[INJECTOR].inject(spec.name, route[0], message, spec.estimate_cost(params).get(route[0], 0.0))
         await asyncio.to_thread(store.located, uid, target.node, target.instance)
+        app[ACCEPTED][spec.name] = app[ACCEPTED].get(spec.name, 0) + 1
     except Exception as exc:  # any send failure is an overload answer
         await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, route[0],
                                 f"could not enter {route[0]}: {exc}")
@@ -252,11 +254,38 @@ async def _sweep_orphans(sweeper: OrphanSweeper, interval: float) -> None:
             log.exception("orphan sweep failed")
 
 
+async def _register(app: web.Application, workflow_set: str, name: str, url: str, interval: float = 1.0) -> None:
+    """Keep this Proxy registered in its Workflow Set with what it accepts per second (the Node Manager's
+    measure of the set's load); the registration goes with the lease when the Proxy does."""
+    from engine.manager.sets import register_proxy
+
+    client, lease, rates = app[ROUTES].client, None, {}
+    last, t_last = dict(app[ACCEPTED]), time.monotonic()
+    while True:
+        try:
+            if lease is None:
+                lease = await asyncio.to_thread(client.lease, max(3, int(4 * interval)))
+            now, counts = time.monotonic(), dict(app[ACCEPTED])
+            for w, n in counts.items():
+                rate = (n - last.get(w, 0)) / max(now - t_last, 1e-3)
+                rates[w] = 0.5 * rates.get(w, rate) + 0.5 * rate
+            last, t_last = counts, now
+            await asyncio.to_thread(register_proxy, client, workflow_set, name, url, rates, lease)
+            await asyncio.to_thread(lease.refresh)
+        except Exception as exc:  # etcd unreachable: registered again on the next round
+            log.warning("proxy registration failed: %s", exc)
+            lease = None
+        await asyncio.sleep(interval)
+
+
 def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: RequestMonitor,
-             sweep_interval: float = 1.0, max_attempts: int = 3) -> web.Application:
+             sweep_interval: float = 1.0, max_attempts: int = 3,
+             registration: tuple[str, str, str] | None = None) -> web.Application:
     """The Proxy; every ``sweep_interval`` seconds it restarts jobs lost with a dead node
-    (engine.proxy.recovery), at most ``max_attempts`` starts per job."""
+    (engine.proxy.recovery), at most ``max_attempts`` starts per job. With ``registration``
+    (Workflow Set, name, URL) it registers itself for the Node Manager and the platform's choice of Proxy."""
     app = web.Application(client_max_size=MAX_BODY)
+    app[ACCEPTED] = {}
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
     app.router.add_post("/v1/requests", submit)
@@ -269,6 +298,8 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     async def _background(app: web.Application) -> Any:
         tasks = [asyncio.create_task(_poll_producers(app)),
                  asyncio.create_task(_sweep_orphans(sweeper, sweep_interval))]
+        if registration is not None:
+            tasks.append(asyncio.create_task(_register(app, *registration)))
         yield
         for task in tasks:
             task.cancel()

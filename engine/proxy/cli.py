@@ -14,11 +14,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=None, help="Redis URL (default: ONEPIECE_REDIS_URL)")
     p.add_argument("--max-queue", type=int, default=None, help="accepted unfinished requests per workflow")
     p.add_argument("--deliver", default=None, help="ResultDeliver policy for the first stage")
+    p.add_argument("--set", dest="workflow_set", default=None,
+                   help="the Workflow Set this Proxy serves (default: ONEPIECE_WORKFLOW_SET or 'default')")
+    p.add_argument("--advertise", default=None,
+                   help="the URL clients reach this Proxy at, registered in etcd (default: http://HOST:PORT)")
 
 
 async def serve(args: argparse.Namespace) -> int:
     import asyncio
+    import os
     import signal
+    import socket
 
     from aiohttp import web
 
@@ -37,9 +43,12 @@ async def serve(args: argparse.Namespace) -> int:
     port = envs.PROXY_PORT if args.port is None else args.port
     port = port or free_port(host)
     store = JobStore.from_url(redis_url, ttl=envs.RESULT_TTL_S)
-    routes = RouteTable(etcd_client(etcd_url), envs.ROUTE_REFRESH_S).start()
+    workflow_set = args.workflow_set or envs.WORKFLOW_SET
+    routes = RouteTable(etcd_client(etcd_url), envs.ROUTE_REFRESH_S, workflow_set=workflow_set).start()
     injector = Injector(routes, args.deliver or envs.DELIVER, envs.PROXY_SEND_TIMEOUT_S)
-    app = make_app(store, routes, injector, RequestMonitor(args.max_queue or envs.PROXY_MAX_QUEUE))
+    url = args.advertise or f"http://{host}:{port}"
+    app = make_app(store, routes, injector, RequestMonitor(args.max_queue or envs.PROXY_MAX_QUEUE),
+                   registration=(workflow_set, f"{socket.gethostname()}-{os.getpid()}", url))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
@@ -48,7 +57,7 @@ async def serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await web.TCPSite(runner, host, port).start()
-        print(f"proxy: http://{host}:{port}", flush=True)
+        print(f"proxy: http://{host}:{port}", flush=True)  # (--advertise may name another URL)
         await stop.wait()
     finally:
         await runner.cleanup()

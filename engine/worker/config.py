@@ -28,6 +28,7 @@ class InstanceSpec:
     stage: str
     device: str | None = None
     step_delay_s: float = 0.0
+    workflow_set: str = "default"  # the Workflow Set it serves (engine.manager.sets): routes stay inside it
 
     def __post_init__(self) -> None:
         get_workflow(self.workflow).stage(self.stage)  # KeyError for an unknown workflow or stage

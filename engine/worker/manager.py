@@ -94,6 +94,7 @@ class NodeSettings:
     timing: StageTiming = field(default_factory=StageTiming)  # stretched stage times (benchmarks, tests)
     transport: str = "shm"  # the inbox rings: "shm" (one host), "tcp" or "verbs" (reachable from other hosts)
     data_host: str = "127.0.0.1"  # tcp/verbs: the address peers reach this node's rings at
+    workflow_set: str = "default"  # the node's home Workflow Set (the Node Manager may lend it to another)
 
 
 class TaskManager:
@@ -253,6 +254,7 @@ class TaskManager:
             progress_interval_s=self.s.progress_interval_s, result_ttl_s=self.s.result_ttl_s,
             route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
             stage_time_s=floor_s, stage_stretch=factor, collab_address=inst.collab,
+            workflow_set=inst.spec.workflow_set,
         )
         with open(self.logs / f"{inst.spec.id}.log", "ab") as out:
             inst.proc = subprocess.Popen(
@@ -312,6 +314,7 @@ class TaskManager:
         self._reported = now
         report = {
             "node": self.s.node, "pid": os.getpid(), "ts": time.time(), "tick_seconds": self.tick_seconds,
+            "set": self.s.workflow_set,
             "instances": {iid: self._instance_report(i) for iid, i in self.instances.items()},
             "draining": [i.spec.id for i in self.draining], "moves": self.moves,
             "devices": self._device_report(),
@@ -354,7 +357,7 @@ class TaskManager:
     # -- helpers ---------------------------------------------------------------------------------------
     def _route(self, inst: _Instance) -> Route:
         return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node, inst.generation,
-                     inst.collab)
+                     inst.collab, inst.spec.workflow_set)
 
     def _ready_file(self, inst: _Instance) -> Path:
         return self.s.run_dir / f"{inst.spec.id}.ready"

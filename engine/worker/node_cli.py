@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-host", default=None,
                    help="tcp/verbs: this node's data-plane address, where peers reach its rings "
                    "(default: ONEPIECE_BIND_HOST)")
+    p.add_argument("--set", dest="workflow_set", default=None,
+                   help="this node's home Workflow Set (default: ONEPIECE_WORKFLOW_SET or 'default')")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
                    help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
     p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         lease_ttl_s=envs.NODE_LEASE_TTL_S, deliver=args.deliver or envs.DELIVER,
         progress_interval_s=envs.PROGRESS_INTERVAL_MS / 1000, result_ttl_s=envs.RESULT_TTL_S,
         route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing, transport=args.transport or envs.TRANSPORT,
-        data_host=args.data_host or envs.BIND_HOST,
+        data_host=args.data_host or envs.BIND_HOST, workflow_set=args.workflow_set or envs.WORKFLOW_SET,
     )
     stop = {"flag": False}
 

@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     executor.load(config.model_dir, config.device)
     t_ring = time.monotonic()
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
-    routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s).start()
+    routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s,
+                        workflow_set=config.workflow_set).start()
     consumer = open_ring(config.address, RingConfig(slots=config.ring_slots, buffer_bytes=config.ring_bytes))
     collab = None
     if config.collab_address:

@@ -78,6 +78,7 @@ class Route:
     node: str = ""
     generation: int = 0
     collab: str = ""  # Collaboration mode: the ring where this instance takes (and answers) CFG halves
+    workflow_set: str = "default"  # its Workflow Set: requests never leave the set whose Proxy took them
 
     @property
     def ring_id(self) -> str:
@@ -85,7 +86,7 @@ class Route:
 
     def to_json(self) -> str:
         return json.dumps({"address": self.address, "node": self.node, "instance": self.instance,
-                           "generation": self.generation, "collab": self.collab})
+                           "generation": self.generation, "collab": self.collab, "set": self.workflow_set})
 
 
 def publish_route(client: Any, route: Route, lease: Any = None) -> None:
@@ -116,8 +117,10 @@ class RouteTable:
     stop the data path).
     """
 
-    def __init__(self, client: Any, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, client: Any, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                 workflow_set: str | None = None) -> None:
         self.client = client
+        self.workflow_set = workflow_set  # a set's Proxy or worker sees only that set's routes (None: all)
         self.refresh_s = refresh_s
         self.clock = clock
         self._routes: dict[tuple[str, str], list[Route]] = {}
@@ -166,7 +169,9 @@ class RouteTable:
                 continue  # a malformed route is skipped, not fatal
             found.setdefault((workflow, stage), []).append(
                 Route(workflow, stage, instance, str(data["address"]), str(data.get("node", "")),
-                      int(data.get("generation", 0)), str(data.get("collab", ""))))
+                      int(data.get("generation", 0)), str(data.get("collab", "")), str(data.get("set", "default"))))
+        if self.workflow_set is not None:
+            found = {k: [r for r in rs if r.workflow_set == self.workflow_set] for k, rs in found.items()}
         for rs in found.values():
             rs.sort(key=lambda r: r.instance)
         capacity: dict[str, float] = {}
@@ -179,6 +184,14 @@ class RouteTable:
                 modes[key[len(capacity_prefix()):]] = str(body.get("mode", "individual"))
             except (ValueError, KeyError, TypeError):
                 continue
+        if self.workflow_set is not None:  # a set's own capacity, where the Node Manager published one
+            prefix = f"{ROOT}/sets/capacity/{self.workflow_set}/"
+            for value, meta in self.client.get_prefix(prefix):
+                key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
+                try:
+                    capacity[key[len(prefix):]] = float(json.loads(value)["rps"])
+                except (ValueError, KeyError, TypeError):
+                    continue
         with self._lock:
             self._routes = found
             self._capacity = capacity

@@ -60,6 +60,7 @@ class WorkerConfig:
     send_timeout_s: float = 30.0
     ready_file: str = ""
     collab_address: str = ""  # Collaboration mode: this instance's collab ring (engine.worker.collab)
+    workflow_set: str = "default"  # hand results only to instances of this Workflow Set
     stage_time_s: float = 0.0  # stretched stage times (see engine.worker.config.StageTiming); 0 / 1: off
     stage_stretch: float = 1.0
 

@@ -17,15 +17,51 @@ from onepiece_platform.engine_link.client import (
     EngineStatus,
 )
 
+DISCOVER = "etcd"  # PROXY_URL value: ask the Node Manager's Workflow Sets which Proxy to use, per workflow
+DISCOVERY_TTL_S = 1.0
+
 
 class ProxyEngineClient(EngineClient):
+    """With ``PROXY_URL`` a URL, every call goes to that Proxy. With ``PROXY_URL = "etcd"``, a submission
+    goes to a Proxy of the least loaded Workflow Set serving its workflow (engine.manager.sets.which_proxy,
+    re-asked at most every second); status, cancel and result go to any Proxy (they all read one store)."""
+
     def __init__(self, base_url: str | None = None, timeout: float | None = None) -> None:
         self.base = (base_url or conf.get("PROXY_URL")).rstrip("/")
         self.timeout = float(timeout if timeout is not None else conf.get("PROXY_TIMEOUT_S"))
+        self._chosen: dict[str, tuple[float, str]] = {}
+        self._etcd: Any = None
+
+    def _base_for(self, workflow: str | None) -> str:
+        if self.base != DISCOVER:
+            return self.base
+        import time
+
+        now = time.monotonic()
+        key = workflow or ""
+        got = self._chosen.get(key)
+        if got is not None and now - got[0] < DISCOVERY_TTL_S:
+            return got[1]
+        from django.conf import settings
+
+        from engine.manager.sets import NoProxy, which_proxy
+        from engine.worker.routes import etcd_client
+
+        if self._etcd is None:
+            self._etcd = etcd_client(settings.ETCD_URL)
+        try:
+            url = which_proxy(self._etcd, workflow, conf.get("ETCD_ROOT")).rstrip("/")
+        except NoProxy as exc:
+            raise EngineRejected(503, str(exc), "", 5) from exc
+        except Exception as exc:  # etcd unreachable
+            raise EngineError(f"cannot ask etcd which Proxy to use: {exc}") from exc
+        self._chosen[key] = (now, url)
+        return url
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
+        base = self._base_for(body.get("workflow") if body else None)
+        req = urllib.request.Request(base + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"} if data else {})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
@@ -33,7 +69,7 @@ class ProxyEngineClient(EngineClient):
         except urllib.error.HTTPError as e:
             return e.code, e.read(), e.headers
         except (OSError, ValueError) as exc:
-            raise EngineError(f"proxy at {self.base} unreachable: {exc}") from exc
+            raise EngineError(f"proxy at {base} unreachable: {exc}") from exc
 
     @staticmethod
     def _json(raw: bytes) -> dict[str, Any]:

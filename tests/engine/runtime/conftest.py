@@ -42,6 +42,7 @@ class Cluster:
     etcd: Any
     run_dir: Path
     ring_prefix: str
+    other_proxies: tuple[str, ...] = ()  # more Proxies' URLs (engine() with several proxy_args)
 
     # -- HTTP helpers -------------------------------------------------------------------------
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any, dict[str, str]]:
@@ -169,7 +170,8 @@ class NodeRun:
 
 @contextmanager
 def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefix: str,
-           env_extra: dict[str, str] | None = None) -> Iterator[tuple[Cluster, dict[str, subprocess.Popen[str]]]]:
+           env_extra: dict[str, str] | None = None, proxy_args: tuple[tuple[str, ...], ...] = ((),),
+           ) -> Iterator[tuple[Cluster, dict[str, subprocess.Popen[str]]]]:
     """Nodes and a Proxy on services of the test's own (so ``/onepiece/`` is not shared with the session
     engine); every node's rings are named ``<prefix><node>-...``. Checks clean exits and no rings left."""
     from engine.store import JobStore
@@ -183,6 +185,7 @@ def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefi
     onepiece = [sys.executable, "-m", "engine.cli"]
     procs: dict[str, subprocess.Popen[str]] = {}
     proxy = None
+    extra: list[subprocess.Popen[str]] = []
     try:
         for n in nodes:
             run_dir = tmp / f"node-{n.name}"
@@ -193,12 +196,19 @@ def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefi
                 str(run_dir / "assignment.json"), "--ring-prefix", f"{prefix}{n.name}-", "--ring-bytes",
                 str(8 << 20), "--ring-slots", "64", *n.args]), env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, text=True)
-        proxy = subprocess.Popen([*onepiece, "proxy", "--port", "0"], env=env, stdout=subprocess.PIPE,
+        urls = []
+        for args in proxy_args:
+            p = subprocess.Popen([*onepiece, "proxy", "--port", "0", *args], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
-        assert proxy.stdout is not None
-        line = proxy.stdout.readline()
-        assert line.startswith("proxy: "), line + _stop(proxy)
-        c = Cluster(line.split(": ", 1)[1].strip(), next(iter(procs.values())), proxy, store, etcd, tmp, prefix)
+            proxy = proxy or p
+            if p is not proxy:
+                extra.append(p)
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            assert line.startswith("proxy: "), line + _stop(p)
+            urls.append(line.split(": ", 1)[1].strip())
+        assert proxy is not None
+        c = Cluster(urls[0], next(iter(procs.values())), proxy, store, etcd, tmp, prefix, tuple(urls[1:]))
         want = {i.id for n in nodes for i in n.assignment.instances}
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
@@ -217,6 +227,8 @@ def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefi
     finally:
         outs = {n: _stop(p) for n, p in procs.items()}
         proxy_out = _stop(proxy) if proxy is not None else ""
+        for p in extra:
+            _stop(p)
         store.close()
         left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
         assert not left, f"rings left behind: {left}"

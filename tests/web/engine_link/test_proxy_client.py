@@ -57,3 +57,30 @@ def test_engine_down_is_503_not_500(alice, settings) -> None:
                          "PROXY_URL": f"http://127.0.0.1:{free_port('127.0.0.1')}", "PROXY_TIMEOUT_S": 1}
     r = alice[1].post("/api/v1/jobs", sd_body(), format="json")
     assert r.status_code == 503 and r.headers["Retry-After"]
+
+
+def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, etcd_server, alice,
+                                                                    settings) -> None:
+    """PROXY_URL = "etcd": the platform asks which Proxy to use (engine.manager.sets.which_proxy): of two
+    sets, the one whose arrival / capacity is lower; a set with no capacity for the workflow never."""
+    import json
+
+    from engine.embedded import free_port
+    from engine.worker.routes import etcd_client
+
+    etcd = etcd_client(etcd_server.url)
+    dead = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # the busier set's Proxy: never asked
+    state = {"busy": {"proxies": [dead], "workflows": {"sd-t2i": {"capacity": 1.0, "arrival": 0.9}}},
+             "idle": {"proxies": [proxy_url], "workflows": {"sd-t2i": {"capacity": 1.0, "arrival": 0.1}}}}
+    etcd.put("/onepiece/sets/state", json.dumps(state))
+    settings.ETCD_URL = etcd_server.url
+    settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
+                         "PROXY_URL": "etcd"}
+    r = alice[1].post("/api/v1/jobs", sd_body(), format="json")
+    assert r.status_code == 202, r.json()
+    c = ProxyEngineClient("etcd", timeout=5)
+    assert c.status(r.json()["uid"]) is not None  # any registered Proxy answers a look-up
+    state["idle"]["workflows"]["sd-t2i"]["capacity"] = 0.0  # now no set can take sd-t2i but the busy one
+    etcd.put("/onepiece/sets/state", json.dumps(state))
+    with pytest.raises(EngineError, match="unreachable"):
+        ProxyEngineClient("etcd", timeout=1).submit("sd-t2i", SD, {})
