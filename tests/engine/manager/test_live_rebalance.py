@@ -193,28 +193,32 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
         kept = json.loads(c.etcd.get("/onepiece/assignments/n1")[0])["decided_at"] == assignment["decided_at"]
         service = _capacity(c)["service_s"]
 
-        # leader SIGKILL under load: the standby leads within TTL + 1 s; no accepted request fails
-        leader = _leader(c)
-        victim = live.managers[leader]
-        victim.kill()
-        killed = time.monotonic()
-        while (now_leader := _leader(c)) in ("", leader):
-            assert time.monotonic() - killed < TTL + 5, "no standby took over"
-            time.sleep(0.02)
-        failover = time.monotonic() - killed
-        time.sleep(3)
-
         # the best static allocation for the long load: every split of the 6 slots ranked by Theorem 1's
-        # throughput on the measured stage times, and the two best run on the engine, pinned
+        # throughput on the measured stage times, and the two best run on the engine, pinned. The one the
+        # manager chose (if among them) goes first: pinning it moves nothing, so its window directly
+        # follows the rebalanced one and both see the same machine (this host is shared and noisy).
         profile = [StageProfile(s, float(service[s])) for s in ROUTE]
         splits = [dict(zip(ROUTE, n, strict=True)) for n in product(range(1, SLOTS), repeat=4) if sum(n) == SLOTS]
         ranked = sorted(splits, key=lambda n: -throughput(profile, n)[0])
+        candidates = sorted(ranked[:2], key=lambda n: n != want)
         static: dict[int, float] = {}
-        for n in ranked[:2]:
+        failover, leader, now_leader = -1.0, "", ""
+        for k, n in enumerate(candidates):
             _pin(live, n)
             _settled(c, n, timeout=180)
-            time.sleep(8)
-            static[n["denoise"]] = load.measure(WINDOW_S)
+            time.sleep(1 if n == want else 8)
+            t0 = time.monotonic()
+            if k == len(candidates) - 1:
+                # leader SIGKILL under load: the standby leads within TTL + 1 s; no accepted request fails
+                leader = _leader(c)
+                live.managers[leader].kill()
+                killed = time.monotonic()
+                while (now_leader := _leader(c)) in ("", leader):
+                    assert time.monotonic() - killed < TTL + 5, "no standby took over"
+                    time.sleep(0.02)
+                failover = time.monotonic() - killed
+            time.sleep(max(0.0, WINDOW_S - (time.monotonic() - t0)))
+            static[n["denoise"]] = load.rate(t0, time.monotonic())
         _pin(live, dict.fromkeys(ROUTE))  # back to automatic
     finally:
         load.stop()
