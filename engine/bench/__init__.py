@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--workflow", default="sd-t2i", choices=["sd-t2i"])
     e.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
     e.add_argument("--seconds", type=float, default=15.0, help="duration of the capacity and each load run")
-    e.add_argument("--poll-ms", type=float, default=2.0, help="status polling interval for the latency figure")
+    e.add_argument("--poll-ms", type=float, default=2.0, help="pause before asking again when a status call fails (the wait itself is the Proxy's long poll)")
     e.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
     e.add_argument("--json", action="store_true", help="print JSON instead of text")
     res = sub.add_parser(

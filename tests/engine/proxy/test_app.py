@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -173,3 +174,26 @@ def test_an_unreachable_store_is_an_overload_answer(env: dict[str, Any]) -> None
     finally:
         dead.close()
     assert env["ring"].recv(timeout=0.05) is None
+
+
+def test_status_long_poll_answers_when_the_request_ends(env: dict[str, Any]) -> None:
+    import threading
+
+    async def body(client: Any) -> None:
+        r = await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD})
+        uid = (await r.json())["uid"]
+        t0 = time.monotonic()
+        r = await client.get(f"/v1/requests/{uid}?wait=0.3")  # nothing runs it: answered after the wait
+        assert r.status == 200 and (await r.json())["state"] == "queued" and time.monotonic() - t0 >= 0.3
+        for bad in ("-1", "61", "soon"):
+            r = await client.get(f"/v1/requests/{uid}?wait={bad}")
+            assert r.status == 400 and (await r.json())["field"] == "wait"
+        finisher = threading.Timer(0.2, env["store"].finish, (uid, "sd-t2i", keys.COMPLETED, "image_encode"),
+                                   {"result": b"png"})
+        finisher.start()
+        t0 = time.monotonic()
+        r = await client.get(f"/v1/requests/{uid}?wait=30")  # answered as soon as it completes
+        assert (await r.json())["state"] == "completed" and time.monotonic() - t0 < 10
+        finisher.join()
+
+    _serve(env, 10, body)
