@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import login, make_user, shot
+from tests.engine.runtime.conftest import _stop
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - session fixture reused here
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.models]
@@ -43,17 +43,6 @@ class Engine:
     node: subprocess.Popen[str]
     proxy_proc: subprocess.Popen[str]
     start_reconciler: Any = None
-
-
-def _stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out or ""
 
 
 @pytest.fixture(scope="module")
