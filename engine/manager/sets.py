@@ -102,6 +102,13 @@ def which_proxy(client: Any, workflow: str | None, root: str = "/onepiece",
     return rng(sorted(state[best[1]]["proxies"]))
 
 
+def all_proxies(client: Any, root: str = "/onepiece") -> list[str]:
+    """Every registered Proxy's URL (for look-ups, which any Proxy answers: try them in turn)."""
+    raw = client.get(f"{root}/sets/state")
+    state = json.loads(raw[0]) if raw else {}
+    return sorted({u for s in state.values() for u in s.get("proxies", [])})
+
+
 def register_proxy(client: Any, workflow_set: str, name: str, url: str, rps: Mapping[str, float],
                    lease: Any, root: str = "/onepiece") -> None:
     """A Proxy's registration (refreshed with its accepted rates; gone with its lease)."""

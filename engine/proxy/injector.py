@@ -27,11 +27,12 @@ class Injector:
         self.outstanding = Outstanding(self.producers.poll)
         self.deliver = make_deliver(deliver, self.outstanding)
 
-    async def inject(self, workflow: str, stage: str, data: bytes, cost: float) -> Route:
-        """Send an encoded Workflow Message to an instance of ``stage``; returns its route.
-        Raises ``NoRoute`` or a transport error."""
+    async def inject(self, workflow: str, stage: str, data: bytes, cost: float,
+                     nodes: set[str] | None = None) -> Route:
+        """Send an encoded Workflow Message to an instance of ``stage`` (on one of ``nodes``, when given);
+        returns its route. Raises ``NoRoute`` or a transport error."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._send, workflow, stage, data, cost)
+        return await loop.run_in_executor(self._pool, self._send, workflow, stage, data, cost, nodes)
 
     async def poll(self) -> None:
         """Let producers retransmit what a recovering consumer dropped (called periodically)."""
@@ -41,10 +42,12 @@ class Injector:
     def _poll(self) -> None:
         self.producers.poll_all()
 
-    def _send(self, workflow: str, stage: str, data: bytes, cost: float) -> Route:
+    def _send(self, workflow: str, stage: str, data: bytes, cost: float, nodes: set[str] | None = None) -> Route:
         from engine.transport.errors import TransportError
 
         candidates = self.routes.candidates(workflow, stage)
+        if nodes is not None:  # e.g. a restart after a node was lost: the route cache may still list it
+            candidates = [r for r in candidates if r.node in nodes]
         if not candidates:
             raise NoRoute(f"no instance of {workflow}/{stage} is published")
         route = self.deliver.choose(candidates, cost)

@@ -53,7 +53,7 @@ class OrphanSweeper:
                     self.failed += 1
                 continue
             try:
-                target = await self.injector.inject(o.workflow, route[0], message, 0.0)
+                target = await self.injector.inject(o.workflow, route[0], message, 0.0, nodes=live)
             except Exception as exc:
                 # nowhere to go yet: point the job back at the lost node so the next sweep tries again
                 # (each try counts as an attempt, so it ends failed with a reason, never hanging)

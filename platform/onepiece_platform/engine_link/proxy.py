@@ -60,7 +60,35 @@ class ProxyEngineClient(EngineClient):
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, bytes, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        base = self._base_for(body.get("workflow") if body else None)
+        if self.base == DISCOVER and body is None:
+            # a look-up (status, cancel, result): every Proxy reads the same store; try them in turn
+            last: EngineError | None = None
+            for base in self._all_proxies():
+                try:
+                    return self._send(base, method, path, data)
+                except EngineError as exc:
+                    last = exc
+            raise last or EngineError("no Proxy is registered in any workflow set")
+        return self._send(self._base_for(body.get("workflow") if body else None), method, path, data)
+
+    def _all_proxies(self) -> list[str]:
+        import random
+
+        from django.conf import settings
+
+        from engine.manager.sets import all_proxies
+        from engine.worker.routes import etcd_client
+
+        if self._etcd is None:
+            self._etcd = etcd_client(settings.ETCD_URL)
+        try:
+            urls = all_proxies(self._etcd, conf.get("ETCD_ROOT"))
+        except Exception as exc:  # etcd unreachable
+            raise EngineError(f"cannot ask etcd which Proxies there are: {exc}") from exc
+        random.shuffle(urls)
+        return [u.rstrip("/") for u in urls]
+
+    def _send(self, base: str, method: str, path: str, data: bytes | None) -> tuple[int, bytes, Any]:
         req = urllib.request.Request(base + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"} if data else {})
         try:

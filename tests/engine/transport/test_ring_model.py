@@ -10,7 +10,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from engine.transport import layout as L
 from engine.transport.errors import RecordError, RingFull
@@ -59,10 +59,12 @@ class RingVsReference(RuleBasedStateMachine):
             self.delivered[d.producer].append(bytes(d.view))
             self.held.append(d)
 
-    @precondition(lambda self: self.held)
+    # No precondition on what is held: whether a receive delivered depends on timing (lock and send
+    # timeouts), and a precondition that reads it makes hypothesis's replays draw differently (flaky).
     @rule(i=st.integers(0, 10))
     def release(self, i: int) -> None:
-        self.held.pop(i % len(self.held)).release()
+        if self.held:
+            self.held.pop(i % len(self.held)).release()
 
     @rule(p=st.integers(0, NPROD - 1))
     def poll(self, p: int) -> None:
