@@ -82,10 +82,9 @@ def which_proxy(client: Any, workflow: str | None, root: str = "/onepiece",
                 rng: Callable[[list[str]], str] = random.choice) -> str:
     """The URL of a Proxy of the least loaded set that serves ``workflow`` (arrival / capacity); with
     ``workflow`` None (a status or result look-up, which any Proxy answers), any registered Proxy."""
-    raw = client.get(f"{root}/sets/state")
-    state = json.loads(raw[0]) if raw else {}
+    state = _state(client, root)
     if workflow is None:
-        every = sorted(u for s in state.values() for u in s.get("proxies", []))
+        every = all_proxies(client, root, state)
         if not every:
             raise NoProxy("no Proxy is registered in any workflow set")
         return rng(every)
@@ -102,10 +101,14 @@ def which_proxy(client: Any, workflow: str | None, root: str = "/onepiece",
     return rng(sorted(state[best[1]]["proxies"]))
 
 
-def all_proxies(client: Any, root: str = "/onepiece") -> list[str]:
-    """Every registered Proxy's URL (for look-ups, which any Proxy answers: try them in turn)."""
+def _state(client: Any, root: str) -> dict[str, Any]:
     raw = client.get(f"{root}/sets/state")
-    state = json.loads(raw[0]) if raw else {}
+    return json.loads(raw[0]) if raw else {}
+
+
+def all_proxies(client: Any, root: str = "/onepiece", state: dict[str, Any] | None = None) -> list[str]:
+    """Every registered Proxy's URL (for look-ups, which any Proxy answers: try them in turn)."""
+    state = _state(client, root) if state is None else state
     return sorted({u for s in state.values() for u in s.get("proxies", [])})
 
 

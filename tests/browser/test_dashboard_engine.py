@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -26,14 +25,14 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import login, make_user, shot
-from tests.engine.runtime.conftest import _stop
+from tests.engine.runtime.conftest import NodeRun
+from tests.engine.runtime.conftest import engine as start_engine  # the fixture below is named engine
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - session fixture reused here
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.models]
 WF = "sd-t2i"
 ENGINE_DB = 6  # engine tests use db 0, web tests db 5
 TEXT_ENCODE_S = 3.0
-STARTUP_TIMEOUT_S = 300
 
 
 @dataclass
@@ -60,49 +59,14 @@ def engine(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  #
     etcd.delete_prefix("/onepiece/")  # the engine's root is fixed; nothing else runs under it now
     instances = tuple(InstanceSpec(f"{WF}.{s}.0", WF, s, "cpu", 0.2 if s == "denoise" else 0.0)
                       for s in get_workflow(WF).route())
-    run_dir = tmp_path_factory.mktemp("browser-node")
-    (run_dir / "assignment.json").write_text(Assignment(instances, {WF: str(tiny_models[WF])}).to_json())
-    prefix = f"test-{os.getpid()}-browser-"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
-    env.update(ONEPIECE_REDIS_URL=redis_url, ONEPIECE_ETCD_URL=etcd_server.url, ONEPIECE_DEVICE="cpu",
-               ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2")
-    onepiece = [sys.executable, "-m", "engine.cli"]
-    node = subprocess.Popen(
-        [*onepiece, "node", "--node", "browser-node", "--run-dir", str(run_dir), "--assignment",
-         str(run_dir / "assignment.json"), "--ring-prefix", prefix, "--ring-bytes", str(8 << 20),
-         "--ring-slots", "64", "--stage-time", f"{WF}/text_encode={TEXT_ENCODE_S}"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proxy = subprocess.Popen([*onepiece, "proxy", "--port", "0"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    node = NodeRun("browser-node", Assignment(instances, {WF: str(tiny_models[WF])}),
+                   ("--stage-time", f"{WF}/text_encode={TEXT_ENCODE_S}"))
     try:
-        assert proxy.stdout is not None
-        line = proxy.stdout.readline()
-        assert line.startswith("proxy: "), line + _stop(proxy)
-        url = line.split(": ", 1)[1].strip()
-        want = {i.id for i in instances}
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix("/onepiece/routes/")} < want:
-            assert node.poll() is None, _stop(node)
-            assert time.monotonic() < deadline, "workers not ready"
-            time.sleep(0.25)
-        while True:  # the Proxy refreshes its routes on its own clock
-            try:
-                with urllib.request.urlopen(url + "/readyz", timeout=5) as r:
-                    checks = json.loads(r.read()).get("checks", {})
-                if checks.get(f"routes:{WF}") == "ok":
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the proxy does not see the routes"
-            time.sleep(0.25)
-        yield Engine(url, redis_url, node, proxy)
+        with start_engine(redis_url, etcd_server.url, [node], tmp_path_factory.mktemp("browser-node"),
+                          f"test-{os.getpid()}-browser-") as (c, _procs):
+            yield Engine(c.proxy, redis_url, c.node, c.proxy_proc)
     finally:
-        proxy_out, node_out = _stop(proxy), _stop(node)
         etcd.delete_prefix("/onepiece/")
-        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
-        assert not left, f"rings left behind: {left}\n{node_out}"
-        assert node.returncode == 0, node_out
-        assert proxy.returncode == 0, proxy_out
 
 
 @pytest.fixture

@@ -103,59 +103,17 @@ def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  
 
     store = JobStore.from_url(redis_server.url, ttl=600)
     store.r.flushdb()
-    etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")
+    store.close()
+    etcd_client(etcd_server.url).delete_prefix("/onepiece/")
     base = default_assignment({k: str(v) for k, v in tiny_models.items()}, device="cpu")
     instances = tuple(
         type(i)(i.id, i.workflow, i.stage, i.device, SD_STEP_DELAY_S if i.id == "sd-t2i.denoise.0" else 0.0)
         for i in base.instances
     )
-    assignment = Assignment(instances, base.model_dirs)
-    run_dir = tmp_path_factory.mktemp("node")
-    (run_dir / "assignment.json").write_text(assignment.to_json())
-    prefix = f"test-{os.getpid()}-"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
-    env.update(ONEPIECE_REDIS_URL=redis_server.url, ONEPIECE_ETCD_URL=etcd_server.url, ONEPIECE_DEVICE="cpu",
-               ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2")
-    onepiece = [sys.executable, "-m", "engine.cli"]
-    node = subprocess.Popen(
-        [*onepiece, "node", "--node", "test-node", "--run-dir", str(run_dir), "--assignment",
-         str(run_dir / "assignment.json"), "--ring-prefix", prefix, "--ring-bytes", str(8 << 20),
-         "--ring-slots", "64"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proxy = subprocess.Popen([*onepiece, "proxy", "--port", "0"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proxy.stdout is not None
-        line = proxy.stdout.readline()
-        assert line.startswith("proxy: "), line + _stop(proxy)
-        c = Cluster(line.split(": ", 1)[1].strip(), node, proxy, store, etcd, run_dir, prefix)
-        want = {i.id for i in instances}
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix("/onepiece/routes/")}
-            if published >= want:
-                break
-            assert node.poll() is None, _stop(node)
-            assert time.monotonic() < deadline, f"workers not ready: {sorted(want - published)}"
-            time.sleep(0.25)
-        # the Proxy refreshes its route cache on its own clock: wait until it sees them too
-        while True:
-            status, doc, _ = c.call("GET", "/readyz")
-            checks = doc.get("checks", {}) if isinstance(doc, dict) else {}
-            if status == 200 and checks and all(v == "ok" for k, v in checks.items() if k.startswith("routes:")):
-                break
-            assert time.monotonic() < deadline, f"the proxy does not see the routes: {doc}"
-            time.sleep(0.25)
+    node = NodeRun("test-node", Assignment(instances, base.model_dirs))
+    with engine(redis_server.url, etcd_server.url, [node], tmp_path_factory.mktemp("node"),
+                f"test-{os.getpid()}-") as (c, _procs):
         yield c
-    finally:
-        proxy_out = _stop(proxy)
-        node_out = _stop(node)
-        store.close()
-        left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
-        assert not left, f"rings left behind: {left}\n{node_out}"
-        assert proxy.returncode == 0, proxy_out
-        assert node.returncode == 0, node_out
 
 
 @dataclass
@@ -171,9 +129,12 @@ class NodeRun:
 @contextmanager
 def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefix: str,
            env_extra: dict[str, str] | None = None, proxy_args: tuple[tuple[str, ...], ...] = ((),),
+           killed: frozenset[str] = frozenset(),
            ) -> Iterator[tuple[Cluster, dict[str, subprocess.Popen[str]]]]:
-    """Nodes and a Proxy on services of the test's own (so ``/onepiece/`` is not shared with the session
-    engine); every node's rings are named ``<prefix><node>-...``. Checks clean exits and no rings left."""
+    """Nodes and Proxies (one per ``proxy_args``) started with the commands an operator runs; every node's
+    rings are named ``<prefix><node>-...``. Waits until every instance's route is published and the first
+    Proxy sees them; at the end checks clean exits (a node in ``killed`` may have been SIGKILLed on
+    purpose) and that no ring is left."""
     from engine.store import JobStore
     from engine.worker.routes import etcd_client
 
@@ -233,10 +194,9 @@ def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefi
         left = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
         assert not left, f"rings left behind: {left}"
         for name, p in procs.items():
-            assert p.returncode in (0, -signal.SIGKILL), outs[name]  # a test may kill a node on purpose
+            assert p.returncode == 0 or (name in killed and p.returncode == -signal.SIGKILL), outs[name]
         assert proxy is None or proxy.returncode == 0, proxy_out
 
 
 def logs(c: Cluster, instance: str) -> str:
-    path = c.run_dir / "logs" / f"{instance}.log"
-    return path.read_text(errors="replace") if path.exists() else ""
+    return "".join(p.read_text(errors="replace") for p in c.run_dir.glob(f"node-*/logs/{instance}.log"))

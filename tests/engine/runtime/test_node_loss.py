@@ -38,7 +38,7 @@ def two_nodes(tiny_models: dict[str, Path], tmp_path: Path  # noqa: F811
     prefix = f"test-{os.getpid()}-loss-"
     try:
         with engine(redis.url, etcd_srv.url, runs, tmp_path, prefix,
-                    {"ONEPIECE_NODE_LEASE_TTL_S": str(LEASE_TTL_S)}) as (c, procs):
+                    {"ONEPIECE_NODE_LEASE_TTL_S": str(LEASE_TTL_S)}, killed=frozenset({"n1"})) as (c, procs):
             yield c, procs
             # the dead node never cleaned its rings; a restarted TaskManager would, at start
             for n in os.listdir("/dev/shm"):
