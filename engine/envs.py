@@ -60,6 +60,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     "ENGINE_CLIENT": _str("ONEPIECE_ENGINE_CLIENT", None),
     "TRUSTED_PROXY_HOPS": _int("ONEPIECE_TRUSTED_PROXY_HOPS", 0),
     "SQLITE_PATH": _str("ONEPIECE_SQLITE_PATH", None),
+    # CPU threads per stage instance: "auto" (the node's usable cores shared among its instances; 1-2 on
+    # CUDA) or a positive integer. See engine.worker.threads.
+    "THREADS_PER_INSTANCE": _str("ONEPIECE_THREADS_PER_INSTANCE", "auto"),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
     # Seconds results, status hashes and cancel flags live in Redis.
@@ -79,6 +82,13 @@ _VARS: dict[str, Callable[[], Any]] = {
     # Proxy: port, bound on accepted unfinished requests per workflow, ring send timeout.
     "PROXY_PORT": _int("ONEPIECE_PROXY_PORT", 8100),
     "PROXY_MAX_QUEUE": _int("ONEPIECE_PROXY_MAX_QUEUE", 64),
+    # The shared secret every caller of the Proxy sends (``Authorization: Bearer ...``; the web platform,
+    # Celery, `onepiece bench e2e`). `onepiece proxy` refuses to start without it; `onepiece up` generates
+    # one into its state folder. See engine.proxy.auth.
+    "PROXY_TOKEN": _str("ONEPIECE_PROXY_TOKEN", None),
+    # `onepiece up --debug` sets this for the web platform's local settings (Django DEBUG; never in
+    # production: error pages then show settings and service URLs).
+    "DEBUG": _str("ONEPIECE_DEBUG", None),
     "PROXY_SEND_TIMEOUT_S": _float("ONEPIECE_PROXY_SEND_TIMEOUT_S", 2.0),
     # Stretched stage times for benchmarks and tests (unset in production): "denoise=0.2,sd-t2i/vae_decode=0.05"
     # makes each run of a stage take at least that many seconds; ONEPIECE_STAGE_STRETCH "denoise=4" multiplies

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", type=Path, default=None,
                    help="folder with one model folder per workflow (default: tiny models built in the state dir)")
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per stage inbox ring")
+    p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
+                   help="CPU threads per stage instance (default: ONEPIECE_THREADS_PER_INSTANCE or auto: the "
+                   "host's cores shared among the instances)")
     p.add_argument(
         "--exit-after-ready",
         action="store_true",
@@ -248,6 +251,8 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
                 str(node_dir / "assignment.json"), "--ring-prefix", f"up-{os.getpid()}-"]
     if args.ring_bytes:
         node_cmd += ["--ring-bytes", str(args.ring_bytes)]
+    if args.threads_per_instance:
+        node_cmd += ["--threads-per-instance", str(args.threads_per_instance)]
     proxy_port = _port_or_free(host, envs.PROXY_PORT if args.proxy_port is None else args.proxy_port)
     proxy_cmd = [*cli, "proxy", "--host", host, "--port", str(proxy_port)]
     for name, cmd in (("node", node_cmd), ("proxy", proxy_cmd)):

@@ -42,8 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import envs
 from engine.worker.config import Assignment, InstanceSpec, StageTiming
 from engine.worker.routes import Route, assignment_key, etcd_client, node_key, publish_route, withdraw_route
+from engine.worker.threads import apply_env, budget_for, is_cuda
 from engine.workflow import get_workflow
 
 log = logging.getLogger("onepiece.node")
@@ -73,6 +75,7 @@ class _Instance:
     startup: dict[str, Any] = field(default_factory=dict)  # the last start-up's timings
     drain_started: float = 0.0
     busy: tuple[float, float] = (0.0, 0.0)  # (busy seconds, when) at the last report: utilisation baseline
+    threads: int = 0  # the CPU thread budget of the current process (engine.worker.threads)
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class NodeSettings:
     transport: str = "shm"  # the inbox rings: "shm" (one host), "tcp" or "verbs" (reachable from other hosts)
     data_host: str = "127.0.0.1"  # tcp/verbs: the address peers reach this node's rings at
     workflow_set: str = "default"  # the node's home Workflow Set (the Node Manager may lend it to another)
+    threads_per_instance: int | None = None  # CPU threads per instance; None: auto (engine.worker.threads)
 
 
 class TaskManager:
@@ -244,6 +248,7 @@ class TaskManager:
 
         ready = self._ready_file(inst)
         ready.unlink(missing_ok=True)
+        inst.threads = self.thread_budget(inst)
         floor_s, factor = self.s.timing.for_stage(inst.spec.workflow, inst.spec.stage)
         cfg = WorkerConfig(
             instance=inst.spec.id, workflow=inst.spec.workflow, stage=inst.spec.stage, model_dir=inst.model_dir,
@@ -254,17 +259,24 @@ class TaskManager:
             progress_interval_s=self.s.progress_interval_s, result_ttl_s=self.s.result_ttl_s,
             route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
             stage_time_s=floor_s, stage_stretch=factor, collab_address=inst.collab,
-            workflow_set=inst.spec.workflow_set,
+            workflow_set=inst.spec.workflow_set, threads=inst.threads,
         )
+        env = apply_env(dict(os.environ), inst.threads)  # before the worker loads torch
         with open(self.logs / f"{inst.spec.id}.log", "ab") as out:
             inst.proc = subprocess.Popen(
                 [sys.executable, "-m", "engine.worker.proc", config_to_json(cfg)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,  # Ctrl-C reaches the manager, which stops workers in order
             )
         inst.history.append(time.time())
         inst.spawned = self.clock()
-        log.info("started worker %s (pid %d)", inst.spec.id, inst.proc.pid)
+        log.info("started worker %s (pid %d, %d CPU threads)", inst.spec.id, inst.proc.pid, inst.threads)
+
+    def thread_budget(self, inst: _Instance) -> int:
+        """CPU threads for a worker started now: the node's cores shared among the instances placed on it
+        (or the explicit ``threads_per_instance``); see :mod:`engine.worker.threads`."""
+        placed = len(self.desired.instances) or len(self.instances)
+        return budget_for(placed, is_cuda(inst.spec.device, envs.DEVICE or "auto"), self.s.threads_per_instance)
 
     def _drain(self, inst: _Instance, now: float) -> None:
         """Take an instance out of service without losing what its ring holds: withdraw its route (senders
@@ -340,7 +352,7 @@ class TaskManager:
 
         out: dict[str, Any] = {"workflow": inst.spec.workflow, "stage": inst.spec.stage, "address": inst.address,
                                "pid": inst.proc.pid if inst.proc else None, "ready": inst.ready,
-                               "restarts": inst.restarts, "startup": inst.startup,
+                               "restarts": inst.restarts, "startup": inst.startup, "threads": inst.threads,
                                "ring": local_backlog(inst.address) if inst.ready else None}
         try:
             stats = self.store.instance_stats(inst.spec.id) if self.store is not None else {}

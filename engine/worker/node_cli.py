@@ -32,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: ONEPIECE_BIND_HOST)")
     p.add_argument("--set", dest="workflow_set", default=None,
                    help="this node's home Workflow Set (default: ONEPIECE_WORKFLOW_SET or 'default')")
+    p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
+                   help="CPU threads each stage instance may use (torch intra-op, OpenMP, MKL, OpenBLAS); auto "
+                   "shares the node's usable cores among its instances, 1-2 on CUDA "
+                   "(default: ONEPIECE_THREADS_PER_INSTANCE or auto)")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
                    help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
     p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
@@ -58,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         print(f"error: {exc}")
         return 2
+    from engine.worker.threads import parse_threads
+
+    try:
+        threads = parse_threads(args.threads_per_instance if args.threads_per_instance is not None
+                                else envs.THREADS_PER_INSTANCE)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
     static = Assignment.from_json(args.assignment.read_text()) if args.assignment else None
     settings = NodeSettings(
         node=node, etcd_url=etcd_url, redis_url=redis_url,
@@ -67,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         progress_interval_s=envs.PROGRESS_INTERVAL_MS / 1000, result_ttl_s=envs.RESULT_TTL_S,
         route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing, transport=args.transport or envs.TRANSPORT,
         data_host=args.data_host or envs.BIND_HOST, workflow_set=args.workflow_set or envs.WORKFLOW_SET,
+        threads_per_instance=threads,
     )
     stop = {"flag": False}
 

@@ -54,9 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     from engine.transport.ring import RingConfig
     from engine.worker.routes import RouteTable, etcd_client
     from engine.worker.taskworker import TaskWorker, open_ring
+    from engine.worker.threads import apply_torch
 
     t_load = time.monotonic()
-    executor = executor_class(config.workflow, config.stage)()
+    executor_type = executor_class(config.workflow, config.stage)  # imports torch if the stage uses it
+    threads = config.threads
+    if "torch" in sys.modules:  # torch's pools sized to the budget before the first op (its env vars are set)
+        threads = apply_torch(config.threads or None)
+    executor = executor_type()
     executor.load(config.model_dir, config.device)
     t_ring = time.monotonic()
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.ready_file:
             tmp = Path(config.ready_file + ".tmp")
             # start-up parts: imports (process_s), model load (load_s), rings, store and routes (ring_s)
-            tmp.write_text(json.dumps({"pid": os.getpid(), "process_s": round(t_load - t_start, 3),
+            tmp.write_text(json.dumps({"pid": os.getpid(), "threads": threads, "process_s": round(t_load - t_start, 3),
                                        "load_s": round(t_ring - t_load, 3), "ring_s": round(t_ready - t_ring, 3)}))
             tmp.replace(config.ready_file)  # atomic: the manager never reads a half-written file
         log.info("serving %s/%s on %s", config.workflow, config.stage, config.address)
