@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,10 @@ import pytest
 from engine.embedded import EtcdServer, RedisServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# The Proxy's shared secret for this run (engine.proxy.auth): every Proxy a fixture starts inherits it,
+# every client sends it (the test settings read the same variable).
+PROXY_TOKEN = os.environ.setdefault("ONEPIECE_PROXY_TOKEN", secrets.token_urlsafe(24))
 
 
 @pytest.fixture(scope="session")

@@ -10,39 +10,47 @@ Routes:
   GET    /v1/requests/{uid}/result  the result bytes (png, mp4)
   GET    /livez, /readyz            health
 
-Order of work on submit, and why: the request is validated against the
-workflow spec before anything else (400 naming the field); only then is a UID
-drawn, its cost estimated and admission decided (503 + Retry-After, at once,
-nothing queued); an accepted request is recorded (``accepted`` event) before
-it enters the first stage's ring, so no worker ever sees a UID the store does
-not know.
+Every route but /livez and /readyz needs the Proxy's shared secret (engine.proxy.auth).
+
+Order of work on submit, and why: a refusal must cost less than an acceptance,
+so what can be decided without the body is decided first (credential, the
+declared size, whether the named workflow, ``?workflow=``, or any workflow has
+room: 503 + Retry-After with nothing read). Then the body is read, bounded as
+it streams, and parsed and validated against the workflow spec in a thread
+(400/413 naming the field; engine.proxy.intake); only then is a UID drawn (or
+the caller's taken), its cost estimated and admission decided with its cost
+and deadline (503, at once, nothing queued); the message must fit the first
+stage's ring (413 naming the largest input); an accepted request is recorded
+(``accepted`` event) before it enters the first stage's ring, so no worker
+ever sees a UID the store does not know.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
-import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from engine.proxy import auth, intake
 from engine.proxy.injector import Injector
+from engine.proxy.intake import BadRequest, Submission
 from engine.proxy.monitor import Load, RequestMonitor
 from engine.proxy.recovery import OrphanSweeper
 from engine.store import JobStore, keys
+from engine.transport.errors import MessageTooLarge
 from engine.worker.routes import RouteTable
-from engine.workflow import InvalidRequest, get_workflow, request_workflow, workflows
+from engine.workflow import get_workflow, images, workflows
 from engine.workflow import message as wm
 
 log = logging.getLogger("onepiece.proxy")
 
-MAX_BODY = 64 << 20
+# A submission's body: the largest input image (base64) plus its parameters.
+MAX_BODY = images.MAX_BYTES * 4 // 3 + (1 << 20)
 CONTENT_TYPES = {"image": "image/png", "video": "video/mp4"}
 
 STORE = web.AppKey("store", JobStore)
@@ -52,10 +60,18 @@ ROUTES = web.AppKey("routes", RouteTable)
 ACCEPTED = web.AppKey("accepted", dict)  # workflow -> requests accepted since start
 
 
-class BadRequest(Exception):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+@dataclass
+class Limits:
+    """Bounds on what one request, and all requests being read at once, may cost the Proxy."""
+
+    max_body: int = MAX_BODY
+    intake_bytes: int = 4 * MAX_BODY  # bodies being read and parsed at once (declared sizes)
+    max_image_bytes: int = images.MAX_BYTES
+    max_image_pixels: int = images.MAX_PIXELS
+    reading: int = 0  # bytes reserved by the bodies being read now (event-loop only: no lock)
+
+
+LIMITS = web.AppKey("limits", Limits)
 
 
 def _error(status: int, message: str, field: str = "", headers: dict[str, str] | None = None) -> web.Response:
@@ -65,110 +81,139 @@ def _error(status: int, message: str, field: str = "", headers: dict[str, str] |
     return web.json_response(body, status=status, headers=headers)
 
 
-async def _read_submission(request: web.Request) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """(the JSON document, raw input bytes) from a JSON or multipart body."""
-    inputs: dict[str, bytes] = {}
-    if request.content_type.startswith("multipart/"):
-        doc: dict[str, Any] | None = None
-        reader = await request.multipart()
-        async for part in reader:
-            if part.name == "request":
-                try:
-                    doc = json.loads(await part.text())
-                except ValueError as exc:
-                    raise BadRequest("request", f"the request part is not JSON: {exc}") from None
-            elif part.name:
-                inputs[part.name] = bytes(await part.read())
-        if doc is None:
-            raise BadRequest("request", "multipart submissions need a 'request' JSON part")
-    else:
-        try:
-            doc = await request.json()
-        except ValueError as exc:
-            raise BadRequest("body", f"body is not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("body", "the request must be a JSON object")
-    raw = doc.get("inputs") or {}
-    if not isinstance(raw, dict):
-        raise BadRequest("inputs", "inputs must map names to base64 strings")
-    for name, value in raw.items():
-        try:
-            inputs[name] = base64.b64decode(str(value), validate=True)
-        except (binascii.Error, ValueError):
-            raise BadRequest(name, f"input {name!r} is not valid base64") from None
-    return doc, inputs
+def _busy(reason: str, retry_after: int) -> web.Response:
+    # Connection: close: a refused body is not read (nor drained to keep the connection alive)
+    return _error(503, reason, headers={"Retry-After": str(max(1, retry_after)), "Connection": "close"})
 
 
-def _validate(doc: dict[str, Any], inputs: dict[str, bytes]) -> tuple[Any, dict[str, Any], float | None, int]:
-    """(spec, resolved params, absolute deadline, priority); raises BadRequest / InvalidRequest."""
-    spec = request_workflow(doc.get("workflow"))
-    params = doc.get("params") or {}
-    if not isinstance(params, dict):
-        raise BadRequest("params", "params must be an object")
-    resolved = spec.validate_request(params, inputs)
-    if "image" in inputs:
-        _check_image(inputs["image"])
-    deadline_s = doc.get("deadline_s")
-    if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
-                                   or deadline_s <= 0):
-        raise BadRequest("deadline_s", "deadline_s must be a positive number of seconds")
-    priority = doc.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise BadRequest("priority", "priority must be an integer")
-    return spec, resolved, (time.time() + float(deadline_s)) if deadline_s else None, priority
+def _loads(app: web.Application, names: list[str]) -> dict[str, Load]:
+    """What the Request Monitor needs about each workflow (blocking: route cache and one Redis read each)."""
+    store, routes, out = app[STORE], app[ROUTES], {}
+    for name in names:
+        stage_routes = [routes.candidates(name, s) for s in get_workflow(name).route()]
+        inflight, inflight_cost = store.inflight(name)
+        out[name] = Load(inflight, inflight_cost, sum(len(r) for r in stage_routes), len(stage_routes[0]),
+                         routes.capacity(name))
+    return out
 
 
-def _check_image(data: bytes) -> None:
-    from PIL import Image, UnidentifiedImageError
-
+async def _pre_admit(request: web.Request) -> web.Response | None:
+    """The refusal of a request that cannot be admitted whatever its body says, decided from headers and
+    the queue state alone (nothing read, nothing decoded): a body over the limit, intake memory in use, or
+    no named workflow (``?workflow=``; else none at all) with room in its queue."""
+    app = request.app
+    length = request.content_length
+    if length is not None and length > app[LIMITS].max_body:
+        return _error(413, f"request body of {length} bytes is over the limit of {app[LIMITS].max_body}", "body",
+                      headers={"Connection": "close"})
+    hint = request.query.get("workflow")
+    names = [hint] if hint in workflows() else sorted(workflows())
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.verify()
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise BadRequest("image", f"image is not a readable image file: {exc}") from None
+        loads = await asyncio.to_thread(_loads, app, names)
+    except Exception as exc:  # Redis unreachable: an overload answer, never a 500
+        return _busy(f"the result store is unavailable: {exc}", 5)
+    now, refusals = time.time(), []
+    for name in names:
+        decision = app[MONITOR].decide(loads[name], 0.0, now, None)
+        if decision.admit:
+            return None
+        refusals.append(decision)
+    first = min(refusals, key=lambda d: d.retry_after)
+    return _busy(first.reason, first.retry_after)
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The body, counted as it streams (a chunked body has no Content-Length to check in advance)."""
+    try:
+        return await request.read()  # aiohttp stops at client_max_size with 413
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest("body", f"request body is over the limit of {request.app[LIMITS].max_body} bytes",
+                         413) from None
+
+
+def _message(sub: Submission, uid: str) -> tuple[wm.Header, bytes]:
+    header = wm.Header(uid=uid, workflow=sub.spec.name, stage=sub.spec.route()[0], route=sub.spec.route(),
+                       deadline=sub.deadline, priority=sub.priority, params=sub.params,
+                       timestamps={"proxy": time.time()})
+    message = wm.encode(header, {}, sub.inputs)
+    header_len = int.from_bytes(message[8:12], "little")
+    if header_len > wm.MAX_HEADER_BYTES:  # the spec's limits keep this from happening; never let it reach a ring
+        field = intake.largest(sub.params)
+        raise BadRequest(field, f"the request's header would be {header_len} bytes, over the limit of "
+                                f"{wm.MAX_HEADER_BYTES}; {field} is the largest part")
+    return header, message
+
+
+def _too_large(sub: Submission, size: int, limit: int) -> BadRequest:
+    field = max(sub.inputs, key=lambda k: len(sub.inputs[k]), default="params")
+    return BadRequest(field, f"the request would be {size} bytes, over the {limit} bytes its first stage's ring "
+                             f"can hold; {field} is the largest part", 413)
 
 
 async def submit(request: web.Request) -> web.Response:
+    """Order of work: the cheap refusals first (credential, declared size, queue state: nothing read), then
+    the body, bounded as it streams, parsed and validated off the event loop; then the admission decision
+    with the request's cost and deadline; then the store and the ring."""
     app = request.app
-    store, routes = app[STORE], app[ROUTES]
+    refused = await _pre_admit(request)
+    if refused is not None:
+        return refused
+    reserve = request.content_length if request.content_length is not None else app[LIMITS].max_body
+    if app[LIMITS].reading + reserve > app[LIMITS].intake_bytes:
+        return _busy("intake is busy reading other requests", 1)
+    app[LIMITS].reading += reserve
     try:
-        doc, inputs = await _read_submission(request)
-        spec, params, deadline, priority = _validate(doc, inputs)
+        body = await _read_body(request)
+        sub = await asyncio.to_thread(intake.parse, body, request.headers.get("Content-Type", ""),
+                                      app[LIMITS].max_image_bytes, app[LIMITS].max_image_pixels)
+        del body
+        uid = sub.uid or uuid.uuid4().hex
+        header, message = await asyncio.to_thread(_message, sub, uid)
     except BadRequest as exc:
-        return _error(400, str(exc), exc.field)
-    except InvalidRequest as exc:
-        return _error(400, str(exc), exc.field)
-    uid = uuid.uuid4().hex
-    cost = spec.estimate_gpu_seconds(params)
+        return _error(exc.status, str(exc), exc.field)
+    finally:
+        app[LIMITS].reading -= reserve
+    return await _admit(request, sub, uid, message)
+
+
+async def _admit(request: web.Request, sub: Submission, uid: str, message: bytes) -> web.Response:
+    app = request.app
+    store, spec, params = app[STORE], sub.spec, sub.params
     route = spec.route()
-    stage_routes = await asyncio.to_thread(lambda: [routes.candidates(spec.name, s) for s in route])
     try:
-        inflight, inflight_cost = await asyncio.to_thread(store.inflight, spec.name)
+        if sub.uid is not None and await asyncio.to_thread(store.status, uid) is not None:
+            return _error(409, "a request with this uid was already accepted", "uid")
+        load = (await asyncio.to_thread(_loads, app, [spec.name]))[spec.name]
     except Exception as exc:  # Redis unreachable: an overload answer, never a 500
-        return _error(503, f"the result store is unavailable: {exc}", headers={"Retry-After": "5"})
-    load = Load(inflight, inflight_cost, sum(len(r) for r in stage_routes), len(stage_routes[0]),
-                routes.capacity(spec.name))
-    decision = app[MONITOR].decide(load, cost, time.time(), deadline)
+        return _busy(f"the result store is unavailable: {exc}", 5)
+    cost = spec.estimate_gpu_seconds(params)
+    decision = app[MONITOR].decide(load, cost, time.time(), sub.deadline)
     if not decision.admit:
-        return _error(503, decision.reason, headers={"Retry-After": str(decision.retry_after)})
-    header = wm.Header(uid=uid, workflow=spec.name, stage=route[0], route=route, deadline=deadline,
-                       priority=priority, params=params, timestamps={"proxy": time.time()})
-    message = wm.encode(header, {}, inputs)
+        return _busy(decision.reason, decision.retry_after)
+    limit = await app[INJECTOR].max_message(spec.name, route[0])
+    if limit is not None and len(message) > limit:
+        exc = _too_large(sub, len(message), limit)
+        return _error(exc.status, str(exc), exc.field)
     try:  # kept with the job until it finishes: a job whose node is lost starts again from it
-        await asyncio.to_thread(store.accept, uid, spec.name, cost, "", message)
+        if not await asyncio.to_thread(store.accept, uid, spec.name, cost, "", message):
+            return _error(409, "a request with this uid was already accepted", "uid")  # claimed meanwhile
     except Exception as exc:  # Redis unreachable: an overload answer, never a 500
-        return _error(503, f"the result store is unavailable: {exc}", headers={"Retry-After": "5"})
+        return _busy(f"the result store is unavailable: {exc}", 5)
     try:
         target = await app[INJECTOR].inject(spec.name, route[0], message, spec.estimate_cost(params).get(route[0], 0.0))
         await asyncio.to_thread(store.located, uid, target.node, target.instance)
         app[ACCEPTED][spec.name] = app[ACCEPTED].get(spec.name, 0) + 1
+    except MessageTooLarge as exc:  # a ring smaller than the one measured above: refused, and the job failed
+        bad = _too_large(sub, exc.size, exc.limit)
+        await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, route[0], str(bad))
+        return _error(bad.status, str(bad), bad.field)
     except Exception as exc:  # any send failure is an overload answer
         await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, route[0],
                                 f"could not enter {route[0]}: {exc}")
-        return _error(503, f"could not hand the request to {route[0]}: {exc}", headers={"Retry-After": "1"})
+        return _busy(f"could not hand the request to {route[0]}: {exc}", 1)
     return web.json_response({"uid": uid, "state": keys.QUEUED, "workflow": spec.name, "cost_gpu_s": cost,
                               "predicted_wait_s": decision.predicted_wait_s, "instance": target.instance,
-                              "deadline": deadline}, status=202)
+                              "deadline": sub.deadline}, status=202)
 
 
 def _uid(request: web.Request) -> str | None:
@@ -301,12 +346,16 @@ async def _register(app: web.Application, workflow_set: str, name: str, url: str
 
 def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: RequestMonitor,
              sweep_interval: float = 1.0, max_attempts: int = 3,
-             registration: tuple[str, str, str] | None = None) -> web.Application:
-    """The Proxy; every ``sweep_interval`` seconds it restarts jobs lost with a dead node
-    (engine.proxy.recovery), at most ``max_attempts`` starts per job. With ``registration``
-    (Workflow Set, name, URL) it registers itself for the Node Manager and the platform's choice of Proxy."""
-    app = web.Application(client_max_size=MAX_BODY)
-    app[ACCEPTED] = {}
+             registration: tuple[str, str, str] | None = None, *, token: str,
+             limits: Limits | None = None) -> web.Application:
+    """The Proxy; callers present ``token`` (engine.proxy.auth; ``ValueError`` if it is too weak). Every
+    ``sweep_interval`` seconds it restarts jobs lost with a dead node (engine.proxy.recovery), at most
+    ``max_attempts`` starts per job, and drops in-flight entries of jobs that are gone or finished. With
+    ``registration`` (Workflow Set, name, URL) it registers itself for the Node Manager and the platform's
+    choice of Proxy."""
+    limits = limits or Limits()
+    app = web.Application(client_max_size=limits.max_body, middlewares=[auth.middleware(token)])
+    app[ACCEPTED], app[LIMITS] = {}, limits
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
     app.router.add_post("/v1/requests", submit)

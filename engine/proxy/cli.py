@@ -1,4 +1,8 @@
-"""``onepiece proxy``: serve the Proxy's HTTP intake until SIGINT/SIGTERM."""
+"""``onepiece proxy``: serve the Proxy's HTTP intake until SIGINT/SIGTERM.
+
+Needs ``ONEPIECE_PROXY_TOKEN`` (the callers' shared secret, engine.proxy.auth) and binds the loopback
+address unless told otherwise (``--host`` / ``ONEPIECE_BIND_HOST``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from engine import envs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=None, help="address to bind (default: ONEPIECE_BIND_HOST)")
+    p.add_argument("--host", default=None,
+                   help="address to bind (default: ONEPIECE_BIND_HOST, itself 127.0.0.1 unless set)")
     p.add_argument("--port", type=int, default=None, help="port (default: ONEPIECE_PROXY_PORT; 0 picks a free one)")
     p.add_argument("--etcd-url", default=None, help="etcd client URL (default: ONEPIECE_ETCD_URL)")
     p.add_argument("--redis-url", default=None, help="Redis URL (default: ONEPIECE_REDIS_URL)")
@@ -39,6 +44,13 @@ async def serve(args: argparse.Namespace) -> int:
     if not etcd_url or not redis_url:
         print("error: --etcd-url and --redis-url (or ONEPIECE_ETCD_URL / ONEPIECE_REDIS_URL) are required")
         return 2
+    from engine.proxy.auth import check_token
+
+    try:
+        token = check_token(envs.PROXY_TOKEN)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
     host = args.host or envs.BIND_HOST
     port = envs.PROXY_PORT if args.port is None else args.port
     port = port or free_port(host)
@@ -48,7 +60,7 @@ async def serve(args: argparse.Namespace) -> int:
     injector = Injector(routes, args.deliver or envs.DELIVER, envs.PROXY_SEND_TIMEOUT_S)
     url = args.advertise or f"http://{host}:{port}"
     app = make_app(store, routes, injector, RequestMonitor(args.max_queue or envs.PROXY_MAX_QUEUE),
-                   registration=(workflow_set, f"{socket.gethostname()}-{os.getpid()}", url))
+                   registration=(workflow_set, f"{socket.gethostname()}-{os.getpid()}", url), token=token)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     stop = asyncio.Event()

@@ -34,6 +34,23 @@ class Injector:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self._send, workflow, stage, data, cost, nodes)
 
+    async def max_message(self, workflow: str, stage: str) -> int | None:
+        """The largest message every published instance of ``stage`` can take (its ring's record limit);
+        None when none is published or none can be reached (the send then says why)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self._max_message, workflow, stage)
+
+    def _max_message(self, workflow: str, stage: str) -> int | None:
+        from engine.transport.errors import TransportError
+
+        limits = []
+        for route in self.routes.candidates(workflow, stage):
+            try:
+                limits.append(int(self.producers.get(route).max_message))
+            except TransportError:
+                self.producers.drop(route.instance)
+        return min(limits) if limits else None
+
     async def poll(self) -> None:
         """Let producers retransmit what a recovering consumer dropped (called periodically)."""
         loop = asyncio.get_running_loop()

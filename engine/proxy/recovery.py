@@ -11,6 +11,10 @@ re-injects the request as it first entered (kept with the job since intake)
 into the first stage of a live instance; after ``max_attempts`` starts it is
 failed with the node and stage it was lost at.
 
+The same sweep drops in-flight entries of jobs that no longer exist (their
+status hash expired or was lost with Redis): admission counts those entries,
+so one left behind would hold a queue place for ever.
+
 If the lost node was only partitioned and comes back, its old copy may still
 finish: the store's terminal-once transition keeps one result either way.
 """
@@ -37,6 +41,9 @@ class OrphanSweeper:
 
     async def sweep(self) -> int:
         """One pass; returns how many lost jobs were started again."""
+        pruned = await asyncio.to_thread(self.store.prune_inflight, sorted(workflows()))
+        if pruned:
+            log.warning("dropped %d in-flight entries of jobs that no longer exist or are finished", pruned)
         try:
             live = await asyncio.to_thread(live_nodes, self.etcd)
         except Exception as exc:  # membership unknown: judge nothing this round

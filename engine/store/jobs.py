@@ -155,6 +155,24 @@ class JobStore:
         entries = self.r.zrange(keys.inflight_key(workflow), 0, -1, withscores=True)
         return len(entries), float(sum(score for _, score in entries))
 
+    def prune_inflight(self, workflows: list[str]) -> int:
+        """Drop in-flight entries whose job is gone (its status hash expired or was lost with Redis) or
+        finished; returns how many. Such an entry would count against admission for ever. Race-free:
+        :meth:`accept` writes the hash and the entry in one transaction, and the terminal transition
+        removes the entry in the same script that finishes the job."""
+        dropped = 0
+        for wf in workflows:
+            uids = [u.decode() for u in self.r.zrange(keys.inflight_key(wf), 0, -1)]
+            if not uids:
+                continue
+            pipe = self.r.pipeline(transaction=False)
+            for uid in uids:
+                pipe.hget(keys.job_key(uid), "state")
+            stale = [u for u, st in zip(uids, pipe.execute(), strict=True) if st is None or st.decode() in keys.TERMINAL]
+            if stale:
+                dropped += int(self.r.zrem(keys.inflight_key(wf), *stale))
+        return dropped
+
     # -- events ----------------------------------------------------------------------------
     def event(self, uid: str, type_: str, stage: str = "", progress: int = 0, detail: str = "",
               state: str = "") -> bool:

@@ -117,8 +117,7 @@ class TaskWorker:
         try:
             msg = wm.decode(d.view)
         except wm.MessageError as exc:
-            log.error("dropping a malformed message from producer %d: %s", d.producer, exc)
-            d.release()
+            self._undecodable(d, exc)
             return
         h = msg.header
         release = True
@@ -141,6 +140,17 @@ class TaskWorker:
             del msg
             if release:
                 d.release()
+        self.handled += 1
+
+    def _undecodable(self, d: Delivery, exc: wm.MessageError) -> None:
+        """A message this stage cannot decode fails its job with the reason (when its UID can be read),
+        never leaving it queued for ever; released only once that is recorded (as in :meth:`handle`)."""
+        st, uid = self.config.stage, wm.peek_uid(d.view)
+        log.error("undecodable message %s from producer %d: %s", uid or "(no uid)", d.producer, exc)
+        if uid is not None:
+            self.store.finish(uid, self.config.workflow, keys.FAILED, st,
+                              detail=f"{st} could not decode the request: {exc}"[:500])
+        d.release()
         self.handled += 1
 
     def _admit(self, h: wm.Header) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -336,6 +337,23 @@ def decode(buffer: Any) -> Message:
         if start < end:
             raise OverlappingPayloads(f"payloads {a!r} and {b!r} overlap")
     return Message(header, tensors, blobs)
+
+
+_UID = re.compile(rb'"uid"\s*:\s*"([0-9a-f]{32})"')
+
+
+def peek_uid(buffer: Any) -> str | None:
+    """The UID of a message that may not decode (a header over the limit, a bad field), read from the
+    start of its header without parsing it; None when there is none. Lets a receiver fail the job with
+    the reason instead of dropping it unnamed."""
+    try:
+        mv = memoryview(buffer).cast("B")
+    except TypeError:
+        return None
+    if len(mv) < PREFIX_SIZE or bytes(mv[:4]) != MAGIC:
+        return None
+    found = _UID.search(bytes(mv[PREFIX_SIZE:PREFIX_SIZE + 4096]))
+    return found.group(1).decode() if found else None
 
 
 def to_numpy(t: TensorData) -> Any:

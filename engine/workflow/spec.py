@@ -13,6 +13,7 @@ and consistent within one message (``"D_text"``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +76,16 @@ class StageSpec:
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """A request parameter with its default and its limits."""
+    """A request parameter with its default and its limits.
+
+    Every parameter is bounded where it enters (the Proxy and the platform both
+    resolve requests through the spec): a number has a minimum and a maximum and
+    must be finite (``NaN`` compares false with every limit, so it would slip
+    through them); a string has ``max_length`` characters and must be valid
+    Unicode (no lone surrogates). The bounds also keep the Workflow Message's
+    JSON header far below :data:`engine.workflow.message.MAX_HEADER_BYTES`, so
+    an accepted request can always be decoded by its stages.
+    """
 
     name: str
     type: type
@@ -83,6 +93,23 @@ class ParamSpec:
     minimum: float | None = None
     maximum: float | None = None
     doc: str = ""
+    max_length: int | None = None  # characters, for str parameters
+
+    def __post_init__(self) -> None:
+        if self.type is str and (self.max_length is None or self.max_length < 1):
+            raise ValueError(f"string parameter {self.name!r} needs a max_length")
+        if self.type in (int, float) and (self.minimum is None or self.maximum is None):
+            raise ValueError(f"numeric parameter {self.name!r} needs a minimum and a maximum")
+
+
+def _check_text(p: ParamSpec, value: str) -> None:
+    assert p.max_length is not None
+    if len(value) > p.max_length:
+        raise InvalidRequest(p.name, f"{p.name} is {len(value)} characters; the limit is {p.max_length}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(p.name, f"{p.name} is not valid Unicode text (a lone surrogate)") from None
 
 
 @dataclass(frozen=True)
@@ -204,6 +231,12 @@ class WorkflowSpec:
                 raise InvalidRequest(p.name, f"{p.name} must be a number, got {value!r}")
             elif p.type is str and not isinstance(value, str):
                 raise InvalidRequest(p.name, f"{p.name} must be a string, got {type(value).__name__}")
+            if p.type is str:
+                _check_text(p, value)
+                out[p.name] = value
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidRequest(p.name, f"{p.name} must be a finite number, got {value!r}")
             if p.type is float:
                 value = float(value)
             if p.minimum is not None and value < p.minimum:

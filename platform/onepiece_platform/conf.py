@@ -16,6 +16,8 @@ DEFAULTS: dict[str, Any] = {
     "ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
     "PROXY_URL": "http://127.0.0.1:8100",
     "PROXY_TIMEOUT_S": 10.0,
+    # The Proxy's shared secret (ONEPIECE_PROXY_TOKEN; engine.proxy.auth), sent with every call.
+    "PROXY_TOKEN": "",
     # Failed API-key authentications allowed per client address and window before 429.
     "AUTH_FAILURES_LIMIT": 20,
     "AUTH_FAILURES_WINDOW_S": 60,
@@ -37,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "CONCURRENCY_RETRY_AFTER_S": 5,
     # A job the engine no longer knows, older than this, is failed by the reconciler's sweep.
     "LOST_AFTER_S": 30.0,
+    # An engine event for a UID the ledger does not know is held and retried this long, then dead-lettered.
+    "HOLD_UNKNOWN_S": 60.0,
     # /v1/images/generations waits this long for its image.
     "IMAGE_WAIT_S": 120.0,
     # Ledger rows of finished jobs are deleted by the clean-up task after this many days.

@@ -180,6 +180,7 @@ def test_three_host_rehearsal_survives_losing_the_leading_managers_host(
             env.update(ONEPIECE_ETCD_URL=etcd_url, ONEPIECE_REDIS_URL=redis_url, ONEPIECE_DEVICE="cpu",
                        ONEPIECE_TRANSPORT="tcp", ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2",
                        ONEPIECE_STATE_DIR=str(tmp_path / "state"),
+                       ONEPIECE_PROXY_TOKEN=os.environ["ONEPIECE_PROXY_TOKEN"],
                        DJANGO_SETTINGS_MODULE="onepiece_platform.settings.local",
                        DJANGO_ALLOWED_HOSTS=f"{net[0].address},localhost,127.0.0.1",
                        PYTHONPATH=os.pathsep.join([str(REPO / "platform"), os.environ.get("PYTHONPATH", "")]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,8 @@ def web_redis(redis_server: Any, settings: Any) -> Iterator[str]:
     settings.REDIS_URL = url
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                                            "CONFIG": {"hosts": [url]}}}
-    settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.local.LocalEngineClient"}
+    settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.local.LocalEngineClient",
+                         "PROXY_TOKEN": os.environ["ONEPIECE_PROXY_TOKEN"]}
     channel_layers.backends.clear()
     redis_conn.close_all()
     reset_engines()

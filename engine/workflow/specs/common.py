@@ -7,6 +7,10 @@ from typing import Any
 
 from engine.workflow.spec import InvalidRequest
 
+# Characters of a prompt or negative prompt. The text encoders read far less (CLIP 77 tokens, umT5 512),
+# and the bound keeps every request's message header small (see ParamSpec).
+MAX_PROMPT_CHARS = 4096
+
 
 def require_prompt(params: Mapping[str, Any]) -> None:
     """A prompt must contain something other than whitespace."""

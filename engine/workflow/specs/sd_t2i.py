@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import require_multiple, require_pixels, require_prompt
+from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
 
 SIZE_MULTIPLE = 8
 MAX_PIXELS = 1024 * 1024
@@ -58,8 +58,8 @@ SPEC = WorkflowSpec(
         ),
     ),
     params=(
-        ParamSpec("prompt", str, None, doc="what the image shows"),
-        ParamSpec("negative_prompt", str, None, doc="what it should not show"),
+        ParamSpec("prompt", str, None, doc="what the image shows", max_length=MAX_PROMPT_CHARS),
+        ParamSpec("negative_prompt", str, None, doc="what it should not show", max_length=MAX_PROMPT_CHARS),
         ParamSpec("height", int, 512, 64, 1024),
         ParamSpec("width", int, 512, 64, 1024),
         ParamSpec("num_inference_steps", int, 50, 1, MAX_STEPS),

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.workflow.spec import CostModel, InvalidRequest, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import require_multiple, require_pixels, require_prompt
+from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
 
 # Wan2.1's VAE compresses 4x in time and 8x in space; its transformer patches
 # 2x2 latent pixels, so pixel sizes must be multiples of 16.
@@ -91,8 +91,8 @@ SPEC = WorkflowSpec(
         ),
     ),
     params=(
-        ParamSpec("prompt", str, None, doc="what the video shows"),
-        ParamSpec("negative_prompt", str, "", doc="what it should not show"),
+        ParamSpec("prompt", str, None, doc="what the video shows", max_length=MAX_PROMPT_CHARS),
+        ParamSpec("negative_prompt", str, "", doc="what it should not show", max_length=MAX_PROMPT_CHARS),
         ParamSpec("height", int, 480, SIZE_MULTIPLE, 1280),
         ParamSpec("width", int, 832, SIZE_MULTIPLE, 1280),
         ParamSpec("num_frames", int, 81, 1, MAX_FRAMES, doc="frames; num_frames - 1 divisible by 4"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -26,8 +27,10 @@ class ProxyEngineClient(EngineClient):
     goes to a Proxy of the least loaded Workflow Set serving its workflow (engine.manager.sets.which_proxy,
     re-asked at most every second); status, cancel and result go to any Proxy (they all read one store)."""
 
-    def __init__(self, base_url: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, base_url: str | None = None, timeout: float | None = None, token: str | None = None) -> None:
         self.base = (base_url or conf.get("PROXY_URL")).rstrip("/")
+        # the Proxy's shared secret (engine.proxy.auth): every route but its health probes needs it
+        self.token = token if token is not None else conf.get("PROXY_TOKEN")
         self.timeout = float(timeout if timeout is not None else conf.get("PROXY_TIMEOUT_S"))
         self._chosen: dict[str, tuple[float, str]] = {}
         self._etcd: Any = None
@@ -89,8 +92,10 @@ class ProxyEngineClient(EngineClient):
         return [u.rstrip("/") for u in urls]
 
     def _send(self, base: str, method: str, path: str, data: bytes | None) -> tuple[int, bytes, Any]:
-        req = urllib.request.Request(base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
+        headers = {"Content-Type": "application/json"} if data else {}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(base + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 return r.status, r.read(), r.headers
@@ -110,17 +115,20 @@ class ProxyEngineClient(EngineClient):
         return doc
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None) -> Accepted:
+               deadline_s: float | None = None, uid: str | None = None) -> Accepted:
         body: dict[str, Any] = {"workflow": workflow, "params": params,
                                 "inputs": {k: base64.b64encode(v).decode() for k, v in inputs.items()}}
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
-        code, raw, headers = self._call("POST", "/v1/requests", body)
+        if uid is not None:
+            body["uid"] = uid
+        # ?workflow= lets the Proxy refuse an overloaded workflow before it reads the body
+        code, raw, headers = self._call("POST", f"/v1/requests?workflow={urllib.parse.quote(workflow)}", body)
         doc = self._json(raw)
         if code == 202:
             return Accepted(str(doc["uid"]), float(doc.get("cost_gpu_s", 0.0)),
                             float(doc.get("predicted_wait_s", 0.0)))
-        if code in (400, 503):
+        if code in (400, 409, 503):
             retry = headers.get("Retry-After")
             raise EngineRejected(code, str(doc.get("error", "")), str(doc.get("field", "")),
                                  int(retry) if retry and retry.isdigit() else None)

@@ -113,6 +113,7 @@ ONEPIECE = {
     "PROXY_URL": os.environ.get("ONEPIECE_PROXY_URL", "http://127.0.0.1:8100"),
     "ENGINE_CLIENT": os.environ.get("ONEPIECE_ENGINE_CLIENT",
                                     "onepiece_platform.engine_link.proxy.ProxyEngineClient"),
+    "PROXY_TOKEN": os.environ.get("ONEPIECE_PROXY_TOKEN", ""),
 }
 # Bodies are bounded before parsing (413); Django's own cap sits just above the platform's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = (16 << 20) * 4 // 3 + (128 << 10)

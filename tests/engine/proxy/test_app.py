@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from engine.proxy.app import make_app
+from engine.proxy.auth import auth_headers
 from engine.proxy.injector import Injector
 from engine.proxy.monitor import RequestMonitor
 from engine.store import JobStore, keys
@@ -41,14 +42,20 @@ def env(redis_server: Any, etcd_server: Any) -> Iterator[dict[str, Any]]:
     store.close()
 
 
-def _serve(env: dict[str, Any], max_queue: int, body: Callable[[Any], Awaitable[None]]) -> None:
+TOKEN = "test-proxy-secret-" + "0" * 16
+
+
+def _serve(env: dict[str, Any], max_queue: int, body: Callable[[Any], Awaitable[None]],
+           headers: dict[str, str] | None = None, **app_kwargs: Any) -> None:
+    """The Proxy in-process; its client sends the shared secret unless ``headers`` say otherwise."""
     from aiohttp.test_utils import TestClient, TestServer
 
     async def main() -> None:
         injector = Injector(RouteTable(env["etcd"], refresh_s=0.0), "round-robin", 1.0)
-        app = make_app(env["store"], RouteTable(env["etcd"], refresh_s=0.0), injector, RequestMonitor(max_queue))
+        app = make_app(env["store"], RouteTable(env["etcd"], refresh_s=0.0), injector, RequestMonitor(max_queue),
+                       token=TOKEN, **app_kwargs)
         try:
-            async with TestClient(TestServer(app)) as client:
+            async with TestClient(TestServer(app), headers=auth_headers(TOKEN) if headers is None else headers) as client:
                 await body(client)
         finally:
             injector.close()

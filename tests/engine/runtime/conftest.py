@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from engine.proxy.auth import auth_headers
 from tests.engine.stages.conftest import input_png, tiny_models  # noqa: F401 - fixtures reused here
 
 # sd-t2i's denoise sleeps this long after every step, so cancel and SIGKILL
@@ -47,8 +48,9 @@ class Cluster:
     # -- HTTP helpers -------------------------------------------------------------------------
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any, dict[str, str]]:
         data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data else {}
         req = urllib.request.Request(self.proxy + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
+                                     headers={**headers, **auth_headers(os.environ["ONEPIECE_PROXY_TOKEN"])})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 raw, status, headers = r.read(), r.status, dict(r.headers)
@@ -142,6 +144,7 @@ def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefi
     etcd = etcd_client(etcd_url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
     env.update(ONEPIECE_REDIS_URL=redis_url, ONEPIECE_ETCD_URL=etcd_url, ONEPIECE_DEVICE="cpu",
+               ONEPIECE_PROXY_TOKEN=os.environ["ONEPIECE_PROXY_TOKEN"],
                ONEPIECE_PROGRESS_INTERVAL_MS="0", ONEPIECE_ROUTE_REFRESH_S="0.2", **(env_extra or {}))
     onepiece = [sys.executable, "-m", "engine.cli"]
     procs: dict[str, subprocess.Popen[str]] = {}

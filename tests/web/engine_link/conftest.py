@@ -35,7 +35,8 @@ def proxy_url(web_redis: str, etcd_server: Any, settings: Any) -> Iterator[str]:
         publish_route(etcd, Route(wf, "text_encode", f"{wf}.text_encode.0", address))
     store = JobStore.from_url(web_redis, ttl=60)
     injector = Injector(RouteTable(etcd, refresh_s=0.0), "round-robin", 1.0)
-    app = make_app(store, RouteTable(etcd, refresh_s=0.0), injector, RequestMonitor(2))
+    app = make_app(store, RouteTable(etcd, refresh_s=0.0), injector, RequestMonitor(2),
+                   token=os.environ["ONEPIECE_PROXY_TOKEN"])
     port = free_port("127.0.0.1")
     loop = asyncio.new_event_loop()
     started = threading.Event()
@@ -58,7 +59,7 @@ def proxy_url(web_redis: str, etcd_server: Any, settings: Any) -> Iterator[str]:
     assert started.wait(10)
     url = f"http://127.0.0.1:{port}"
     settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
-                         "PROXY_URL": url}
+                         "PROXY_URL": url, "PROXY_TOKEN": os.environ["ONEPIECE_PROXY_TOKEN"]}
     try:
         yield url
     finally:

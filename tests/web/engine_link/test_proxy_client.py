@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from engine.store import keys
@@ -50,11 +52,14 @@ def test_engine_capacity_503_passes_through_the_api(proxy_url, alice) -> None:
     assert Job.objects.count() == 2 and counters.usage(alice[0].pk)[0] == 2  # the refused one released
 
 
+_TOKEN = {"PROXY_TOKEN": os.environ["ONEPIECE_PROXY_TOKEN"]}
+
+
 def test_engine_down_is_503_not_500(alice, settings) -> None:
     from engine.embedded import free_port
 
     settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
-                         "PROXY_URL": f"http://127.0.0.1:{free_port('127.0.0.1')}", "PROXY_TIMEOUT_S": 1}
+                         "PROXY_URL": f"http://127.0.0.1:{free_port('127.0.0.1')}", "PROXY_TIMEOUT_S": 1, **_TOKEN}
     r = alice[1].post("/api/v1/jobs", sd_body(), format="json")
     assert r.status_code == 503 and r.headers["Retry-After"]
 
@@ -75,7 +80,7 @@ def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, e
     etcd.put("/onepiece/sets/state", json.dumps(state))
     settings.ETCD_URL = etcd_server.url
     settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
-                         "PROXY_URL": "etcd"}
+                         "PROXY_URL": "etcd", **_TOKEN}
     r = alice[1].post("/api/v1/jobs", sd_body(), format="json")
     assert r.status_code == 202, r.json()
     c = ProxyEngineClient("etcd", timeout=5)
