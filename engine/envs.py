@@ -89,13 +89,6 @@ _VARS: dict[str, Callable[[], Any]] = {
     # `onepiece up --debug` sets this for the web platform's local settings (Django DEBUG; never in
     # production: error pages then show settings and service URLs).
     "DEBUG": _str("ONEPIECE_DEBUG", None),
-    # The shared secret every caller of the Proxy sends (``Authorization: Bearer ...``; the web platform,
-    # Celery, `onepiece bench e2e`). `onepiece proxy` refuses to start without it; `onepiece up` generates
-    # one into its state folder. See engine.proxy.auth.
-    "PROXY_TOKEN": _str("ONEPIECE_PROXY_TOKEN", None),
-    # `onepiece up --debug` sets this for the web platform's local settings (Django DEBUG; never in
-    # production: error pages then show settings and service URLs).
-    "DEBUG": _str("ONEPIECE_DEBUG", None),
     "PROXY_SEND_TIMEOUT_S": _float("ONEPIECE_PROXY_SEND_TIMEOUT_S", 2.0),
     # Stretched stage times for benchmarks and tests (unset in production): "denoise=0.2,sd-t2i/vae_decode=0.05"
     # makes each run of a stage take at least that many seconds; ONEPIECE_STAGE_STRETCH "denoise=4" multiplies
