@@ -63,6 +63,7 @@ class WorkerConfig:
     workflow_set: str = "default"  # hand results only to instances of this Workflow Set
     stage_time_s: float = 0.0  # stretched stage times (see engine.worker.config.StageTiming); 0 / 1: off
     stage_stretch: float = 1.0
+    threads: int = 0  # CPU threads for torch's pools (engine.worker.threads); 0: whatever the environment says
 
 
 def open_ring(address: str, config: RingConfig) -> RingConsumer:
