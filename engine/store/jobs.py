@@ -12,7 +12,13 @@ Contract:
     database ledger is the truth about jobs.
 
 Events go to one stream (``keys.EVENTS``, capped at ``maxlen`` entries) with
-the fields uid, type, stage, progress, ts, detail.
+the fields uid, type, stage, progress, ts, detail and attempt (1 + the times
+the job was started again after its node was lost). The stream is a complete
+timeline: every stage run writes ``stage_started`` and then ``stage_finished``
+(or ``stage_stopped``), the last stage included, before the job's terminal
+event; a timeline event written after the terminal transition (a stage that
+finished while a cancel landed) is still appended, only progress is dropped
+and the status hash no longer moves.
 """
 
 from __future__ import annotations
@@ -24,17 +30,20 @@ from typing import Any
 
 from engine.store import keys
 
-# Non-terminal events: recorded only while the job is not finished, so a late
-# progress report cannot make a cancelled job look alive again.
+# Non-terminal events: the status hash moves only while the job is not finished, so a late progress
+# report cannot make a cancelled job look alive again; timeline events (ARGV[10] = '1') are appended to
+# the stream even then, so every stage run that happened is on record.
 _EVENT = """
 local s = redis.call('HGET', KEYS[1], 'state')
-if s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then return 0 end
-if ARGV[7] ~= '' then
+local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
+if s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then
+  if ARGV[10] ~= '1' then return 0 end
+elseif ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'state', ARGV[7], 'stage', ARGV[3], 'progress', ARGV[4], 'updated', ARGV[5])
   redis.call('EXPIRE', KEYS[1], ARGV[8])
 end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
-           'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6])
+           'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
 return 1
 """
 
@@ -50,8 +59,9 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'stage', ARGV[3], 'progress', ARGV
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[5])
+local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
-           'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6])
+           'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
 return 1
 """
 
@@ -70,7 +80,7 @@ for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
 redis.call('HSET', KEYS[1], 'state', 'queued', 'stage', '', 'progress', 0, 'updated', ARGV[3], 'detail', ARGV[4],
            'node', '', 'instance', '')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'uid', ARGV[1], 'type', 'retried', 'stage', '',
-           'progress', 0, 'ts', ARGV[3], 'detail', ARGV[4])
+           'progress', 0, 'ts', ARGV[3], 'detail', ARGV[4], 'attempt', n + 1)
 return {1, msg}
 """
 
@@ -133,10 +143,16 @@ class JobStore:
 
     # -- intake --------------------------------------------------------------------------
     def accept(self, uid: str, workflow: str, cost: float, detail: str = "",
-               message: bytes | None = None) -> None:
+               message: bytes | None = None) -> bool:
         """Record a newly accepted job (state ``queued``) and count its cost as in flight; ``message``
-        (the request as it enters the first stage) is kept until the job finishes, for :meth:`retry`."""
+        (the request as it enters the first stage) is kept until the job finishes, for :meth:`retry`.
+
+        Returns False (and records nothing) when ``uid`` is already taken: a caller-chosen UID (the
+        platform names its jobs) is claimed once.
+        """
         now = time.time()
+        if not self.r.hsetnx(keys.job_key(uid), "state", keys.QUEUED):
+            return False
         pipe = self.r.pipeline(transaction=True)
         if message is not None:
             pipe.set(keys.input_key(uid), message, ex=self.ttl)
@@ -146,9 +162,10 @@ class JobStore:
         })
         pipe.expire(keys.job_key(uid), self.ttl)
         pipe.zadd(keys.inflight_key(workflow), {uid: cost})
-        pipe.xadd(keys.EVENTS, self._fields(uid, keys.ACCEPTED, "", 0, now, detail), maxlen=self.maxlen,
-                  approximate=True)
+        pipe.xadd(keys.EVENTS, {**self._fields(uid, keys.ACCEPTED, "", 0, now, detail), "attempt": 1},
+                  maxlen=self.maxlen, approximate=True)
         pipe.execute()
+        return True
 
     def inflight(self, workflow: str) -> tuple[int, float]:
         """(jobs, predicted GPU-seconds) accepted for ``workflow`` and not yet finished."""
@@ -178,11 +195,13 @@ class JobStore:
               state: str = "") -> bool:
         """Append a non-terminal event; with ``state``, also update the status hash.
 
-        Returns False (and records nothing) when the job already finished.
+        When the job already finished, a timeline event (stage started, finished or stopped) is still
+        appended (the status hash stays as it is); anything else is dropped and False returned.
         """
         if type_ not in keys.EVENT_TYPES or type_ in keys.TERMINAL:
             raise ValueError(f"not a non-terminal event type: {type_!r}")
-        args = [uid, type_, stage, int(progress), time.time(), detail, state, self.ttl, self.maxlen]
+        timeline = "1" if type_ in keys.TIMELINE else "0"
+        args = [uid, type_, stage, int(progress), time.time(), detail, state, self.ttl, self.maxlen, timeline]
         return bool(self._event(keys=[keys.job_key(uid), keys.EVENTS], args=args))
 
     def finish(self, uid: str, workflow: str, state: str, stage: str = "", detail: str = "",

@@ -25,6 +25,7 @@ STAGE_FINISHED = "stage_finished"
 STAGE_STOPPED = "stage_stopped"  # a stage gave up between steps (cancel, deadline); detail says where
 PROGRESS = "progress"
 RETRIED = "retried"  # the node holding the job was lost; the job starts again from its first stage
+TIMELINE = frozenset({STAGE_STARTED, STAGE_FINISHED, STAGE_STOPPED})  # recorded even after the terminal event
 EVENT_TYPES = frozenset({ACCEPTED, STAGE_STARTED, STAGE_FINISHED, STAGE_STOPPED, PROGRESS, RETRIED, *TERMINAL})
 
 

@@ -206,6 +206,10 @@ class TaskWorker:
             state = keys.CANCELLED if isinstance(exc, Cancelled) else keys.EXPIRED
             self.store.finish(uid, h.workflow, state, st, detail=where)
             return False
+        except Exception as exc:
+            # the device time spent until the error is on record before handle() fails the job
+            self.store.event(uid, keys.STAGE_STOPPED, st, detail=f"{type(exc).__name__}: {exc}"[:500])
+            raise
         compute = time.perf_counter() - t0
         pad = max(cfg.stage_time_s - compute, (cfg.stage_stretch - 1.0) * compute, 0.0)
         if pad:
@@ -220,12 +224,15 @@ class TaskWorker:
             final = blobs.get(self.spec.final_output)
             if final is None:
                 raise RuntimeError(f"last stage {st} did not produce {self.spec.final_output!r}")
+        # Before the hand-off (or the terminal event): once the next stage has the message it may finish
+        # the job before this line runs, and the stream must show this stage's end first.
+        self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (before + share) / total),
+                         detail=f"{elapsed:.3f}s{helped}")
+        if self.next_stage is None:
             self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
         else:
             h.stage = self.next_stage
             self._send(h, tensors, blobs, costs.get(self.next_stage, 0.0))
-            self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (before + share) / total),
-                             detail=f"{elapsed:.3f}s{helped}")
         self.store.mark_done(uid, st)
         return True
 

@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from engine.manager.actions import ActionRefused
 from onepiece_platform.accounts.models import audit
 from onepiece_platform.engine_link.cluster import get_cluster
-from onepiece_platform.engine_link.models import OperatorAction, StreamCursor
+from onepiece_platform.engine_link.models import DeadLetter, HeldEvent, OperatorAction, StreamCursor
 
 
 def dispatch(action: OperatorAction, actor: Any) -> None:
@@ -68,5 +68,28 @@ class OperatorActionAdmin(admin.ModelAdmin):
 
 @admin.register(StreamCursor)
 class StreamCursorAdmin(admin.ModelAdmin):
-    list_display = ["name", "last_id", "updated_at"]
-    readonly_fields = ["name", "last_id", "updated_at"]
+    list_display = ["name", "last_id", "updated_at", "applied", "retried", "held", "dead"]
+    readonly_fields = ["name", "last_id", "updated_at", "applied", "retried", "held", "dead"]
+
+
+class _ReadOnly(admin.ModelAdmin):
+    """Records the reconciler writes; the admin reads them (and may delete what was dealt with)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(_ReadOnly):
+    list_display = ["created_at", "entry_id", "uid", "reason", "detail"]
+    list_filter = ["reason", "created_at"]
+    search_fields = ["=uid", "=entry_id"]
+
+
+@admin.register(HeldEvent)
+class HeldEventAdmin(_ReadOnly):
+    list_display = ["held_at", "entry_id", "uid", "fields"]
+    search_fields = ["=uid"]

@@ -66,11 +66,11 @@ class EngineClient(abc.ABC):
 
     @abc.abstractmethod
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None) -> Accepted:
-        """Hand one request to the engine.
+               deadline_s: float | None = None, uid: str | None = None) -> Accepted:
+        """Hand one request to the engine, named ``uid`` (32 hex digits) when given, else by the engine.
 
-        Raises :class:`EngineRejected` (400 invalid, 503 over capacity) or
-        :class:`EngineError` (unreachable). Returns the engine's UID.
+        Raises :class:`EngineRejected` (400 invalid, 409 ``uid`` already taken, 503 over capacity) or
+        :class:`EngineError` (unreachable). Returns the job's UID.
         """
 
     @abc.abstractmethod

@@ -23,7 +23,7 @@ class LocalEngineClient(EngineClient):
         return JobStore(get_redis())
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None) -> Accepted:
+               deadline_s: float | None = None, uid: str | None = None) -> Accepted:
         if workflow not in workflows():
             raise EngineRejected(400, f"unknown workflow {workflow!r}", "workflow")
         spec = get_workflow(workflow)
@@ -34,9 +34,12 @@ class LocalEngineClient(EngineClient):
         for t in spec.request_inputs:
             if t.name not in inputs:
                 raise EngineRejected(400, f"{workflow} needs an input {t.name!r}", t.name)
-        uid = uuid.uuid4().hex
+        store = self.store()
+        if uid is not None and store.status(uid) is not None:
+            raise EngineRejected(409, f"uid {uid} is already taken", "uid")
+        uid = uid or uuid.uuid4().hex
         cost = spec.estimate_gpu_seconds(resolved)
-        self.store().accept(uid, workflow, cost)
+        store.accept(uid, workflow, cost)
         return Accepted(uid, cost)
 
     def status(self, uid: str) -> EngineStatus | None:

@@ -7,12 +7,57 @@ from django.db import models
 
 
 class StreamCursor(models.Model):
+    """Where the reconciler stopped, and what it did with the events before it. The cursor moves in the
+    same transaction as the event it passes is applied (or held, or dead-lettered), so the counts are
+    exact across restarts and kills."""
+
     name = models.CharField(max_length=64, primary_key=True)
     last_id = models.CharField(max_length=64, default="0-0")
     updated_at = models.DateTimeField(auto_now=True)
+    applied = models.PositiveBigIntegerField(default=0, help_text="events applied to the ledger")
+    retried = models.PositiveBigIntegerField(default=0, help_text="tries that failed transiently and were repeated")
+    held = models.PositiveBigIntegerField(default=0, help_text="events held because their job was not known yet")
+    dead = models.PositiveBigIntegerField(default=0, help_text="events sent to the dead letters")
 
     def __str__(self) -> str:
         return f"{self.name} @ {self.last_id}"
+
+
+class HeldEvent(models.Model):
+    """An event for a UID the ledger does not know yet (its row may still be on its way). Retried every
+    tick; applied when the row appears, dead-lettered after ``ONEPIECE['HOLD_UNKNOWN_S']``."""
+
+    entry_id = models.CharField(max_length=64, unique=True)
+    uid = models.CharField(max_length=64, db_index=True)
+    fields = models.JSONField()
+    held_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.entry_id} {self.uid} {self.fields.get('type', '')}"
+
+
+class DeadLetter(models.Model):
+    """An engine event that can never apply (malformed, its job unknown after the grace period, or an
+    error that is not transient), kept with the reason for an operator."""
+
+    MALFORMED, UNKNOWN_JOB, FAILED = "malformed", "unknown_job", "failed"
+    REASONS = [(MALFORMED, "malformed"), (UNKNOWN_JOB, "unknown job"), (FAILED, "could not apply")]
+
+    entry_id = models.CharField(max_length=64, unique=True)
+    uid = models.CharField(max_length=64, blank=True, db_index=True)
+    fields = models.JSONField()
+    reason = models.CharField(max_length=16, choices=REASONS)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.entry_id} {self.reason}"
 
 
 class OperatorAction(models.Model):

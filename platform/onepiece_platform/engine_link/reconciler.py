@@ -3,14 +3,26 @@
 Two inputs, one set of idempotent transitions (:mod:`onepiece_platform.jobs.ledger`):
 
 * ``step``: events from ``onepiece:events`` after the cursor stored in the
-  database, so a restarted web process resumes where it stopped (re-reading
-  an event is harmless: terminal transitions happen once, progress is
-  overwritten);
+  database. The cursor never passes an event that was not dealt with: each
+  event is applied, held or dead-lettered in one transaction with the cursor's
+  move and its counters, so a reconciler killed at any instant resumes at the
+  first event whose transaction did not commit (and re-applying an event whose
+  side effects outside the database ran is harmless: transitions happen once,
+  quota settlements are idempotent). A transient error (a locked or lost
+  database, Redis away while settling) is retried with backoff, the cursor
+  standing still; an event that can never apply goes to :class:`DeadLetter`
+  with its reason: malformed fields, or an error that is not transient;
+* held events: an event for a UID the ledger does not know yet is parked in
+  :class:`HeldEvent` and retried every tick, and dead-lettered as
+  ``unknown_job`` after ``HOLD_UNKNOWN_S`` (the platform names its jobs before
+  the engine sees them, so this is a job the platform never submitted, or one
+  whose submission it gave up on);
 * ``sweep``: every non-terminal row is checked against the engine's status.
   It catches what the stream lost: events trimmed away, or Redis restarted
   (stream, status hashes and results gone). A job the engine no longer knows,
   older than ``LOST_AFTER_S``, is reported ``failed`` with that reason, so no
-  job is ever left pending.
+  job is ever left pending. Finished jobs whose charge the quota counters were
+  not told (Redis was away) are settled again.
 
 ``run`` is a control loop that never dies: each tick catches and logs.
 """
@@ -21,47 +33,165 @@ import datetime as dt
 import logging
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
+import redis.exceptions
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from engine.store import keys
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineClient, get_engine
-from onepiece_platform.engine_link.models import StreamCursor
+from onepiece_platform.engine_link.models import DeadLetter, HeldEvent, StreamCursor
 from onepiece_platform.jobs import ledger
-from onepiece_platform.jobs.models import NON_TERMINAL, Job
-from onepiece_platform.redis_conn import get_redis
+from onepiece_platform.jobs.models import NON_TERMINAL, TERMINAL, Job
 
 log = logging.getLogger(__name__)
 CURSOR = "events"
 LOST = "lost: the engine no longer knows this job (its result store was restarted or the job expired)"
 
+# errors that say "not now", never "never": the same event is tried again
+TRANSIENT: tuple[type[BaseException], ...] = (
+    OperationalError, InterfaceError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+)
+
+
+class Malformed(ValueError):
+    """An event whose fields cannot be read."""
+
+
+def parse(fields: dict[str, str]) -> dict[str, Any]:
+    """The event's fields as :func:`ledger.apply_event` takes them; raises :class:`Malformed`."""
+    uid, type_ = fields.get("uid", ""), fields.get("type", "")
+    if not uid or len(uid) > 64:
+        raise Malformed(f"no usable uid: {uid!r}")
+    if type_ not in keys.EVENT_TYPES:
+        raise Malformed(f"unknown event type {type_!r}")
+    try:
+        return {"uid": uid, "type_": type_, "stage": fields.get("stage", ""),
+                "progress": int(float(fields.get("progress", 0) or 0)), "ts": float(fields["ts"]),
+                "detail": fields.get("detail", ""), "attempt": int(fields.get("attempt", 1) or 1)}
+    except (KeyError, ValueError) as exc:
+        raise Malformed(f"unreadable field: {exc!r}") from None
+
 
 class Reconciler:
-    def __init__(self, engine: EngineClient | None = None, block_ms: int = 1000, count: int = 500) -> None:
+    def __init__(self, engine: EngineClient | None = None, block_ms: int = 1000, count: int = 500,
+                 max_backoff_s: float = 5.0) -> None:
         self.engine = engine or get_engine()
         self.block_ms = block_ms
         self.count = count
+        self.max_backoff_s = max_backoff_s
+        self.stop = threading.Event()  # set by run()'s caller: a transient retry gives up, the cursor stays
 
+    # -- the stream ---------------------------------------------------------------------------------
     def step(self) -> int:
-        """Apply the next batch of events; returns how many were read."""
-        cursor, _ = StreamCursor.objects.get_or_create(name=CURSOR)
-        resp = get_redis().xread({keys.EVENTS: cursor.last_id}, count=self.count, block=self.block_ms or None)
+        """Deal with held events, then the next batch from the stream; returns how many stream events."""
+        StreamCursor.objects.get_or_create(name=CURSOR)
+        self.retry_held()
+        last_id = StreamCursor.objects.values_list("last_id", flat=True).get(name=CURSOR)
+        from onepiece_platform.redis_conn import get_redis
+
+        resp = get_redis().xread({keys.EVENTS: last_id}, count=self.count, block=self.block_ms or None)
         if not resp:
             return 0
         entries = resp[0][1]
         for entry_id, raw in entries:
-            f = {k.decode(): v.decode() for k, v in raw.items()}
-            try:
-                ledger.apply_event(f.get("uid", ""), f.get("type", ""), f.get("stage", ""),
-                                   int(float(f.get("progress", 0) or 0)), float(f.get("ts", 0) or 0),
-                                   f.get("detail", ""))
-            except Exception:  # one bad event must not stall the stream
-                log.exception("could not apply event %s", entry_id)
-            cursor.last_id = entry_id.decode()
-        cursor.save(update_fields=["last_id", "updated_at"])
+            eid, f = entry_id.decode(), {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+            if not self._until_done(lambda n, e=eid, f=f: self._one(e, f, n)):
+                break  # stopping: the cursor is at the last event dealt with
         return len(entries)
 
+    def _until_done(self, attempt: Callable[[int], None]) -> bool:
+        """Call ``attempt(tries so far)`` until it raises no transient error; False if stopped first."""
+        tries, delay = 0, 0.05
+        while True:
+            try:
+                attempt(tries)
+                return True
+            except TRANSIENT as exc:
+                tries += 1
+                log.warning("transient error, retrying the same event in %.2fs (try %d): %s", delay, tries, exc)
+                try:
+                    connection.close_if_unusable_or_obsolete()
+                except Exception:  # closing a broken connection may itself fail; the next query reconnects
+                    pass
+                if self.stop.wait(delay):
+                    return False
+                delay = min(delay * 2, self.max_backoff_s)
+
+    def _one(self, entry_id: str, fields: dict[str, str], retried: int) -> None:
+        """One stream event: applied, held or dead-lettered, with the cursor's move, in one transaction."""
+        counts = {"retried": retried}
+        with transaction.atomic():
+            try:
+                ev = parse(fields)
+            except Malformed as exc:
+                self._dead(entry_id, fields.get("uid", ""), fields, DeadLetter.MALFORMED, str(exc))
+                counts["dead"] = 1
+            else:
+                counts[self._apply(entry_id, ev, fields)] = 1
+            StreamCursor.objects.filter(name=CURSOR).update(
+                last_id=entry_id, updated_at=timezone.now(), **{k: F(k) + v for k, v in counts.items() if v})
+
+    def _apply(self, entry_id: str, ev: dict[str, Any], fields: dict[str, str]) -> str:
+        """Apply in a savepoint; returns the outcome counted: applied, held or dead."""
+        try:
+            with transaction.atomic():
+                ledger.apply_event(**ev)
+            return "applied"
+        except Job.DoesNotExist:
+            if ev["type_"] == keys.ACCEPTED:
+                return "applied"  # the Proxy's acceptance of a job the platform did not submit tells nothing
+            HeldEvent.objects.get_or_create(entry_id=entry_id, defaults={"uid": ev["uid"], "fields": fields})
+            return "held"
+        except TRANSIENT:
+            raise
+        except Exception as exc:  # a bug or bad data: never stall the stream behind it
+            log.exception("event %s cannot apply; dead-lettered", entry_id)
+            self._dead(entry_id, ev["uid"], fields, DeadLetter.FAILED, f"{type(exc).__name__}: {exc}")
+            return "dead"
+
+    @staticmethod
+    def _dead(entry_id: str, uid: str, fields: dict[str, str], reason: str, detail: str) -> None:
+        DeadLetter.objects.get_or_create(entry_id=entry_id, defaults={"uid": uid[:64], "fields": fields,
+                                                                      "reason": reason, "detail": detail[:5000]})
+
+    # -- held events ----------------------------------------------------------------------------------
+    def retry_held(self) -> int:
+        """Try the held events again; returns how many were applied. Older than the grace: dead-lettered."""
+        done = 0
+        expire_before = timezone.now() - dt.timedelta(seconds=float(conf.get("HOLD_UNKNOWN_S")))
+        for held in list(HeldEvent.objects.all()[:self.count]):
+            outcome: dict[str, str] = {}
+
+            def attempt(n: int, h: HeldEvent = held, out: dict[str, str] = outcome) -> None:
+                with transaction.atomic():
+                    if not HeldEvent.objects.filter(pk=h.pk).exists():
+                        return  # another reconciler dealt with it
+                    ev = parse(h.fields)
+                    if Job.objects.filter(uid=ev["uid"]).exists():
+                        result = self._apply(h.entry_id, ev, h.fields)
+                    elif h.held_at < expire_before:
+                        self._dead(h.entry_id, h.uid, h.fields, DeadLetter.UNKNOWN_JOB,
+                                   f"no job {h.uid} in the ledger after {conf.get('HOLD_UNKNOWN_S')}s")
+                        result = "dead"
+                    else:
+                        return
+                    HeldEvent.objects.filter(pk=h.pk).delete()
+                    StreamCursor.objects.filter(name=CURSOR).update(
+                        **{result: F(result) + 1}, **({"retried": F("retried") + n} if n else {}))
+                    out["result"] = result
+
+            if not self._until_done(attempt):
+                break
+            done += outcome.get("result") == "applied"
+        return done
+
+    # -- the sweep ------------------------------------------------------------------------------------
     def sweep(self) -> int:
         """Check every unfinished job against the engine; returns how many were finished here."""
         finished = 0
@@ -73,10 +203,13 @@ class Reconciler:
                     finished += 1
             elif st.state in keys.TERMINAL:
                 finished += ledger.finish(job.uid, st.state, st.detail, st.stage or None)
+        for job in Job.objects.filter(state__in=TERMINAL, charge_settled__lt=F("charge_version"))[:1000]:
+            ledger.settle(job)
         return finished
 
     def run(self, stop: threading.Event, sweep_every_s: float = 10.0) -> None:
         """Loop until ``stop`` is set; a sweep first (catches up after a restart), then every ``sweep_every_s``."""
+        self.stop = stop
         next_sweep = 0.0
         while not stop.is_set():
             try:
@@ -86,4 +219,8 @@ class Reconciler:
                 self.step()
             except Exception:  # Redis or the proxy briefly away: retry next tick
                 log.exception("reconciler tick failed")
+                try:
+                    connection.close_if_unusable_or_obsolete()
+                except Exception:
+                    pass
                 stop.wait(1.0)

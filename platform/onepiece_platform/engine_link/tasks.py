@@ -99,7 +99,8 @@ def clean_up(retention_days: int | None = None) -> dict[str, int]:
     r = get_redis()
     results = sum(r.delete(keys.result_key(u)) for u in {*hidden, *gone} if u)
     rows, _ = old.delete()
-    # a row that claimed an Idempotency-Key but never got a UID: its web process died mid-submit
-    abandoned, _ = Job.objects.filter(uid__isnull=True,
+    # a row whose web process died mid-submit and that the engine never spoke of (the reconciler's sweep
+    # failed it as lost; an event from the engine would have cleared ``submitting``)
+    abandoned, _ = Job.objects.filter(submitting=True, state__in=TERMINAL,
                                       created_at__lt=timezone.now() - dt.timedelta(minutes=10)).delete()
     return {"ledger_rows": rows, "results": int(results), "abandoned": abandoned}

@@ -2,11 +2,22 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from onepiece_platform.jobs import control
-from onepiece_platform.jobs.models import Job
+from onepiece_platform.jobs.models import Job, StageRun
+
+
+class StageRunInline(admin.TabularInline):
+    model = StageRun
+    fields = readonly_fields = ["stage", "attempt", "started", "finished", "device_s", "stopped", "detail"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
 
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    inlines = [StageRunInline]
     list_display = ["uid", "owner", "workflow", "state", "progress", "stage", "cost_estimate_gpu_s",
                     "cost_measured_gpu_s", "created_at", "finished_at"]
     list_filter = ["state", "workflow", "api", "created_at"]

@@ -1,10 +1,21 @@
-"""Ledger transitions. Every write that changes a job's state goes through here.
+"""Ledger transitions. Every write that changes a job's state, stage runs or charge goes through here.
 
-Contract: a job leaves ``queued``/``in_progress`` for a terminal state exactly
-once. The transition is a conditional ``UPDATE ... WHERE state IN
-(non-terminal)``, so of any number of racing callers (the reconciler, a
-status refresh, a cancel) exactly one changes the row, and only that one
-releases the quota and publishes the final state.
+Contract:
+  * a job leaves ``queued``/``in_progress`` for a terminal state exactly once.
+    The transition is a conditional ``UPDATE ... WHERE state IN (non-terminal)``,
+    so of any number of racing callers (the reconciler, a status refresh, a
+    cancel) exactly one changes the row, and only that one publishes the
+    final state;
+  * a stage run's ``started`` and ``finished`` are each set once, by a
+    conditional UPDATE of its own row; events may arrive in any order and any
+    number of times (a restarted reconciler re-reads), with the same result;
+  * the charge of a finished job is the sum of its stage runs' device seconds
+    (the estimate while none is complete). It is computed in the transaction
+    that finishes the job, and again in the transaction that completes a stage
+    run of an already finished job (its event arrived after the terminal one),
+    each time under the job row's lock so no stage run is missed; each new
+    charge bumps ``charge_version`` and the quota counters are settled to it
+    after the commit (:func:`settle`, idempotent).
 """
 
 from __future__ import annotations
@@ -13,39 +24,73 @@ import datetime as dt
 import logging
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from engine.store import keys
-from onepiece_platform.jobs.models import COMPLETED, IN_PROGRESS, NON_TERMINAL, TERMINAL, Job
+from onepiece_platform.jobs.models import (
+    COMPLETED,
+    IN_PROGRESS,
+    NON_TERMINAL,
+    QUEUED,
+    TERMINAL,
+    Job,
+    StageRun,
+)
 from onepiece_platform.jobs.push import push_job
 from onepiece_platform.quotas import counters
 
 log = logging.getLogger(__name__)
 
+TIMELINE = (keys.STAGE_STARTED, keys.STAGE_FINISHED, keys.STAGE_STOPPED)
+
+
+def _measured(job_pk: int) -> float | None:
+    runs = [r.device_s for r in StageRun.objects.filter(job_id=job_pk, started__isnull=False, finished__isnull=False)]
+    return sum(r for r in runs if r is not None) if runs else None
+
+
+def _set_charge(job: Job, state: str) -> None:
+    """Inside the transaction holding the job's row: its measured cost from the stage runs, a new version."""
+    measured = _measured(job.pk)
+    if measured is None and state != COMPLETED and not StageRun.objects.filter(job_id=job.pk).exists():
+        measured = 0.0  # nothing ran: the estimate is refunded
+    Job.objects.filter(pk=job.pk).update(cost_measured_gpu_s=measured, charge_version=F("charge_version") + 1)
+    job.refresh_from_db(fields=["cost_measured_gpu_s", "charge_version"])
+
+
+def settle(job: Job) -> None:
+    """Tell the quota counters the job's charge (after the commit that set it); never raises.
+
+    Redis down: the counters are re-seeded from this ledger when it returns, and the reconciler's
+    sweep settles again what was not (``charge_settled`` < ``charge_version``).
+    """
+    if not job.quota_day or not job.uid:
+        return
+    try:
+        counters.settle(job.owner_id, job.quota_day, job.uid, job.charge_gpu_s, job.charge_version)
+        Job.objects.filter(pk=job.pk, charge_settled__lt=job.charge_version).update(charge_settled=job.charge_version)
+    except Exception:
+        log.warning("could not settle the quota of %s; the sweep will", job.uid, exc_info=True)
+
 
 def finish(uid: str, state: str, detail: str = "", stage: str | None = None) -> bool:
-    """Move ``uid`` to terminal ``state``; True if this call did it (and released its quota)."""
+    """Move ``uid`` to terminal ``state``; True if this call did it (and charged its quota)."""
     if state not in TERMINAL:
         raise ValueError(f"not a terminal state: {state!r}")
     now = timezone.now()
-    fields: dict[str, object] = {"state": state, "finished_at": now, "detail": detail[:2000], "updated_at": now}
+    fields: dict[str, object] = {"state": state, "finished_at": now, "detail": detail[:2000], "updated_at": now,
+                                 "submitting": False}
     if state == COMPLETED:
         fields["progress"] = 100
     if stage is not None:
         fields["stage"] = stage
-    if not Job.objects.filter(uid=uid, state__in=NON_TERMINAL).update(**fields):
-        return False
-    job = Job.objects.get(uid=uid)
-    measured = job.measured_gpu_s()
-    if measured is None and state != COMPLETED and not job.stage_times:
-        measured = 0.0  # nothing ran: the estimate is refunded
-    if measured is not None:
-        Job.objects.filter(pk=job.pk).update(cost_measured_gpu_s=measured)
-        job.cost_measured_gpu_s = measured
-    try:
-        counters.release(job.owner_id, job.quota_day, job.cost_estimate_gpu_s, measured)
-    except Exception:  # Redis down: its counters are re-seeded from this ledger when it returns
-        log.exception("could not release the quota of %s", uid)
+    with transaction.atomic():
+        if not Job.objects.filter(uid=uid, state__in=NON_TERMINAL).update(**fields):
+            return False
+        job = Job.objects.get(uid=uid)
+        _set_charge(job, state)
+    settle(job)
     from onepiece_platform.ops import metrics
 
     metrics.JOBS_FINISHED.labels(workflow=job.workflow, state=state).inc()
@@ -53,46 +98,62 @@ def finish(uid: str, state: str, detail: str = "", stage: str | None = None) -> 
     return True
 
 
-def _late_stage_time(job: Job, type_: str, stage: str, ts: float) -> None:
-    """A stage event read after the row was finished (the sweep or a status read got there first):
-    only the timeline takes it, so a job's stage times stay whole; its state and charge do not move."""
-    field = {keys.STAGE_STARTED: "started", keys.STAGE_FINISHED: "finished", keys.STAGE_STOPPED: "finished"}
-    if stage and type_ in field and field[type_] not in job.stage_times.get(stage, {}):
-        times = dict(job.stage_times)
-        times.setdefault(stage, {})[field[type_]] = ts
-        Job.objects.filter(pk=job.pk).update(stage_times=times)
+def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail: str) -> bool:
+    """Record one timeline event on its stage run; True if it changed the run."""
+    run, _ = StageRun.objects.get_or_create(job=job, stage=stage, attempt=attempt)
+    runs = StageRun.objects.filter(pk=run.pk)
+    if type_ == keys.STAGE_STARTED:
+        return bool(runs.filter(started__isnull=True).update(started=ts))
+    extra = {"stopped": True, "detail": detail[:500]} if type_ == keys.STAGE_STOPPED else {}
+    return bool(runs.filter(finished__isnull=True).update(finished=ts, **extra))
 
 
-def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str) -> bool:
-    """Apply one engine event to the ledger; False if the job is unknown or already finished."""
+def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str, attempt: int = 1) -> bool:
+    """Apply one engine event to the ledger; False if it changed nothing (a repeat, or the job is finished).
+
+    Raises :class:`Job.DoesNotExist` for a UID the ledger does not know (the caller holds the event).
+    """
     if type_ in keys.TERMINAL:
+        if not Job.objects.filter(uid=uid).exists():
+            raise Job.DoesNotExist(uid)
         return finish(uid, type_, detail, stage or None)
-    if type_ == keys.ACCEPTED:
-        return False
+    changed_run = False
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(uid=uid).first()
-        if job is None:
-            return False
+        # the row's lock orders this against a concurrent finish(): one of the two sees the other's stage run
+        job = Job.objects.select_for_update().get(uid=uid)
+        if job.submitting:
+            Job.objects.filter(pk=job.pk).update(submitting=False)  # the engine knows it: the submit got through
+        if type_ in TIMELINE and stage:
+            changed_run = _stage_run(job, type_, stage, max(1, attempt), ts, detail)
         if job.terminal:
-            _late_stage_time(job, type_, stage, ts)
-            return False
-        times = dict(job.stage_times)
-        if type_ == keys.STAGE_STARTED and stage:
-            times.setdefault(stage, {})["started"] = ts
-            if job.started_at is None:
-                job.started_at = dt.datetime.fromtimestamp(ts, dt.UTC)
-        elif type_ in (keys.STAGE_FINISHED, keys.STAGE_STOPPED) and stage:
-            times.setdefault(stage, {})["finished"] = ts
-        job.stage_times = times
-        job.state = IN_PROGRESS
-        if stage:
-            job.stage = stage
-        job.progress = max(0, min(99, int(progress)))
-        job.save(update_fields=["stage_times", "state", "stage", "progress", "started_at", "updated_at"])
-    if type_ == keys.STAGE_FINISHED and "started" in times.get(stage, {}):
-        from onepiece_platform.ops import metrics
+            # a stage's time read after the row was finished (the sweep or a status read got there first):
+            # the timeline takes it and the charge follows; the state does not move
+            if changed_run:
+                _set_charge(job, job.state)
+        else:
+            fields: dict[str, object]
+            if type_ == keys.ACCEPTED:
+                fields = {}
+            elif type_ == keys.RETRIED:  # started again from its first stage (its node was lost)
+                fields = {"state": QUEUED, "progress": 0, "stage": ""}
+            else:
+                fields = {"state": IN_PROGRESS, "progress": max(0, min(99, int(progress)))}
+                if stage:
+                    fields["stage"] = stage
+                if type_ == keys.STAGE_STARTED and job.started_at is None:
+                    fields["started_at"] = dt.datetime.fromtimestamp(ts, dt.UTC)
+            if fields:
+                Job.objects.filter(pk=job.pk, state__in=NON_TERMINAL).update(updated_at=timezone.now(), **fields)
+    if job.terminal:
+        if changed_run:
+            settle(job)
+        return changed_run
+    if type_ == keys.STAGE_FINISHED and changed_run:
+        run = StageRun.objects.get(job=job, stage=stage, attempt=max(1, attempt))
+        if run.device_s is not None:
+            from onepiece_platform.ops import metrics
 
-        metrics.STAGE_SECONDS.labels(workflow=job.workflow, stage=stage).observe(
-            max(0.0, float(times[stage]["finished"]) - float(times[stage]["started"])))
+            metrics.STAGE_SECONDS.labels(workflow=job.workflow, stage=stage).observe(run.device_s)
+    job.refresh_from_db()
     push_job(job)
     return True

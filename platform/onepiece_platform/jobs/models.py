@@ -1,10 +1,16 @@
 """The job ledger: the truth about every job the platform accepted.
 
-A row is created (with ``uid`` empty) before the engine is asked, so a
-repeated Idempotency-Key collides on the database's unique constraint instead
-of reaching the engine twice; it gets the engine's UID once accepted, and is
-deleted if the engine refuses. Terminal transitions happen once, in
+A row is created with the UID the platform minted (``submitting`` set) before
+the engine is asked, so a repeated Idempotency-Key collides on the database's
+unique constraint instead of reaching the engine twice, and every event the
+engine writes for that UID finds its row; the engine is handed that UID, and
+the row is deleted if the engine refuses. Terminal transitions happen once, in
 :mod:`onepiece_platform.jobs.ledger`.
+
+Stage times are rows of their own (:class:`StageRun`, one per job, stage and
+attempt), each column written once by a conditional UPDATE: concurrent writers
+(the reconciler, a status read that finishes the job) never read-modify-write
+a shared document.
 """
 
 from __future__ import annotations
@@ -30,9 +36,15 @@ class Job(models.Model):
     stage = models.CharField(max_length=64, blank=True)
     progress = models.PositiveSmallIntegerField(default=0)
     detail = models.TextField(blank=True, help_text="why it failed, was cancelled or expired")
-    stage_times = models.JSONField(default=dict, blank=True, help_text="stage -> {started, finished} (unix s)")
     cost_estimate_gpu_s = models.FloatField(default=0.0)
-    cost_measured_gpu_s = models.FloatField(null=True, blank=True)
+    cost_measured_gpu_s = models.FloatField(null=True, blank=True,
+                                            help_text="sum of the stage runs' device seconds, over attempts")
+    charge_version = models.PositiveIntegerField(default=0, editable=False,
+                                                 help_text="bumped each time the charge of a finished job is set")
+    charge_settled = models.PositiveIntegerField(default=0, editable=False,
+                                                 help_text="the charge_version the quota counters were told")
+    submitting = models.BooleanField(default=False, editable=False,
+                                     help_text="the engine has not answered the submission yet")
     quota_day = models.CharField(max_length=8, blank=True, help_text="the UTC day whose budget was charged")
     idempotency_key = models.CharField(max_length=200, blank=True)
     hidden = models.BooleanField(default=False, help_text="deleted through /v1/videos")
@@ -64,11 +76,57 @@ class Job(models.Model):
         return Job.objects.filter(workflow=self.workflow, state=QUEUED, uid__isnull=False,
                                   created_at__lt=self.created_at).count()
 
+    @property
+    def charge_gpu_s(self) -> float:
+        """What the quota is charged: the measured cost once known, else the estimate."""
+        return self.cost_estimate_gpu_s if self.cost_measured_gpu_s is None else self.cost_measured_gpu_s
+
     def measured_gpu_s(self) -> float | None:
-        """GPU-seconds from the stage times the events reported; None if no stage both started and finished."""
-        total, seen = 0.0, False
-        for t in self.stage_times.values():
-            if "started" in t and "finished" in t:
-                total += max(0.0, float(t["finished"]) - float(t["started"]))
-                seen = True
-        return total if seen else None
+        """Device seconds of every stage run that both started and finished, over all attempts; None if none did."""
+        runs = [r.device_s for r in self.stage_runs.all() if r.device_s is not None]
+        return sum(runs) if runs else None
+
+    @property
+    def stage_times(self) -> dict[str, dict[str, float | int]]:
+        """stage -> {started, finished, attempt, device_s} of each stage's latest attempt (unix s)."""
+        out: dict[str, dict[str, float | int]] = {}
+        for r in sorted(self.stage_runs.all(), key=lambda r: (r.attempt, r.pk)):
+            out[r.stage] = r.as_dict()
+        return out
+
+
+class StageRun(models.Model):
+    """One run of one stage of a job: a restarted job (its node was lost) runs its stages again as the
+    next attempt. ``started`` and ``finished`` are the engine's event times (unix s), each set once."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="stage_runs")
+    stage = models.CharField(max_length=64)
+    attempt = models.PositiveSmallIntegerField(default=1)
+    started = models.FloatField(null=True, blank=True)
+    finished = models.FloatField(null=True, blank=True)
+    stopped = models.BooleanField(default=False, help_text="gave up early (cancel, deadline, error)")
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["job", "attempt", "started", "id"]
+        constraints = [models.UniqueConstraint(fields=["job", "stage", "attempt"], name="one_stage_run_per_attempt")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.stage}#{self.attempt}"
+
+    @property
+    def device_s(self) -> float | None:
+        """How long the stage held its device; None until both ends are known."""
+        if self.started is None or self.finished is None:
+            return None
+        return max(0.0, self.finished - self.started)
+
+    def as_dict(self) -> dict[str, float | int]:
+        d: dict[str, float | int] = {"attempt": self.attempt}
+        if self.started is not None:
+            d["started"] = self.started
+        if self.finished is not None:
+            d["finished"] = self.finished
+        if self.device_s is not None:
+            d["device_s"] = round(self.device_s, 6)
+        return d

@@ -3,14 +3,16 @@
 Why this order: everything that can refuse a request without the engine
 (malformed input, an oversized upload, a per-user limit, the user's quota)
 runs first, so nothing reaches the engine that the platform would refuse; the
-ledger row exists before the engine is asked, so an Idempotency-Key repeat
-can never submit twice.
+ledger row exists, with the UID the platform minted, before the engine is
+asked, so an Idempotency-Key repeat can never submit twice and no engine event
+can name a UID the ledger does not know.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,15 +89,13 @@ def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], lim
     return resolved, spec.estimate_gpu_seconds(resolved)
 
 
-def _ledger_seed(user_id: int, exclude: int) -> tuple[int, float]:
-    """(unfinished jobs, GPU-seconds charged today) from the ledger: seeds for missing Redis counters.
-
-    ``exclude`` is the row being submitted: it is not charged yet.
-    """
-    mine = Job.objects.filter(owner_id=user_id).exclude(pk=exclude)
-    running = mine.filter(state__in=NON_TERMINAL).count()
-    today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
-    spent = mine.filter(created_at__gte=today).aggregate(
+def _ledger_seed(user_id: int, exclude: int, day: str) -> tuple[list[tuple[str, float]], float]:
+    """((uid, charge) of unfinished reserved jobs, GPU-seconds charged on ``day``) from the ledger: seeds
+    for missing Redis counters. ``exclude`` is the row being submitted: it is not charged yet."""
+    mine = Job.objects.filter(owner_id=user_id).exclude(pk=exclude).exclude(quota_day="")
+    running = [(u, float(c)) for u, c in mine.filter(state__in=NON_TERMINAL, uid__isnull=False).values_list(
+        "uid", "cost_estimate_gpu_s")]
+    spent = mine.filter(quota_day=day).aggregate(
         s=Sum(Coalesce("cost_measured_gpu_s", "cost_estimate_gpu_s")))["s"] or 0.0
     return running, float(spent)
 
@@ -114,39 +114,44 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
     if idempotency_key:
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
         if earlier is not None:
-            if earlier.uid is None:
+            if earlier.submitting and not earlier.terminal:
                 raise IdempotencyInProgress(idempotency_key)
             return Submitted(earlier, False)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
+    # The platform names the job: the row holds its UID before the engine can write an event about it.
+    uid = uuid.uuid4().hex
     try:
         # the row claims the Idempotency-Key before anything is counted or sent
         with transaction.atomic():
-            job = Job.objects.create(owner=user, workflow=workflow, params=resolved, api=api,
-                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key)
+            job = Job.objects.create(uid=uid, owner=user, workflow=workflow, params=resolved, api=api,
+                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key, submitting=True)
     except IntegrityError:
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
-        if earlier is None or earlier.uid is None:
+        if earlier is None or (earlier.submitting and not earlier.terminal):
             raise IdempotencyInProgress(idempotency_key) from None
         return Submitted(earlier, False)
+    day = counters.today()
     try:
-        day = counters.reserve(user.pk, cost, limits, *_ledger_seed(user.pk, exclude=job.pk))
+        counters.reserve(user.pk, uid, cost, limits, *_ledger_seed(user.pk, job.pk, day), day=day)
     except BaseException as exc:
         job.delete()
         if isinstance(exc, counters.QuotaExceeded):
             _rejected(workflow, Rejection.QUOTA, 429)
         raise
+    # recorded before the engine is asked: the seed of restarted counters counts reserved jobs only
+    Job.objects.filter(pk=job.pk).update(quota_day=day)
     job.quota_day = day
     try:
-        accepted = get_engine().submit(workflow, resolved, inputs, deadline_s)
+        get_engine().submit(workflow, resolved, inputs, deadline_s, uid=uid)
     except (EngineRejected, EngineError) as exc:
         job.delete()
-        counters.release(user.pk, day, cost, 0.0)
+        counters.unreserve(user.pk, day, uid)
         if isinstance(exc, EngineError):
             _rejected(workflow, Rejection.ENGINE_UNREACHABLE, 503)
         elif exc.status == 503:
             _rejected(workflow, Rejection.ENGINE_BUSY, 503)
         raise
-    job.uid = accepted.uid
-    job.save(update_fields=["uid", "quota_day", "updated_at"])
+    Job.objects.filter(pk=job.pk).update(submitting=False, updated_at=timezone.now())
+    job.submitting = False
     return Submitted(job, True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 REQUESTS = Counter("onepiece_api_requests_total", "API requests answered", ["route", "status"])
@@ -35,6 +35,35 @@ class JobStateCollector(Collector):
         yield g
 
 
+class LedgerCollector(Collector):
+    """The reconciler's counts, read from the database (the reconciler is another process)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        from django.db.models import Count
+
+        from onepiece_platform.engine_link.models import DeadLetter, HeldEvent, StreamCursor
+
+        events = CounterMetricFamily("onepiece_ledger_events", "Engine events the reconciler dealt with, by outcome "
+                                     "(retried: transient failures tried again)", labels=["outcome"])
+        dead = GaugeMetricFamily("onepiece_ledger_dead_letters", "Engine events that can never apply, by reason",
+                                 labels=["reason"])
+        held = GaugeMetricFamily("onepiece_ledger_held_events", "Events waiting for their job to be known")
+        try:
+            c = StreamCursor.objects.filter(name="events").first()
+            for outcome in ("applied", "retried", "held", "dead"):
+                events.add_metric([outcome], getattr(c, outcome) if c else 0)
+            counts = {reason: 0 for reason, _ in DeadLetter.REASONS}
+            counts.update({r["reason"]: r["n"] for r in DeadLetter.objects.values("reason").annotate(n=Count("id"))})
+            for reason, n in counts.items():
+                dead.add_metric([reason], n)
+            held.add_metric([], HeldEvent.objects.count())
+        except Exception:  # a scrape must not fail because the database is briefly unavailable
+            pass
+        yield events
+        yield dead
+        yield held
+
+
 _registered = False
 
 
@@ -42,4 +71,5 @@ def register_collectors() -> None:
     global _registered
     if not _registered:
         REGISTRY.register(JobStateCollector())
+        REGISTRY.register(LedgerCollector())
         _registered = True

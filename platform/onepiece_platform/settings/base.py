@@ -67,6 +67,15 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("ONEPIECE_SQLITE_PATH", str(STATE_DIR / "db.sqlite3")),
+        # The web process and the reconciler write at once. WAL lets readers run beside the one
+        # writer; IMMEDIATE takes the write lock at BEGIN, so a writer waits its turn (up to
+        # ``timeout`` seconds) instead of failing with "database is locked" when a read
+        # transaction tries to become a write one.
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
     }
 }
 

@@ -52,12 +52,37 @@ def test_no_events_after_a_terminal_state(store: JobStore) -> None:
     assert store.result(uid) is None
 
 
+def test_timeline_events_after_the_terminal_one_are_still_recorded(store: JobStore) -> None:
+    """A stage that finished while a cancel landed (or whose next stage completed the job first) still
+    has its time on record; only the status hash refuses to move."""
+    uid = _uid()
+    store.accept(uid, "sd-t2i", 1.0)
+    store.event(uid, keys.STAGE_STARTED, "vae_decode", 60, state=keys.IN_PROGRESS)
+    assert store.finish(uid, "sd-t2i", keys.CANCELLED, "vae_decode", detail="by client")
+    assert store.event(uid, keys.STAGE_FINISHED, "vae_decode", 80)
+    assert store.event(uid, keys.STAGE_STOPPED, "image_encode", 80, state=keys.IN_PROGRESS)
+    assert not store.event(uid, keys.PROGRESS, "image_encode", 90, state=keys.IN_PROGRESS)
+    types = [(e["type"], e["stage"]) for e in store.events(uid)]
+    assert types[-3:] == [(keys.CANCELLED, "vae_decode"), (keys.STAGE_FINISHED, "vae_decode"),
+                          (keys.STAGE_STOPPED, "image_encode")]
+    st = store.status(uid)
+    assert st is not None and st.state == keys.CANCELLED and st.stage == "vae_decode"
+
+
+def test_a_caller_chosen_uid_is_accepted_once(store: JobStore) -> None:
+    uid = _uid()
+    assert store.accept(uid, "sd-t2i", 1.0)
+    assert not store.accept(uid, "sd-t2i", 9.0)
+    assert store.inflight("sd-t2i") == (1, 1.0)
+    assert [e["type"] for e in store.events(uid)] == [keys.ACCEPTED]
+
+
 def test_event_fields_and_validation(store: JobStore) -> None:
     uid = _uid()
     store.accept(uid, "sd-t2i", 1.0)
     store.event(uid, keys.PROGRESS, "denoise", 42, detail="step 2/5")
     e = store.events(uid)[-1]
-    assert set(e) == {"uid", "type", "stage", "progress", "ts", "detail"}
+    assert set(e) == {"uid", "type", "stage", "progress", "ts", "detail", "attempt"} and e["attempt"] == "1"
     assert (e["type"], e["stage"], e["progress"], e["detail"]) == ("progress", "denoise", "42", "step 2/5")
     with pytest.raises(ValueError):
         store.event(uid, keys.COMPLETED)
@@ -94,6 +119,10 @@ def test_a_job_lost_with_its_node_is_started_again_then_given_up(store: JobStore
     st = store.status(uid)
     assert st is not None and st.state == keys.QUEUED and "node node-a was lost" in st.detail
     assert [e["type"] for e in store.events(uid)][-1] == keys.RETRIED
+    # the second attempt's events say so: its stage runs are not the first attempt's
+    assert store.events(uid)[-1]["attempt"] == "2"
+    store.event(uid, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
+    assert [e["attempt"] for e in store.events(uid)][-4:] == ["1", "1", "2", "2"]
     # lost again, out of attempts: failed with the reason, not left hanging
     store.located(uid, "node-b", "sd-t2i.vae_decode.1")
     (orphan,) = [o for o in store.orphans([wf], set()) if o.uid == uid]

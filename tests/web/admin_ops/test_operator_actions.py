@@ -117,7 +117,9 @@ def test_clean_up_is_idempotent(alice, store) -> None:
         c.get(f"/api/v1/jobs/{uid}")
     Job.objects.filter(uid=old).update(finished_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=40))
     Job.objects.filter(uid=deleted).update(hidden=True)
-    stuck = Job.objects.create(owner=alice[0], workflow=WF, idempotency_key="died-mid-submit")
+    # its web process died mid-submit; the engine never spoke of it, so the sweep failed it as lost
+    stuck = Job.objects.create(uid="d" * 32, owner=alice[0], workflow=WF, idempotency_key="died-mid-submit",
+                               submitting=True, state="failed")
     Job.objects.filter(pk=stuck.pk).update(created_at=dt.datetime.now(dt.UTC) - dt.timedelta(hours=1))
     assert clean_up.apply(kwargs={"retention_days": 30}).get() == {"ledger_rows": 1, "results": 2, "abandoned": 1}
     assert clean_up.apply(kwargs={"retention_days": 30}).get() == {"ledger_rows": 0, "results": 0, "abandoned": 0}

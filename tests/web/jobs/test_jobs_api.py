@@ -148,7 +148,8 @@ def test_repeat_while_the_first_is_being_submitted_is_409_and_counts_nothing(ali
     from onepiece_platform.quotas import counters
 
     user, c, _ = alice
-    Job.objects.create(owner=user, workflow="sd-t2i", idempotency_key="k-busy")  # claimed, not yet accepted
+    Job.objects.create(uid="b" * 32, owner=user, workflow="sd-t2i", idempotency_key="k-busy",
+                       submitting=True)  # claimed, not yet accepted
     r = c.post("/api/v1/jobs", sd_body(), format="json", HTTP_IDEMPOTENCY_KEY="k-busy")
     assert r.status_code == 409 and r.headers["Retry-After"] == "1"
     assert counters.usage(user.pk) == (0, 0.0) and store.events() == []

@@ -79,15 +79,15 @@ def test_reserve_is_atomic_under_races(web_redis) -> None:
     wins: list[bool] = []
     barrier = threading.Barrier(16)
 
-    def go() -> None:
+    def go(i: int) -> None:
         barrier.wait()
         try:
-            counters.reserve(4242, 1.0, limits, 0, 0.0)
+            counters.reserve(4242, f"{i:032x}", 1.0, limits, [], 0.0)
             wins.append(True)
         except counters.QuotaExceeded:
             wins.append(False)
 
-    threads = [threading.Thread(target=go, name=f"quota-race-{i}") for i in range(16)]
+    threads = [threading.Thread(target=go, args=(i,), name=f"quota-race-{i}") for i in range(16)]
     for t in threads:
         t.start()
     for t in threads:

@@ -30,7 +30,22 @@ class LinksSerializer(serializers.Serializer):
     cancel = serializers.CharField()
 
 
+class StageRunSerializer(serializers.Serializer):
+    stage = serializers.CharField()
+    attempt = serializers.IntegerField(help_text="1, then 2, ... when the job was started again after a node loss")
+    started = serializers.FloatField(allow_null=True, help_text="unix s")
+    finished = serializers.FloatField(allow_null=True, help_text="unix s")
+    device_s = serializers.FloatField(allow_null=True, help_text="finished - started: what the run is charged")
+    stopped = serializers.BooleanField(help_text="gave up early (cancel, deadline, error)")
+
+
 class JobSerializer(serializers.ModelSerializer):
+    stage_times = serializers.DictField(
+        child=serializers.DictField(), read_only=True,
+        help_text="stage -> {started, finished, attempt, device_s} of each stage's latest attempt (unix s)")
+    stage_runs = StageRunSerializer(many=True, read_only=True,
+                                    help_text="every run of every stage, over attempts; the measured cost is "
+                                              "the sum of their device_s")
     queue_position = serializers.SerializerMethodField()
     cancel_requested = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
@@ -38,7 +53,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
-                  "stage_times", "cost_estimate_gpu_s", "cost_measured_gpu_s", "created_at", "started_at",
+                  "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "created_at", "started_at",
                   "finished_at", "cancel_requested", "links"]
         read_only_fields = fields
 

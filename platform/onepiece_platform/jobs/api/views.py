@@ -80,7 +80,7 @@ class JobListCreateView(APIView):
     def get(self, request: Request) -> Response:
         f = JobListFilter(data=request.query_params)
         f.is_valid(raise_exception=True)
-        qs = Job.objects.filter(owner=request.user, uid__isnull=False, hidden=False)
+        qs = Job.objects.filter(owner=request.user, uid__isnull=False, hidden=False).prefetch_related("stage_runs")
         if "state" in f.validated_data:
             qs = qs.filter(state=f.validated_data["state"])
         if "workflow" in f.validated_data:
