@@ -5,7 +5,11 @@ ports, prepares the SQLite ledger, serves the web platform, builds the tiny
 models on first run (into the state dir), and runs the engine: a TaskManager
 (``onepiece node``) with one instance per stage of every workflow under a
 static assignment, the Proxy (``onepiece proxy``), then a Node Manager
-(``onepiece manager``) that takes the assignment over. Prints where everything listens; on Ctrl-C (or SIGTERM)
+(``onepiece manager``) that takes the assignment over. Secrets (the web
+platform's SECRET_KEY, the Proxy's shared secret, Redis's password) are
+generated once into ``<state>/secrets/`` (0600); everything under the state
+folder is private to the user; DEBUG stays off unless ``--debug``. Prints
+where everything listens; on Ctrl-C (or SIGTERM)
 stops every child it started, the engine first, so no worker process or
 shared-memory ring is left behind.
 """
@@ -25,6 +29,7 @@ from pathlib import Path
 
 from engine import envs
 from engine.embedded import EtcdServer, RedisServer, ServiceError, free_port
+from engine.embedded.credentials import secret
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
                    help="CPU threads per stage instance (default: ONEPIECE_THREADS_PER_INSTANCE or auto: the "
                    "host's cores shared among the instances)")
+    p.add_argument("--debug", action="store_true",
+                   help="run the web platform with Django's DEBUG on (error pages show settings and service "
+                   "URLs: never where others can reach it)")
     p.add_argument(
         "--exit-after-ready",
         action="store_true",
@@ -83,7 +91,12 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes], name: st
 def run(args: argparse.Namespace) -> int:
     state = (args.state_dir or envs.STATE_DIR).resolve()
     host = args.host or envs.BIND_HOST
-    state.mkdir(parents=True, exist_ok=True)
+    # everything written under the state folder (ledger, logs, secrets, Redis and etcd data) by us and our
+    # children is private to this user
+    os.umask(0o077)
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    state.chmod(0o700)
+    keep = state / "secrets"
     logs = state / "logs"
     logs.mkdir(exist_ok=True)
 
@@ -99,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             redis_url = envs.REDIS_URL
             if not redis_url:
-                r = RedisServer(envs.REDIS_SERVER_BIN, state / "redis", host).start()
+                r = RedisServer(envs.REDIS_SERVER_BIN, state / "redis", host,
+                                password=secret(keep, "redis-password")).start()
                 stack.callback(r.stop)
                 redis_url = r.url
-            _say(f"redis: {redis_url}")
+            _say(f"redis: {_redacted(redis_url)}")
             etcd_url = envs.ETCD_URL
             if not etcd_url:
                 e = EtcdServer(envs.ETCD_BIN, state / "etcd", host).start()
@@ -117,9 +131,18 @@ def run(args: argparse.Namespace) -> int:
                 ONEPIECE_ETCD_URL=etcd_url,
                 DJANGO_SETTINGS_MODULE="onepiece_platform.settings.local",
                 PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "platform"), env.get("PYTHONPATH", "")]),
+                # generated once per state folder (0600), never a constant: signed URLs and sessions cannot
+                # be forged with a key from the source, and the Proxy only serves holders of its secret
+                DJANGO_SECRET_KEY=secret(keep, "django-secret-key", 50),
+                ONEPIECE_PROXY_TOKEN=envs.PROXY_TOKEN or secret(keep, "proxy-token"),
+                ONEPIECE_DEBUG="1" if args.debug else "",
             )
+            if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+                env["DJANGO_ALLOWED_HOSTS"] = env.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") + "," + host
             manage = [sys.executable, str(REPO_ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=REPO_ROOT)
+            for db_file in state.glob("db.sqlite3*"):  # made by an earlier version with the default umask
+                db_file.chmod(0o600)
             admin_user, admin_password = _ensure_admin(manage, env, state)
             # the web platform reaches the engine through the Proxy: fix its port before either starts
             args.proxy_port = _port_or_free(host, envs.PROXY_PORT if args.proxy_port is None else args.proxy_port)
@@ -194,16 +217,24 @@ def _ensure_admin(manage: list[str], env: dict[str, str], state: Path) -> tuple[
         password = pw_file.read_text().strip()
     else:
         password = secrets.token_urlsafe(12)
-        pw_file.write_text(password + "\n")
-        pw_file.chmod(0o600)
-    code = (
-        "from django.contrib.auth import get_user_model;"
-        "U=get_user_model();"
-        "u,_=U.objects.get_or_create(username='admin', defaults={'is_staff':True,'is_superuser':True});"
-        f"u.set_password({password!r});u.is_staff=True;u.is_superuser=True;u.save()"
-    )
-    subprocess.run([*manage, "shell", "-c", code], env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
+        fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+    pw_file.chmod(0o600)
+    # on stdin, never on a command line (visible to every user of the host in ps)
+    subprocess.run([*manage, "ensure_admin", "--username", "admin"], input=password + "\n", text=True, env=env,
+                   check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
     return "admin", password
+
+
+def _redacted(url: str) -> str:
+    """A service URL without its password (kept in the state folder's secrets/)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
 
 
 def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 
 class ServiceError(RuntimeError):
@@ -92,30 +94,48 @@ class _ChildService:
 
 
 class RedisServer(_ChildService):
-    """A redis-server child with no persistence (results are transient by design)."""
+    """A redis-server child with no persistence (results are transient by design).
+
+    It always has a password (``password``, else a random one per start) and protected mode on: anyone
+    else on the host, or on the network when it binds beyond loopback, gets nothing without it. The
+    password is in :attr:`url` (``redis://:password@host:port/0``), which is what every client is given.
+    It reaches redis-server through its config on stdin, never its command line (``ps`` shows that).
+    """
 
     name = "redis"
     apt_package = "redis-server"
 
-    def __init__(self, binary: str, data_dir: Path, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(self, binary: str, data_dir: Path, host: str = "127.0.0.1", port: int | None = None,
+                 password: str | None = None):
         super().__init__(binary, data_dir, host)
         self.port = port or free_port(host)
+        self.password = password or secrets.token_urlsafe(24)
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        return f"redis://:{quote(self.password, safe='')}@{self.host}:{self.port}/0"
 
     def _argv(self, binary: str) -> list[str]:
+        conf = self.data_dir / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{self.password}"\n')
         return [
-            binary, "--port", str(self.port), "--bind", self.host, "--save", "",
-            "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "no",
+            binary, str(conf), "--port", str(self.port), "--bind", self.host, "--save", "",
+            "--appendonly", "no", "--dir", str(self.data_dir), "--protected-mode", "yes",
         ]
 
     def _ready(self) -> bool:
         try:
             with socket.create_connection((self.host, self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                s.sendall(f"AUTH {self.password}\r\nPING\r\n".encode())
+                got = b""
+                while got.count(b"\r\n") < 2:
+                    chunk = s.recv(64)
+                    if not chunk:
+                        return False
+                    got += chunk
+                return got.endswith(b"+PONG\r\n")
         except OSError:
             return False
 

@@ -16,9 +16,17 @@ from django.core.asgi import get_asgi_application
 
 django_asgi_app = get_asgi_application()
 
+from onepiece_platform.ops.checks import refuse_weak_secrets  # noqa: E402 - needs the settings loaded
+
+refuse_weak_secrets()  # production with a placeholder SECRET_KEY: refuse to serve at all
+
+from django.conf import settings  # noqa: E402
+
+from onepiece_platform.ops.bodylimit import BodyLimit  # noqa: E402
 from onepiece_platform.routing import websocket_urlpatterns  # noqa: E402 - needs the apps loaded
 
 application = ProtocolTypeRouter({
-    "http": django_asgi_app,
+    # bodies are counted as they stream (a chunked body has no Content-Length for Django to check)
+    "http": BodyLimit(django_asgi_app, settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
 })

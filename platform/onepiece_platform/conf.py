@@ -18,6 +18,9 @@ DEFAULTS: dict[str, Any] = {
     "PROXY_TIMEOUT_S": 10.0,
     # The Proxy's shared secret (ONEPIECE_PROXY_TOKEN; engine.proxy.auth), sent with every call.
     "PROXY_TOKEN": "",
+    # Production: refuse an empty, short or placeholder SECRET_KEY (system check onepiece.E001, and the
+    # ASGI/WSGI entries at start-up).
+    "STRICT_SECRETS": False,
     # Failed API-key authentications allowed per client address and window before 429.
     "AUTH_FAILURES_LIMIT": 20,
     "AUTH_FAILURES_WINDOW_S": 60,

@@ -10,7 +10,6 @@ can name a UID the ledger does not know.
 
 from __future__ import annotations
 
-import io
 import logging
 import uuid
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from django.db.models import Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from engine.workflow import InvalidRequest, request_workflow
+from engine.workflow import InvalidRequest, images, request_workflow
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.engine_link.models import Rejection
@@ -53,21 +52,23 @@ class Submitted:
 
 
 def check_image(name: str, data: bytes) -> None:
-    """Bounded before decoding: byte size, then the header's dimensions, then a full verify."""
-    from PIL import Image, UnidentifiedImageError
-
-    if len(data) > conf.get("MAX_UPLOAD_BYTES"):
-        raise Invalid(name, f"{name} is {len(data)} bytes; the limit is {conf.get('MAX_UPLOAD_BYTES')}", 413)
+    """The one image check the Proxy also runs (engine.workflow.images): byte size, format, dimensions
+    from the header before any pixel is decoded, then a structural verify."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size  # read from the header; no pixels decoded yet
-            if w * h > conf.get("MAX_IMAGE_PIXELS"):
-                raise Invalid(name, f"{name} is {w}x{h}; at most {conf.get('MAX_IMAGE_PIXELS')} pixels")
-            img.verify()
-    except Invalid:
-        raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise Invalid(name, f"{name} is not a readable image: {exc}") from None
+        images.check_image(data, name, conf.get("MAX_UPLOAD_BYTES"), conf.get("MAX_IMAGE_PIXELS"))
+    except images.ImageTooLarge as exc:
+        raise Invalid(exc.field, str(exc), 413) from None
+    except InvalidRequest as exc:
+        raise Invalid(exc.field, str(exc)) from None
+
+
+def _repeat(earlier: Job, workflow: str, api: str) -> Submitted:
+    """An Idempotency-Key repeat answers the first job only for the same route and workflow: a key is the
+    caller's name for one request, and a video route must never answer with an image job (or vice versa)."""
+    if earlier.workflow != workflow or earlier.api != api:
+        raise Invalid("Idempotency-Key", "this Idempotency-Key was used for a different request "
+                      f"({earlier.api} {earlier.workflow}); use a new key", 409)
+    return Submitted(earlier, False)
 
 
 def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], limits: Limits) -> tuple[dict[str, Any], float]:
@@ -116,7 +117,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         if earlier is not None:
             if earlier.submitting and not earlier.terminal:
                 raise IdempotencyInProgress(idempotency_key)
-            return Submitted(earlier, False)
+            return _repeat(earlier, workflow, api)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
     # The platform names the job: the row holds its UID before the engine can write an event about it.
@@ -127,10 +128,12 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
             job = Job.objects.create(uid=uid, owner=user, workflow=workflow, params=resolved, api=api,
                                      cost_estimate_gpu_s=cost, idempotency_key=idempotency_key, submitting=True)
     except IntegrityError:
+        if not idempotency_key:  # not a key clash: a real error, never "someone's earlier job"
+            raise
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
         if earlier is None or (earlier.submitting and not earlier.terminal):
             raise IdempotencyInProgress(idempotency_key) from None
-        return Submitted(earlier, False)
+        return _repeat(earlier, workflow, api)
     day = counters.today()
     try:
         counters.reserve(user.pk, uid, cost, limits, *_ledger_seed(user.pk, job.pk, day), day=day)

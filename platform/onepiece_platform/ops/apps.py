@@ -5,3 +5,6 @@ class OpsConfig(AppConfig):
     name = "onepiece_platform.ops"
     label = "ops"
     verbose_name = "Operations"
+
+    def ready(self) -> None:
+        from onepiece_platform.ops import checks  # noqa: F401 - registers the system checks

@@ -1,5 +1,14 @@
-"""Embedded defaults for one machine (`onepiece up`)."""
+"""Embedded defaults for one machine (`onepiece up`).
+
+``onepiece up`` passes a SECRET_KEY generated into its state folder
+(DJANGO_SECRET_KEY) and turns DEBUG on only with ``--debug`` (ONEPIECE_DEBUG):
+a debug error page shows settings, service URLs and paths to whoever gets one.
+"""
+
+import os
 
 from onepiece_platform.settings.base import *  # noqa: F403
 
-DEBUG = True
+DEBUG = os.environ.get("ONEPIECE_DEBUG", "").lower() in ("1", "true", "yes")
+# No collectstatic step on one machine: WhiteNoise serves the dashboard's files from the finders.
+WHITENOISE_USE_FINDERS = True

@@ -5,7 +5,8 @@ import os
 from onepiece_platform.settings.base import *  # noqa: F403
 
 DEBUG = False
-SECRET_KEY = os.environ["DJANGO_SECRET_KEY"]
+# empty or a placeholder is refused by the system check onepiece.E001 (onepiece_platform/ops/checks.py)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
 ALLOWED_HOSTS = os.environ["DJANGO_ALLOWED_HOSTS"].split(",")
 DATABASES = {
     "default": {
@@ -21,7 +22,8 @@ DATABASES = {
 # TLS is terminated by the ingress / load balancer, which sets X-Forwarded-Proto.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # ...and appends the client's address to X-Forwarded-For (used to rate-limit failed authentications).
-ONEPIECE = {**ONEPIECE, "TRUSTED_PROXY_HOPS": int(os.environ.get("ONEPIECE_TRUSTED_PROXY_HOPS", "1"))}  # noqa: F405
+ONEPIECE = {**ONEPIECE, "TRUSTED_PROXY_HOPS": int(os.environ.get("ONEPIECE_TRUSTED_PROXY_HOPS", "1")),  # noqa: F405
+            "STRICT_SECRETS": True}
 SECURE_SSL_REDIRECT = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True

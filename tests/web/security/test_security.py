@@ -43,6 +43,9 @@ def test_server_fields_are_read_only(alice, bob) -> None:
     body = {**sd_body(), "owner": bob[0].pk, "uid": "f" * 32, "state": "completed", "progress": 100,
             "cost_estimate_gpu_s": 0.0, "quota_day": "19700101", "max_concurrent_jobs": 999}
     r = c.post("/api/v1/jobs", body, format="json")
+    assert r.status_code == 400 and r.json()["field"] in body  # unknown fields are refused, never ignored
+    assert Job.objects.count() == 0
+    r = c.post("/api/v1/jobs", sd_body(), format="json")
     assert r.status_code == 202
     job = Job.objects.get(uid=r.json()["uid"])
     assert (job.owner_id, job.state, job.progress) == (user.pk, "queued", 0)

@@ -27,7 +27,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -41,12 +41,38 @@ from onepiece_platform.jobs.api import openai_serializers as s
 from onepiece_platform.jobs.api.views import check_body_size, result_response
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
+from onepiece_platform.strict import StrictJSONParser as JSONParser
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_exceeded", 502: "server_error", 503: "server_error",
           504: "server_error"}
 URL_MAX_AGE_S = 3600
+# Signed result URLs: the token names the route's job kind ("image") with the UID, so a token can only ever
+# open an image job (never a video signed or forged for another route), and its timestamp must be in the
+# past: a token dated ahead (forged, or by a skewed clock) would otherwise stay valid for as long as it
+# claims. The salt changed with the format, so tokens of the old form are refused.
+URL_SALT = "onepiece.result-url.v2"
+URL_CLOCK_SKEW_S = 5
+
+
+def sign_result_url(kind: str, uid: str) -> str:
+    return signing.TimestampSigner(salt=URL_SALT).sign(f"{kind}:{uid}")
+
+
+def unsign_result_url(token: str, kind: str) -> str | None:
+    """The UID a valid, unexpired, not future-dated token of ``kind`` grants; None otherwise."""
+    signer = signing.TimestampSigner(salt=URL_SALT)
+    try:
+        inner = signing.Signer.unsign(signer, token)  # "kind:uid:timestamp", signature checked
+        value, stamp = inner.rsplit(signer.sep, 1)
+        age = time.time() - signing.b62_decode(stamp)
+    except (signing.BadSignature, ValueError):
+        return None
+    if not -URL_CLOCK_SKEW_S <= age <= URL_MAX_AGE_S:
+        return None
+    got_kind, _, uid = value.partition(":")
+    return uid if got_kind == kind and uid else None
 
 
 def _openai_error(data: Any, status: int) -> dict[str, Any]:
@@ -225,8 +251,19 @@ class ImageGenerationView(OpenAIView):
             if name in d:
                 params[name] = d[name]
         seed = d.get("seed", 0)
-        jobs = [services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai").job
-                for i in range(d["n"])]
+        jobs: list[Job] = []
+        try:
+            for i in range(d["n"]):
+                jobs.append(services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai").job)
+        except Exception:
+            # all n or none: a request refused part-way (quota, engine busy) must not leave its first
+            # images running, charged, for a caller who was told it failed
+            for j in jobs:
+                try:
+                    control.cancel(j)
+                except Exception:  # the refusal is the answer; a cancel that fails is retried by nobody
+                    pass
+            raise
         jobs = _wait(jobs, float(conf.get("IMAGE_WAIT_S")))
         unfinished = [j for j in jobs if not j.terminal]
         if unfinished:
@@ -242,7 +279,7 @@ class ImageGenerationView(OpenAIView):
                 png = _result(j)
                 data.append({"b64_json": base64.b64encode(png).decode()})
             else:
-                token = signing.TimestampSigner(salt="images").sign(j.uid or "")
+                token = sign_result_url("image", j.uid or "")
                 data.append({"url": request.build_absolute_uri(reverse("openai-image-content", args=[token]))})
         return Response({"created": int(time.time()), "data": data})
 
@@ -267,8 +304,8 @@ class ImageContentView(OpenAIView):
                                                                  404: ERRORS[404], 410: ERRORS[410]},
                    parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH)])
     def get(self, request: Request, token: str) -> Any:
-        try:
-            uid = signing.TimestampSigner(salt="images").unsign(token, max_age=URL_MAX_AGE_S)
-        except signing.BadSignature:
-            raise Http404("no such image") from None
-        return result_response(get_object_or_404(Job, uid=uid, state=COMPLETED))
+        uid = unsign_result_url(token, "image")
+        if uid is None:
+            raise Http404("no such image")
+        images = [n for n, w in workflows().items() if w.final_output == "image"]
+        return result_response(get_object_or_404(Job, uid=uid, state=COMPLETED, hidden=False, workflow__in=images))

@@ -8,6 +8,7 @@ from typing import Any
 from rest_framework import serializers
 
 from engine.workflow import workflows
+from onepiece_platform.strict import RefuseUnknownFields
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 # A prompt: something besides whitespace, and no NUL (the schema says so, and DRF refuses NULs)
@@ -28,7 +29,7 @@ def parse_size(value: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-class VideoCreateSerializer(serializers.Serializer):
+class VideoCreateSerializer(RefuseUnknownFields):
     prompt = serializers.RegexField(PROMPT, max_length=4000)
     model = serializers.ChoiceField(choices=[], required=False, default="wan2.1-i2v")
     seconds = serializers.IntegerField(required=False, min_value=1, max_value=60,
@@ -94,7 +95,7 @@ class ContentQuerySerializer(serializers.Serializer):
     variant = serializers.ChoiceField(choices=["video"], required=False, default="video")
 
 
-class ImageGenerateSerializer(serializers.Serializer):
+class ImageGenerateSerializer(RefuseUnknownFields):
     prompt = serializers.RegexField(PROMPT, max_length=4000)
     model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i")
     n = serializers.IntegerField(required=False, default=1, min_value=1, max_value=4)

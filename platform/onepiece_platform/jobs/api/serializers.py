@@ -10,9 +10,10 @@ from rest_framework import serializers
 
 from engine.workflow import workflows
 from onepiece_platform.jobs.models import STATES, Job
+from onepiece_platform.strict import RefuseUnknownFields
 
 
-class SubmitSerializer(serializers.Serializer):
+class SubmitSerializer(RefuseUnknownFields):
     workflow = serializers.ChoiceField(choices=[], help_text="a name from GET /api/v1/workflows")
     params = serializers.DictField(required=False, default=dict, help_text="the workflow's parameters")
     inputs = serializers.DictField(child=serializers.CharField(), required=False, default=dict,

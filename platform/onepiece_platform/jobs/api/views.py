@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any
 
 from django.http import HttpResponse
@@ -17,7 +16,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -39,6 +38,8 @@ from onepiece_platform.jobs.api.serializers import (
 from onepiece_platform.jobs.models import COMPLETED, STATES, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.quotas.models import limits_for
+from onepiece_platform.strict import StrictJSONParser as JSONParser
+from onepiece_platform.strict import loads as strict_loads
 
 CONTENT_TYPES = {"image": ("image/png", "png"), "video": ("video/mp4", "mp4")}
 _errors = native_errors
@@ -122,7 +123,7 @@ class JobListCreateView(APIView):
                 raise services.Invalid(name, f"{name} is over {conf.get('MAX_UPLOAD_BYTES')} bytes", 413)
             inputs[name] = f.read()
         try:
-            params = json.loads(request.data.get("params") or "{}")
+            params = strict_loads(request.data.get("params") or "{}")
         except ValueError:
             raise services.Invalid("params", "params must be a JSON object") from None
         return {"workflow": request.data.get("workflow"), "params": params}, inputs
