@@ -150,3 +150,62 @@ def test_clients_get_every_etcd_member_and_nodes_their_data_address() -> None:
     lines = dict(ln.split("=", 1) for ln in example.splitlines() if ln and not ln.startswith("#"))
     assert len(parse_endpoints(lines["ONEPIECE_ETCD_URL"])) == 3
     assert lines["ONEPIECE_BIND_HOST"] not in ("127.0.0.1", "0.0.0.0")
+
+
+def _admitted(app: str) -> set[str]:
+    """Who the NetworkPolicies let reach pods labelled ``app``: app labels, "ipBlock", "namespace" or "any"."""
+    out: set[str] = set()
+    for _, d in DOCS:
+        if d["kind"] != "NetworkPolicy":
+            continue
+        sel = d["spec"]["podSelector"].get("matchLabels", {})
+        if sel and sel.get("app") != app:
+            continue
+        for rule in d["spec"].get("ingress", []):
+            if "from" not in rule:
+                out.add("any")
+            for peer in rule.get("from", []):
+                if "podSelector" in peer:
+                    out.add(peer["podSelector"]["matchLabels"]["app"])
+                elif "ipBlock" in peer:
+                    out.add("ipBlock")
+                else:
+                    out.add("namespace")
+    return out
+
+
+def test_network_policies_admit_only_each_services_clients() -> None:
+    """Default deny; the Proxy is reached only by the platform's processes; etcd, Redis and PostgreSQL only
+    by the roles that use them; only the web platform by anyone (issue 16)."""
+    pols = {d["metadata"]["name"]: d for _, d in DOCS if d["kind"] == "NetworkPolicy"}
+    deny = pols["default-deny-ingress"]["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    platform = {"onepiece-web", "onepiece-celery", "onepiece-reconciler"}
+    assert _admitted("onepiece-proxy") == platform
+    assert _admitted("postgres") == platform
+    assert _admitted("etcd") == {"onepiece-manager", "onepiece-proxy", "onepiece-web", "onepiece-celery", "etcd",
+                                 "ipBlock"}
+    assert _admitted("redis") == platform | {"onepiece-proxy", "redis", "ipBlock"}
+    assert _admitted("onepiece-web") == {"any"}
+    for name, d in _workloads():  # nothing else is open to all
+        app = d["spec"]["template"]["metadata"]["labels"]["app"]
+        if app != "onepiece-web":
+            assert "any" not in _admitted(app), name
+
+
+def test_every_caller_of_the_proxy_holds_its_secret_and_nothing_binds_everywhere() -> None:
+    secret = next(d for _, d in DOCS if d["kind"] == "Secret")
+    assert "ONEPIECE_PROXY_TOKEN" in secret["stringData"]
+    by = {d["metadata"]["name"]: d for _, d in _workloads()}
+    for name in ("onepiece-proxy", "onepiece-web", "onepiece-celery", "onepiece-reconciler"):
+        for c in by[name]["spec"]["template"]["spec"]["containers"]:
+            assert {"name": "onepiece-secrets"} in [e.get("secretRef") for e in c["envFrom"]], name
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    assert "ONEPIECE_PROXY_TOKEN" in compose["x-onepiece-env"]
+    published = {svc: body["ports"] for svc, body in compose["services"].items() if "ports" in body}
+    assert published == {"web": ["127.0.0.1:8000:8000"]}
+    assert compose["x-onepiece-env"]["ONEPIECE_TRUSTED_PROXY_HOPS"].endswith(":-0}")
+    example = (DEPLOY / "systemd" / "onepiece.env.example").read_text()
+    assert "\nONEPIECE_PROXY_TOKEN=" in example
+    for unit in (DEPLOY / "systemd").glob("*.service"):
+        assert "0.0.0.0" not in unit.read_text(), unit.name
