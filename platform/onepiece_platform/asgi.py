@@ -23,10 +23,13 @@ refuse_weak_secrets()  # production with a placeholder SECRET_KEY: refuse to ser
 from django.conf import settings  # noqa: E402
 
 from onepiece_platform.ops.bodylimit import BodyLimit  # noqa: E402
+from onepiece_platform.ops.origin import SameOriginValidator  # noqa: E402
 from onepiece_platform.routing import websocket_urlpatterns  # noqa: E402 - needs the apps loaded
 
 application = ProtocolTypeRouter({
     # bodies are counted as they stream (a chunked body has no Content-Length for Django to check)
     "http": BodyLimit(django_asgi_app, settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    # the Origin's host in ALLOWED_HOSTS, and its host and port those of the socket (ops/origin.py)
+    "websocket": SameOriginValidator(
+        AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
 })

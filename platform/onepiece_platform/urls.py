@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from onepiece_platform.accounts.admin_login import throttled_login
 from onepiece_platform.ops import views as ops
 
 urlpatterns = [
@@ -13,6 +14,7 @@ urlpatterns = [
     path("api/v1/", include("onepiece_platform.jobs.urls")),
     path("v1/", include("onepiece_platform.jobs.openai_urls")),
     path("dashboard/", include("onepiece_platform.dashboard.urls")),
+    path("admin/login/", throttled_login),  # admin.site.login with failed sign-ins limited
     path("admin/", admin.site.urls),
 ]
 

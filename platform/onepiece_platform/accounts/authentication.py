@@ -3,8 +3,9 @@
 Failures are counted per client address in Redis with one atomic INCR (+ an
 expiry set on the first failure of a window), so concurrent attempts cannot
 slip past the limit the way a read-then-write throttle can. Over the limit,
-every Bearer attempt from that address is answered 429 with Retry-After
-before the key is even looked up.
+every failing Bearer attempt from that address is answered 429 with
+Retry-After; a valid key still authenticates (one guesser behind a shared
+address, a NAT or an office, must not lock its neighbours' valid keys out).
 """
 
 from __future__ import annotations
@@ -41,13 +42,26 @@ def _failure_key(request: Request) -> str:
     return f"{conf.get('REDIS_PREFIX')}:authfail:{client_address(request)}"
 
 
-def _check_not_blocked(request: Request) -> None:
+def failure_wait(request: Any) -> int | None:
+    """Seconds until the client's address may fail again (over the limit), or None. Any request with
+    ``META`` (DRF's or Django's: the admin's sign-in counts against the same limit)."""
     r = get_redis()
     key = _failure_key(request)
     n = r.get(key)
     if n is not None and int(n) >= conf.get("AUTH_FAILURES_LIMIT"):
         metrics.REJECTIONS.labels(reason="auth_rate_limited").inc()
-        raise exceptions.Throttled(wait=max(1, r.ttl(key)), detail="too many failed authentications")
+        return max(1, int(r.ttl(key)))
+    return None
+
+
+def _check_not_blocked(request: Request) -> None:
+    wait = failure_wait(request)
+    if wait is not None:
+        raise exceptions.Throttled(wait=wait, detail="too many failed authentications")
+
+
+def record_failure(request: Any) -> None:
+    _record_failure(request)
 
 
 def _record_failure(request: Request) -> None:
@@ -64,8 +78,8 @@ class ApiKeyAuthentication(BaseAuthentication):
         auth = get_authorization_header(request).split()
         if not auth or auth[0].lower() != self.keyword:
             return None
-        _check_not_blocked(request)
         if len(auth) != 2:
+            _check_not_blocked(request)
             _record_failure(request)
             raise exceptions.AuthenticationFailed("Authorization must be 'Bearer <key>'")
         try:
@@ -75,6 +89,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         parts = split_key(raw)
         key = ApiKey.objects.select_related("user").filter(prefix=parts[0]).first() if parts else None
         if key is None or parts is None or not key.matches(parts[1]) or not key.active or not key.user.is_active:
+            _check_not_blocked(request)
             _record_failure(request)
             raise exceptions.AuthenticationFailed("invalid, expired or revoked API key")
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())

@@ -16,6 +16,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from onepiece_platform.jobs.consumers import refuse
+
 log = logging.getLogger(__name__)
 PERIOD_S = 1.0
 FORBIDDEN, UNAUTHENTICATED = 4403, 4401
@@ -51,10 +53,10 @@ class ClusterConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=UNAUTHENTICATED)
+            await refuse(self, UNAUTHENTICATED)
             return
         if not user.is_staff:
-            await self.close(code=FORBIDDEN)
+            await refuse(self, FORBIDDEN)
             return
         await self.accept()
         self._task = asyncio.create_task(self._push())

@@ -6,6 +6,9 @@ reconnect it gets the current state again, so nothing missed while away
 stays missed; REST (GET /api/v1/jobs/<uid>) remains the truth to resync from.
 A UID that is not the user's is refused exactly like one that does not
 exist (close code 4404), so a socket reveals nothing about other users' jobs.
+Refusals accept the handshake and then close with the code: a close before
+the accept becomes an HTTP 403 at the handshake, and browsers never see the
+code (the WebSocket API reports 1006 for every failed handshake).
 """
 
 from __future__ import annotations
@@ -28,16 +31,22 @@ def _own_job(user: Any, uid: str) -> dict[str, Any] | None:
     return job_payload(job) if job else None
 
 
+async def refuse(consumer: AsyncJsonWebsocketConsumer, code: int) -> None:
+    """Accept, then close with ``code``: the only way the code reaches a browser."""
+    await consumer.accept()
+    await consumer.close(code=code)
+
+
 class JobConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=UNAUTHENTICATED)
+            await refuse(self, UNAUTHENTICATED)
             return
         uid = self.scope["url_route"]["kwargs"]["uid"]
         job = await _own_job(user, uid)
         if job is None:
-            await self.close(code=NOT_FOUND)
+            await refuse(self, NOT_FOUND)
             return
         self.group = group_name(uid)
         await self.channel_layer.group_add(self.group, self.channel_name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -25,6 +26,10 @@ class ApiKeyListView(APIView):
 
     @extend_schema(operation_id="createApiKey", request=ApiKeySerializer, responses={201: NewApiKeySerializer, **native_errors(400, 403)})
     def post(self, request: Request) -> Response:
+        """Only from a signed-in session (dashboard, admin): a key that could mint keys would let a
+        stolen key outlive its own revocation through children that never expire."""
+        if isinstance(request.auth, ApiKey):
+            raise PermissionDenied("API keys are created from a signed-in session, not with another API key")
         s = ApiKeySerializer(data=request.data)
         s.is_valid(raise_exception=True)
         key, raw = ApiKey.issue(request.user, s.validated_data.get("name", ""), s.validated_data.get("expires_at"))
