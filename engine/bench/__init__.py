@@ -42,8 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--workflow", default="sd-t2i", choices=["sd-t2i"])
     e.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
     e.add_argument("--seconds", type=float, default=15.0, help="duration of the capacity and each load run")
-    e.add_argument("--poll-ms", type=float, default=2.0, help="pause before asking again when a status call fails (the wait itself is the Proxy's long poll)")
+    e.add_argument("--poll-ms", type=float, default=None, help=argparse.SUPPRESS)  # unused since the long poll
     e.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
+    e.add_argument("--hog", type=int, default=0, metavar="N",
+                   help="run N processes that each keep one core busy beside the engine for the whole run "
+                   "(after a quiet latency measurement, reported beside it)")
+    e.add_argument("--saturate", type=int, default=16, metavar="N",
+                   help="requests kept in flight to measure capacity (enough to keep every stage busy)")
+    e.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device of the one-call baselines")
     e.add_argument("--json", action="store_true", help="print JSON instead of text")
     res = sub.add_parser(
         "resources",

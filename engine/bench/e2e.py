@@ -1,40 +1,66 @@
 """``onepiece bench e2e``: the engine end to end against the one-call pipeline, and under open-loop load.
 
-Runs against a live engine (the ``proxy:`` line of ``onepiece up``) and, for the
-baseline, the one-call diffusers pipeline in this process on the same model
-folder (the ``state:`` line's ``models/<workflow>``), both warm:
+Runs against a live engine (the ``proxy:`` line of ``onepiece up``); the
+baselines run on the same cores in the same run, on the same model folder
+(the ``state:`` line's ``models/<workflow>``):
 
-1. latency: sequential requests through the Proxy (submit, poll status every
-   ``?wait=``, the Proxy's long poll), fetch the result) against the pipeline's own call; the
-   difference divided by the number of stage hops is the added cost per hop;
-2. capacity: requests in flight kept at the number of instances for a fixed
-   time, completions per second;
-3. open loop: Poisson arrivals at 0.5x, 1x, 2x and 10x that capacity for a fixed
-   time each: goodput, latency p50/p99 of completed requests, rejections and how
-   fast they were answered (p99), and whether every accepted request completed.
+1. latency: sequential requests through the Proxy (submit, wait with the
+   Proxy's long poll ``?wait=``, fetch the result) against the one-call
+   diffusers pipeline in this process at its best thread count (1..cores);
+   the difference divided by the number of stage hops is the cost per hop;
+2. monolith: the one-call pipeline run by K processes (each with cores/K
+   threads, K the best of 1..cores), requests completed per second: what a
+   monolithic deployment reaches on this machine;
+3. capacity: saturation, i.e. enough requests in flight (``--saturate``) to
+   keep every stage instance busy, completions per second; printed as a ratio
+   to the monolith (``staged_vs_monolith_capacity``);
+4. open loop: Poisson arrivals at 0.5x, 1x, 2x and 10x that capacity. Every
+   request is sent at its scheduled time whatever happened to earlier ones
+   (an asyncio client, no cap on requests in flight) and timed from that
+   time, so a slow engine cannot slow the offered load down (no coordinated
+   omission). Each row: offered, accepted, completed within its deadline,
+   completed late, expired, failed, refused, goodput and latencies.
+
+``--hog N`` runs N processes that each keep one core busy beside the engine
+for the whole run (after a quiet latency measurement, so the run reports both
+and their ratio): the neighbour a shared host has.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import multiprocessing as mp
+import os
 import random
 import statistics
-import threading
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 PARAMS = {"sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3,
                      "seed": 1}}
+TERMINAL = ("completed", "failed", "cancelled", "expired")
+LOADS = (0.5, 1.0, 2.0, 10.0)
+
+
+def auth_headers() -> dict[str, str]:
+    """Headers every call to the Proxy carries: its credential (``ONEPIECE_PROXY_TOKEN``)."""
+    from engine import envs
+    from engine.proxy.auth import auth_headers as bearer
+
+    return bearer(envs.PROXY_TOKEN)
 
 
 def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
           timeout: float = 60) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
+    headers = {**auth_headers(), **({"Content-Type": "application/json"} if data else {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw, status, ctype = r.read(), r.status, r.headers.get("Content-Type", "")
@@ -43,35 +69,35 @@ def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
     return status, json.loads(raw) if ctype.startswith("application/json") else raw
 
 
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(len(s) * q))]
+
+
 class Client:
-    def __init__(self, proxy: str, poll_s: float) -> None:
-        self.proxy, self.poll_s = proxy.rstrip("/"), poll_s
+    """Blocking client for the sequential latency figure."""
 
-    def submit(self, workflow: str, params: dict[str, Any], deadline_s: float | None = None
-               ) -> tuple[int, Any, float]:
-        body: dict[str, Any] = {"workflow": workflow, "params": params}
-        if deadline_s is not None:
-            body["deadline_s"] = deadline_s
-        t0 = time.perf_counter()
-        status, doc = _call(self.proxy + "/v1/requests", "POST", body)
-        return status, doc, time.perf_counter() - t0
+    def __init__(self, proxy: str) -> None:
+        self.proxy = proxy.rstrip("/")
 
-    def wait(self, uid: str, timeout: float = 300, poll_s: float | None = None) -> str:
-        """Wait for the end with the Proxy's long poll (``?wait=``): no client polling loop loading the host."""
+    def wait(self, uid: str, timeout: float = 300) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             left = min(30.0, max(0.0, deadline - time.monotonic()))
             status, doc = _call(f"{self.proxy}/v1/requests/{uid}?wait={left:.3f}", timeout=left + 30)
             state = doc.get("state") if isinstance(doc, dict) else None
-            if state in ("completed", "failed", "cancelled", "expired"):
+            if state in TERMINAL:
                 return state
             if status != 200:
-                time.sleep(self.poll_s if poll_s is None else poll_s)
+                time.sleep(0.05)
         return "timeout"
 
     def run_one(self, workflow: str, params: dict[str, Any]) -> tuple[str, float]:
         t0 = time.perf_counter()
-        status, doc, _ = self.submit(workflow, params)
+        status, doc = _call(f"{self.proxy}/v1/requests?workflow={workflow}", "POST",
+                            {"workflow": workflow, "params": params})
         if status != 202:
             return f"rejected {status}", time.perf_counter() - t0
         state = self.wait(doc["uid"])
@@ -80,127 +106,351 @@ class Client:
         return state, time.perf_counter() - t0
 
 
-def one_call_latency(workflow: str, model_dir: str, params: dict[str, Any], n: int) -> float:
-    """Median seconds of the diffusers one-call pipeline, warm, in this process."""
-    import torch
-    from diffusers import DiffusionPipeline
-
-    pipe = DiffusionPipeline.from_pretrained(model_dir)
-    pipe.set_progress_bar_config(disable=True)
-    p = {k: v for k, v in params.items() if k != "seed"}
-    times = []
-    for i in range(n + 1):
-        g = torch.Generator().manual_seed(params.get("seed", 0))
-        t0 = time.perf_counter()
-        pipe(generator=g, output_type="np", **p)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def open_loop(client: Client, workflow: str, params: dict[str, Any], rate: float, seconds: float,
-              seed: int, deadline_s: float) -> dict[str, Any]:
-    """Poisson arrivals; every request carries ``deadline_s``, so admission can refuse what
-    would not start in time. Status is polled every 50 ms here: a load generator that polls
-    hard on a small host steals the cores the workers need."""
-    rng = random.Random(seed)
-    results: list[tuple[str, float]] = []
-    rejects: list[float] = []
-    lock = threading.Lock()
-
-    def one() -> None:
-        t0 = time.perf_counter()
-        status, doc, took = client.submit(workflow, params, deadline_s)
-        if status != 202:
-            with lock:
-                rejects.append(took)
-            return
-        state = client.wait(doc["uid"], poll_s=0.05)
-        with lock:
-            results.append((state, time.perf_counter() - t0))
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=64) as pool:
-        t = 0.0
-        while t < seconds:
-            t += rng.expovariate(rate)
-            delay = start + t - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one)
-    elapsed = time.perf_counter() - start
-    done = [lat for state, lat in results if state == "completed"]
-    states: dict[str, int] = {}
-    for state, _ in results:
-        states[state] = states.get(state, 0) + 1
-    lat = sorted(done)
-    rj = sorted(rejects)
-    return {
-        "rate_rps": rate, "accepted": len(results), "completed": len(done),
-        "not_completed": len(results) - len(done), "accepted_states": states, "rejected": len(rejects),
-        "goodput_rps": len(done) / elapsed,
-        "latency_p50_s": statistics.median(lat) if lat else None,
-        "latency_p99_s": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
-        "reject_latency_p99_ms": rj[min(len(rj) - 1, int(len(rj) * 0.99))] * 1e3 if rj else None,
-    }
-
-
-def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, poll_ms: float,
-        deadline_s: float) -> dict[str, Any]:
-    from engine.workflow import get_workflow
-
-    params = PARAMS[workflow]
-    client = Client(proxy, poll_ms / 1000)
-    hops = len(get_workflow(workflow).route()) - 1
+def sequential(client: Client, workflow: str, params: dict[str, Any], n: int) -> list[float]:
     for _ in range(2):  # warm the workers
         client.run_one(workflow, params)
-    staged = []
+    out = []
     for _ in range(n):
         state, took = client.run_one(workflow, params)
         if state == "completed":
+            out.append(took)
+    return out
+
+
+# -- baselines: the one-call pipeline -------------------------------------------------------------------
+def _cores() -> int:
+    from engine.worker.threads import usable_cores
+
+    return usable_cores()
+
+
+def _load_pipeline(model_dir: str, device: str) -> Any:
+    import torch
+    from diffusers import DiffusionPipeline
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    pipe = DiffusionPipeline.from_pretrained(model_dir, torch_dtype=dtype).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _one_call(pipe: Any, params: dict[str, Any], device: str) -> None:
+    import torch
+
+    p = {k: v for k, v in params.items() if k != "seed"}
+    pipe(generator=torch.Generator(device="cpu").manual_seed(params.get("seed", 0)), output_type="np", **p)
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class OneCall:
+    """The warm one-call pipeline in this process, at its best intra-op thread count (1..cores)."""
+
+    def __init__(self, model_dir: str, params: dict[str, Any], device: str = "cpu", tries: int = 5) -> None:
+        import torch
+
+        self.params, self.device = params, device
+        self.pipe = _load_pipeline(model_dir, device)
+        self.by_threads: dict[int, float] = {}
+        for threads in range(1, _cores() + 1):
+            torch.set_num_threads(threads)
+            self.call()  # the first run of each setting warms up
+            self.by_threads[threads] = statistics.median(self.call() for _ in range(tries))
+        self.threads = min(self.by_threads, key=lambda t: self.by_threads[t])
+        torch.set_num_threads(self.threads)
+
+    def call(self) -> float:
+        t0 = time.perf_counter()
+        _one_call(self.pipe, self.params, self.device)
+        return time.perf_counter() - t0
+
+
+def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> tuple[list[float], list[float]]:
+    """(staged seconds, one-call seconds), the two run alternately so that both see the same host."""
+    for _ in range(2):  # warm the workers
+        client.run_one(workflow, one.params)
+    staged, base = [], []
+    for _ in range(n):
+        state, took = client.run_one(workflow, one.params)
+        if state == "completed":
             staged.append(took)
-    base = one_call_latency(workflow, model_dir, params, n)
-    med = statistics.median(staged)
-    # capacity: keep as many requests in flight as there are stages, for a while
-    done, t0 = 0, time.perf_counter()
-    with ThreadPoolExecutor(max_workers=hops + 1) as pool:
-        while time.perf_counter() - t0 < seconds:
-            done += sum(1 for s, _ in pool.map(lambda _: client.run_one(workflow, params), range(hops + 1))
-                        if s == "completed")
-    capacity = done / (time.perf_counter() - t0)
-    loads = [open_loop(client, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s)
-             for i, f in enumerate((0.5, 1.0, 2.0, 10.0))]
-    for f, r in zip((0.5, 1.0, 2.0, 10.0), loads, strict=True):
-        r["load_x_capacity"] = f
-        r["goodput_x_capacity"] = r["goodput_rps"] / capacity
+        base.append(one.call())
+    return staged, base
+
+
+def _monolith_worker(model_dir: str, params: dict[str, Any], threads: int, device: str, ready: Any, go: Any,
+                     window: tuple[float, float] | Any, out: Any) -> None:
+    """One monolithic replica: the whole pipeline per request, with its share of the cores."""
+    from engine.worker.threads import THREAD_VARS
+
+    for name in THREAD_VARS:  # before torch loads (spawned process: nothing is loaded yet)
+        os.environ[name] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    pipe = _load_pipeline(model_dir, device)
+    _one_call(pipe, params, device)  # warm-up
+    ready.put(os.getpid())
+    go.wait()
+    seconds = window.value
+    done, t_end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        _one_call(pipe, params, device)
+        done += 1
+    out.put(done)
+
+
+def monolith_capacity(model_dir: str, params: dict[str, Any], seconds: float, device: str = "cpu"
+                      ) -> tuple[float, int, dict[int, float]]:
+    """(requests/s, best K, requests/s per K): the one-call pipeline in K processes on the same cores."""
+    ctx = mp.get_context("spawn")
+    per_k: dict[int, float] = {}
+    cores = _cores()
+    for k in range(1, cores + 1):
+        ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+        window = ctx.Value("d", seconds)
+        procs = [ctx.Process(target=_monolith_worker, daemon=True,
+                             args=(model_dir, params, max(1, cores // k), device, ready, go, window, out))
+                 for _ in range(k)]
+        for p in procs:
+            p.start()
+        try:
+            for _ in procs:
+                ready.get(timeout=300)
+            t0 = time.perf_counter()
+            go.set()
+            done = sum(out.get(timeout=seconds + 300) for _ in procs)
+            # every replica stops at its first request ending past the window: count the time they took
+            per_k[k] = done / max(seconds, time.perf_counter() - t0)
+        finally:
+            for p in procs:
+                p.join(10)
+                if p.is_alive():
+                    p.kill()
+    best = max(per_k, key=lambda k: per_k[k])
+    return per_k[best], best, per_k
+
+
+# -- the engine under load: an asyncio client that sends on schedule ---------------------------------------
+class AsyncClient:
+    def __init__(self, proxy: str) -> None:
+        import aiohttp
+
+        self.proxy = proxy.rstrip("/")
+        # no connection cap: the offered load must not be limited by the client
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                             timeout=aiohttp.ClientTimeout(total=None), headers=auth_headers())
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def submit(self, workflow: str, params: dict[str, Any], deadline_s: float | None
+                     ) -> tuple[int, dict[str, Any]]:
+        body: dict[str, Any] = {"workflow": workflow, "params": params}
+        if deadline_s is not None:
+            body["deadline_s"] = deadline_s
+        # ?workflow= lets the Proxy refuse from its queue state before it reads the body
+        async with self.session.post(self.proxy + "/v1/requests", params={"workflow": workflow}, json=body) as r:
+            doc = await r.json(content_type=None)
+            return r.status, doc if isinstance(doc, dict) else {}
+
+    async def wait(self, uid: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = min(30.0, max(0.0, deadline - time.monotonic()))
+            try:
+                async with self.session.get(f"{self.proxy}/v1/requests/{uid}", params={"wait": f"{left:.3f}"}) as r:
+                    doc = await r.json(content_type=None)
+                    status = r.status
+            except Exception:  # a dropped connection: ask again
+                status, doc = 0, {}
+            state = doc.get("state") if isinstance(doc, dict) else None
+            if state in TERMINAL:
+                return state
+            if status != 200:
+                await asyncio.sleep(0.05)
+        return "timeout"
+
+
+async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight: int, seconds: float,
+                   max_windows: int = 5) -> tuple[float, list[float]]:
+    """(capacity, completions per second in each window) with ``in_flight`` requests kept in the engine: a
+    closed loop that never lets a stage run dry. The Node Manager reacts to the load (it moves instances
+    to the bottleneck, and a moved instance takes seconds to start), so windows of ``seconds`` follow one
+    another until one is no better than 5% above the best before it (at most ``max_windows``); the
+    capacity is the best window. The pipeline fills for min(3 s, seconds/4) before the first window."""
+    client = AsyncClient(proxy)
+    windows: list[float] = []
+    t0 = time.perf_counter() + min(3.0, seconds / 4)
+    finished: list[float] = []
+    stop = False
+
+    async def loop() -> None:
+        while not stop:
+            status, doc = await client.submit(workflow, params, None)
+            if status != 202:
+                await asyncio.sleep(0.05)
+                continue
+            if await client.wait(doc["uid"], 300) == "completed":
+                finished.append(time.perf_counter())
+
+    async def judge() -> None:
+        nonlocal stop
+        await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+        while len(windows) < max_windows:
+            start = time.perf_counter()
+            await asyncio.sleep(seconds)
+            end = time.perf_counter()
+            windows.append(sum(1 for t in finished if start <= t < end) / (end - start))
+            if len(windows) >= 2 and windows[-1] <= 1.05 * max(windows[:-1]):
+                break
+        stop = True
+
+    try:
+        await asyncio.gather(judge(), *(loop() for _ in range(in_flight)))
+    finally:
+        await client.close()
+    return max(windows), windows
+
+
+async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: float, seconds: float, seed: int,
+                    deadline_s: float) -> dict[str, Any]:
+    """Poisson arrivals at ``rate`` for ``seconds``; every request carries ``deadline_s`` and is timed from
+    its scheduled send. Waits (bounded) until every accepted request has ended."""
+    rng = random.Random(seed)
+    client = AsyncClient(proxy)
+    outcomes: list[tuple[str, float]] = []  # (state or "refused"/"error N", seconds since scheduled)
+    lag: list[float] = []  # how late the client sent (its own scheduling delay), for the record
+    start = time.perf_counter() + 0.05
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(at: float) -> None:
+        lag.append(time.perf_counter() - at)
+        try:
+            status, doc = await client.submit(workflow, params, deadline_s)
+        except Exception as exc:
+            outcomes.append((f"error {type(exc).__name__}", time.perf_counter() - at))
+            return
+        if status != 202:
+            outcomes.append(("refused" if status == 503 else f"error {status}", time.perf_counter() - at))
+            return
+        state = await client.wait(doc["uid"], deadline_s + 60)
+        outcomes.append((state, time.perf_counter() - at))
+
+    try:
+        t = 0.0
+        while True:
+            t += rng.expovariate(rate)
+            if t >= seconds:
+                break
+            delay = start + t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(start + t)))
+        await asyncio.gather(*tasks)
+    finally:
+        await client.close()
+    completed = [s for st, s in outcomes if st == "completed"]
+    in_deadline = [s for s in completed if s <= deadline_s]
+    refused = [s for st, s in outcomes if st == "refused"]
+    states: dict[str, int] = {}
+    for st, _ in outcomes:
+        states[st] = states.get(st, 0) + 1
+    accepted = len(outcomes) - len(refused) - sum(n for st, n in states.items() if st.startswith("error"))
     return {
-        "workflow": workflow, "params": params, "stage_hops": hops,
-        "staged_latency_p50_s": med, "one_call_latency_p50_s": base,
-        "staged_vs_one_call": med / base, "added_per_hop_ms": (med - base) / hops * 1e3,
-        "poll_interval_ms": poll_ms, "capacity_rps": capacity, "deadline_s": deadline_s, "open_loop": loads,
+        "rate_rps": rate, "offered": len(tasks), "accepted": accepted,
+        "completed": len(completed), "completed_in_deadline": len(in_deadline),
+        "completed_late": len(completed) - len(in_deadline), "expired": states.get("expired", 0),
+        "failed": states.get("failed", 0), "not_finished": states.get("timeout", 0),
+        "refused": len(refused), "errors": {st: n for st, n in states.items() if st.startswith("error")},
+        "goodput_rps": len(in_deadline) / seconds,
+        "latency_p50_s": _pct(completed, 0.5), "latency_p99_s": _pct(completed, 0.99),
+        "reject_latency_p50_ms": (_pct(refused, 0.5) or 0) * 1e3 if refused else None,
+        "reject_latency_p99_ms": (_pct(refused, 0.99) or 0) * 1e3 if refused else None,
+        "client_send_lag_p99_ms": (_pct(lag, 0.99) or 0) * 1e3,
     }
 
 
+@contextmanager
+def hogs(n: int) -> Any:
+    """``n`` processes that each keep one core busy until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+             for _ in range(n)]
+    try:
+        time.sleep(0.5 if n else 0)
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadline_s: float, hog: int = 0,
+        saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS) -> dict[str, Any]:
+    from engine.workflow import get_workflow
+
+    params = PARAMS[workflow]
+    client = Client(proxy)
+    hops = len(get_workflow(workflow).route()) - 1
+    out: dict[str, Any] = {"workflow": workflow, "params": params, "stage_hops": hops, "hog": hog,
+                           "cores": _cores(), "deadline_s": deadline_s}
+    if hog:
+        quiet = sequential(client, workflow, params, n)
+        out["staged_latency_p50_quiet_s"] = statistics.median(quiet)
+    with hogs(hog):
+        one = OneCall(model_dir, params, device)
+        staged, one_call = side_by_side(client, one, workflow, n)
+        med, base = statistics.median(staged), statistics.median(one_call)
+        out.update(staged_latency_p50_s=med, staged_latency_p99_s=_pct(staged, 0.99),
+                   one_call_latency_p50_s=base, one_call_threads=one.threads,
+                   one_call_p50_by_threads={str(k): v for k, v in one.by_threads.items()},
+                   staged_vs_one_call=med / base, added_per_hop_ms=(med - base) / hops * 1e3)
+        del one
+        if hog:
+            out["hog_vs_quiet_p50"] = med / out["staged_latency_p50_quiet_s"]
+        mono, k, per_k = monolith_capacity(model_dir, params, seconds, device)
+        capacity, windows = asyncio.run(saturate(proxy, workflow, params, saturate_in_flight, seconds))
+        out.update(capacity_windows_rps=windows, monolith_capacity_rps=mono, monolith_processes=k,
+                   monolith_rps_by_processes={str(kk): v for kk, v in per_k.items()},
+                   capacity_rps=capacity, saturate_in_flight=saturate_in_flight,
+                   staged_vs_monolith_capacity=capacity / mono)
+        rows = []
+        for i, f in enumerate(loads):
+            r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s))
+            r["load_x_capacity"] = f
+            r["goodput_x_capacity"] = r["goodput_rps"] / capacity
+            rows.append(r)
+        out["open_loop"] = rows
+    return out
+
+
 def main(args: Any) -> int:
-    result = run(args.proxy, args.model_dir, args.workflow, args.requests, args.seconds, args.poll_ms,
-                 args.deadline_s)
+    result = run(args.proxy, args.model_dir, args.workflow, args.requests, args.seconds, args.deadline_s,
+                 hog=args.hog, saturate_in_flight=args.saturate, device=args.device)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{result['workflow']}: staged p50 {result['staged_latency_p50_s'] * 1e3:.1f} ms vs one-call "
-          f"{result['one_call_latency_p50_s'] * 1e3:.1f} ms = {result['staged_vs_one_call']:.2f}x; "
-          f"{result['added_per_hop_ms']:.1f} ms added per stage hop ({result['stage_hops']} hops; waited with "
-          f"the Proxy's long poll)")
-    print(f"capacity: {result['capacity_rps']:.2f} requests/s; open-loop requests carry a "
-          f"{result['deadline_s']:.0f} s deadline")
-    print(f"{'load':>6} {'offered':>8} {'accepted':>8} {'done':>6} {'rejected':>8} {'goodput':>8} "
-          f"{'x cap':>6} {'p50 s':>7} {'p99 s':>7} {'reject p99 ms':>13}")
-    for r in result["open_loop"]:
-        def f(v: float | None, fmt: str) -> str:
-            return format(v, fmt) if v is not None else "-"
+    r = result
+    hog = f", {r['hog']} core hog(s) running" if r["hog"] else ""
+    print(f"{r['workflow']} on {r['cores']} cores{hog}: staged p50 {r['staged_latency_p50_s'] * 1e3:.1f} ms vs "
+          f"one-call {r['one_call_latency_p50_s'] * 1e3:.1f} ms ({r['one_call_threads']} threads, its best) = "
+          f"{r['staged_vs_one_call']:.2f}x; {r['added_per_hop_ms']:.1f} ms added per stage hop ({r['stage_hops']} hops)")
+    if r["hog"]:
+        print(f"isolation: staged p50 quiet {r['staged_latency_p50_quiet_s'] * 1e3:.1f} ms, with the hog(s) "
+              f"{r['staged_latency_p50_s'] * 1e3:.1f} ms = {r['hog_vs_quiet_p50']:.2f}x")
+    print(f"capacity: {r['capacity_rps']:.2f} requests/s at saturation ({r['saturate_in_flight']} in flight) vs "
+          f"monolith {r['monolith_capacity_rps']:.2f} requests/s ({r['monolith_processes']} process(es)) = "
+          f"{r['staged_vs_monolith_capacity']:.2f}x; open-loop requests carry a {r['deadline_s']:.0f} s deadline")
+    print(f"{'load':>6} {'offered':>8} {'accepted':>8} {'in dl':>6} {'late':>5} {'expired':>7} {'refused':>7} "
+          f"{'goodput':>8} {'x cap':>6} {'p50 s':>7} {'p99 s':>7} {'refuse p99 ms':>13}")
 
-        print(f"{r['load_x_capacity']:>5}x {r['rate_rps']:8.2f} {r['accepted']:8d} {r['completed']:6d} "
-              f"{r['rejected']:8d} {r['goodput_rps']:8.2f} {r['goodput_x_capacity']:6.2f} "
-              f"{f(r['latency_p50_s'], '7.2f')} {f(r['latency_p99_s'], '7.2f')} "
-              f"{f(r['reject_latency_p99_ms'], '13.1f')}")
+    def f(v: float | None, fmt: str) -> str:
+        return format(v, fmt) if v is not None else "-"
+
+    for row in r["open_loop"]:
+        print(f"{row['load_x_capacity']:>5}x {row['offered']:8d} {row['accepted']:8d} "
+              f"{row['completed_in_deadline']:6d} {row['completed_late']:5d} {row['expired']:7d} "
+              f"{row['refused']:7d} {row['goodput_rps']:8.2f} {row['goodput_x_capacity']:6.2f} "
+              f"{f(row['latency_p50_s'], '7.2f')} {f(row['latency_p99_s'], '7.2f')} "
+              f"{f(row['reject_latency_p99_ms'], '13.1f')}")
     return 0
