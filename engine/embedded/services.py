@@ -96,7 +96,8 @@ class _ChildService:
 class RedisServer(_ChildService):
     """A redis-server child with no persistence (results are transient by design).
 
-    It always has a password (``password``, else a random one per start) and protected mode on: anyone
+    It always has a password (``password``, else the one an earlier server used in the same folder, else a
+    random one) and protected mode on: anyone
     else on the host, or on the network when it binds beyond loopback, gets nothing without it. The
     password is in :attr:`url` (``redis://:password@host:port/0``), which is what every client is given.
     It reaches redis-server through its config on stdin, never its command line (``ps`` shows that).
@@ -109,7 +110,17 @@ class RedisServer(_ChildService):
                  password: str | None = None):
         super().__init__(binary, data_dir, host)
         self.port = port or free_port(host)
-        self.password = password or secrets.token_urlsafe(24)
+        self.password = password or self._previous_password() or secrets.token_urlsafe(24)
+
+    def _previous_password(self) -> str | None:
+        """The password of an earlier server in the same folder: a restart keeps its clients' URLs valid."""
+        try:
+            line = (self.data_dir / "redis.conf").read_text().strip()
+        except OSError:
+            return None
+        if line.startswith('requirepass "') and line.endswith('"'):
+            return line[len('requirepass "'):-1] or None
+        return None
 
     @property
     def url(self) -> str:
