@@ -29,7 +29,7 @@ def test_an_undecodable_message_fails_its_job_with_the_reason(redis_server: Any,
     st = store.status(uid)
     assert st is not None and st.state == keys.FAILED, st
     assert "could not decode" in st.detail and "priority" in st.detail and st.stage == "image_encode"
-    assert store.inflight("sd-t2i") == (0, 0.0)  # its admission place is free again
+    assert store.r.zscore(keys.inflight_key("sd-t2i"), uid) is None  # its admission place is free again
     assert consumer.recv(timeout=0.05) is None  # released
     producer.send(b"OPWM garbage without a uid")  # nothing to name: dropped, the worker carries on
     d = consumer.recv(timeout=5)
