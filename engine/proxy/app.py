@@ -37,6 +37,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.proxy import auth, intake
+from engine.proxy.drain import DrainMeter
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Submission
 from engine.proxy.monitor import Load, RequestMonitor
@@ -58,6 +59,8 @@ INJECTOR = web.AppKey("injector", Injector)
 MONITOR = web.AppKey("monitor", RequestMonitor)
 ROUTES = web.AppKey("routes", RouteTable)
 ACCEPTED = web.AppKey("accepted", dict)  # workflow -> requests accepted since start
+DRAIN = web.AppKey("drain", DrainMeter)  # what the engine finishes per second (sampled in the background)
+DRAIN_SAMPLE_S = 0.25  # how often the drain meter samples the store's counters
 
 
 @dataclass
@@ -81,20 +84,63 @@ def _error(status: int, message: str, field: str = "", headers: dict[str, str] |
     return web.json_response(body, status=status, headers=headers)
 
 
-def _busy(reason: str, retry_after: int) -> web.Response:
-    # Connection: close: a refused body is not read (nor drained to keep the connection alive)
-    return _error(503, reason, headers={"Retry-After": str(max(1, retry_after)), "Connection": "close"})
+KEEP_ALIVE_BODY = 64 << 10  # a refused body at most this large is drained to keep the connection alive
+
+
+def _busy(reason: str, retry_after: int, request: web.Request | None = None) -> web.Response:
+    """503 with Retry-After. A refused body is not read: a large or undeclared one closes the connection
+    (never drained), while a small declared one keeps it alive, so a client retrying on its
+    connection does not pay a new handshake for every refusal."""
+    headers = {"Retry-After": str(max(1, retry_after))}
+    length = request.content_length if request is not None else None
+    if length is None or length > KEEP_ALIVE_BODY:
+        headers["Connection"] = "close"
+    return _error(503, reason, headers=headers)
+
+
+def _instances(routes: RouteTable, name: str) -> tuple[int, int]:
+    """(published instances across the workflow's stages, of its first stage), from the route cache."""
+    stage_routes = [routes.candidates(name, s) for s in get_workflow(name).route()]
+    return sum(len(r) for r in stage_routes), len(stage_routes[0])
+
+
+def _load(app: web.Application, name: str, inflight: int, inflight_cost: float) -> Load:
+    routes = app[ROUTES]
+    instances, entry = _instances(routes, name)
+    return Load(inflight, inflight_cost, instances, entry, routes.capacity(name),
+                app[DRAIN].rate(name, time.monotonic()), routes.base_latency(name))
 
 
 def _loads(app: web.Application, names: list[str]) -> dict[str, Load]:
     """What the Request Monitor needs about each workflow (blocking: route cache and one Redis read each)."""
-    store, routes, out = app[STORE], app[ROUTES], {}
+    return {name: _load(app, name, *app[STORE].inflight(name)) for name in names}
+
+
+def _cached_loads(app: web.Application, names: list[str]) -> dict[str, Load] | None:
+    """The same from the drain meter's last sample (at most a second old), without any I/O: what a
+    refusal is decided on, so that refusing costs the event loop microseconds. None when stale."""
+    meter, now, out = app[DRAIN], time.monotonic(), {}
     for name in names:
-        stage_routes = [routes.candidates(name, s) for s in get_workflow(name).route()]
-        inflight, inflight_cost = store.inflight(name)
-        out[name] = Load(inflight, inflight_cost, sum(len(r) for r in stage_routes), len(stage_routes[0]),
-                         routes.capacity(name))
+        last = meter.latest.get(name)
+        if last is None or now - last.t > 4 * DRAIN_SAMPLE_S:
+            return None
+        out[name] = _load(app, name, last.inflight, 0.0)
     return out
+
+
+async def _sample_drain(app: web.Application) -> None:
+    """Feed the drain meter: every workflow's in-flight and finished counts, a few times a second."""
+    store, routes, meter = app[STORE], app[ROUTES], app[DRAIN]
+    names = sorted(workflows())
+    while True:
+        try:
+            counts = await asyncio.to_thread(store.drain_sample, names)
+            now = time.monotonic()
+            for name, (inflight, finished) in counts.items():
+                meter.record(name, now, inflight, finished, _instances(routes, name)[0])
+        except Exception as exc:  # Redis unreachable: decisions fall back to reading the store
+            log.warning("drain sample failed: %s", exc)
+        await asyncio.sleep(DRAIN_SAMPLE_S)
 
 
 async def _pre_admit(request: web.Request) -> web.Response | None:
@@ -108,10 +154,12 @@ async def _pre_admit(request: web.Request) -> web.Response | None:
                       headers={"Connection": "close"})
     hint = request.query.get("workflow")
     names = [hint] if hint in workflows() else sorted(workflows())
-    try:
-        loads = await asyncio.to_thread(_loads, app, names)
-    except Exception as exc:  # Redis unreachable: an overload answer, never a 500
-        return _busy(f"the result store is unavailable: {exc}", 5)
+    loads = _cached_loads(app, names)
+    if loads is None:
+        try:
+            loads = await asyncio.to_thread(_loads, app, names)
+        except Exception as exc:  # Redis unreachable: an overload answer, never a 500
+            return _busy(f"the result store is unavailable: {exc}", 5)
     now, refusals = time.time(), []
     for name in names:
         decision = app[MONITOR].decide(loads[name], 0.0, now, None)
@@ -119,7 +167,7 @@ async def _pre_admit(request: web.Request) -> web.Response | None:
             return None
         refusals.append(decision)
     first = min(refusals, key=lambda d: d.retry_after)
-    return _busy(first.reason, first.retry_after)
+    return _busy(first.reason, first.retry_after, request)
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -199,6 +247,7 @@ async def _admit(request: web.Request, sub: Submission, uid: str, message: bytes
             return _error(409, "a request with this uid was already accepted", "uid")  # claimed meanwhile
     except Exception as exc:  # Redis unreachable: an overload answer, never a 500
         return _busy(f"the result store is unavailable: {exc}", 5)
+    app[DRAIN].note_accepted(spec.name)  # in flight in the store from now on
     try:
         target = await app[INJECTOR].inject(spec.name, route[0], message, spec.estimate_cost(params).get(route[0], 0.0))
         await asyncio.to_thread(store.located, uid, target.node, target.instance)
@@ -355,7 +404,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     choice of Proxy."""
     limits = limits or Limits()
     app = web.Application(client_max_size=limits.max_body, middlewares=[auth.middleware(token)])
-    app[ACCEPTED], app[LIMITS] = {}, limits
+    app[ACCEPTED], app[LIMITS], app[DRAIN] = {}, limits, DrainMeter()
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
     app.router.add_post("/v1/requests", submit)
@@ -367,7 +416,8 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
 
     async def _background(app: web.Application) -> Any:
         tasks = [asyncio.create_task(_poll_producers(app)),
-                 asyncio.create_task(_sweep_orphans(sweeper, sweep_interval))]
+                 asyncio.create_task(_sweep_orphans(sweeper, sweep_interval)),
+                 asyncio.create_task(_sample_drain(app))]
         if registration is not None:
             tasks.append(asyncio.create_task(_register(app, *registration)))
         yield

@@ -3,12 +3,17 @@
 Pure arithmetic over a snapshot (what is in flight, how many instances serve
 the workflow), so it is decided at once and unit-tested without services.
 
-Model: each instance serves about one predicted GPU-second per second (the
-cost model's unit), so work already accepted for a workflow drains in
-``inflight_cost / instances`` seconds; a new request can start roughly then.
-The cost model's coefficients are priors for the reference GPU (see the
-workflow specs); on other hardware the prediction is proportionally off, which
-the deployment corrects by refitting the coefficients, not here.
+Model: the accepted work drains at a rate, in order of preference: what the
+engine was measured to finish while saturated (:mod:`engine.proxy.drain`: the
+truth on a shared host, and right after instances moved), the capacity the
+Node Manager computes from stage times (Theorem 1), or, before either exists,
+one predicted GPU-second per instance per second (the cost model's prior for
+the reference GPU). A new request starts after the ``inflight`` requests ahead
+of it have drained (``predicted_wait``), and by Little's law on a saturated
+pipeline it finishes ``(inflight + 1) / rate`` after it arrives, never sooner
+than the pipeline's unloaded latency (``predicted_finish``). A request with a
+deadline is refused unless that finish, with a safety ``margin``, falls before
+it: admission never accepts what it cannot finish in time.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class Load:
     instances: int  # published instances across the workflow's stages
     entry_instances: int  # published instances of the first stage
     capacity_rps: float | None = None  # requests/s the Node Manager measured the workflow sustains
+    drain_rps: float | None = None  # requests/s the engine was seen to finish while saturated (drain.py)
+    base_latency_s: float = 0.0  # the pipeline's unloaded latency (sum of its measured stage times)
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,7 @@ class Decision:
     reason: str = ""
     retry_after: int = 0  # whole seconds, for the Retry-After header
     predicted_wait_s: float = 0.0
+    predicted_finish_s: float = 0.0
 
 
 class RequestMonitor:
@@ -43,21 +51,38 @@ class RequestMonitor:
     positive ``retry_after``.
     """
 
-    def __init__(self, max_queue: int, dispatch_s: float = 0.01) -> None:
+    def __init__(self, max_queue: int, dispatch_s: float = 0.01, margin: float = 1.2) -> None:
         """``dispatch_s``: time from intake to the first stage starting on an idle instance
-        (ring hand-off plus decode and store checks); no request starts sooner."""
+        (ring hand-off plus decode and store checks); no request starts sooner. ``margin``: the
+        predicted finish is stretched by this factor before it is compared with a deadline (the
+        rate is measured, and measurements vary)."""
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        if margin < 1:
+            raise ValueError(f"margin must be >= 1, got {margin}")
         self.max_queue = max_queue
         self.dispatch_s = dispatch_s
+        self.margin = margin
+
+    @staticmethod
+    def rate(load: Load) -> float | None:
+        """Requests/s the accepted work drains at: measured, else the Node Manager's, else None."""
+        return load.drain_rps or load.capacity_rps or None
 
     def predicted_wait(self, load: Load) -> float:
-        """Seconds until a new request can start: the accepted work ahead of it, drained at the
-        measured capacity when the Node Manager publishes one, else at one GPU-second per
-        instance per second (the cost model's prior)."""
-        if load.capacity_rps:
-            return self.dispatch_s + load.inflight / load.capacity_rps
+        """Seconds until a new request can start: the accepted work ahead of it, drained at
+        :meth:`rate`, else at one GPU-second per instance per second (the cost model's prior)."""
+        rate = self.rate(load)
+        if rate:
+            return self.dispatch_s + load.inflight / rate
         return self.dispatch_s + load.inflight_cost / max(1, load.instances)
+
+    def predicted_finish(self, load: Load, cost: float) -> float:
+        """Seconds until a new request is done (see the module docstring)."""
+        rate = self.rate(load)
+        if rate:
+            return self.dispatch_s + max(load.base_latency_s, (load.inflight + 1) / rate)
+        return self.predicted_wait(load) + max(load.base_latency_s, cost / max(1, load.entry_instances))
 
     def decide(self, load: Load, cost: float, now: float, deadline: float | None) -> Decision:
         wait = self.predicted_wait(load)
@@ -66,6 +91,11 @@ class RequestMonitor:
             return Decision(False, "no instance serves this workflow yet", retry, wait)
         if load.inflight >= self.max_queue:
             return Decision(False, f"queue full ({load.inflight} requests in flight)", retry, wait)
+        finish = self.predicted_finish(load, cost)
         if deadline is not None and now + wait >= deadline:
-            return Decision(False, f"cannot start within the deadline (predicted wait {wait:.1f}s)", retry, wait)
-        return Decision(True, predicted_wait_s=wait)
+            return Decision(False, f"cannot start within the deadline (predicted wait {wait:.1f}s)", retry, wait,
+                            finish)
+        if deadline is not None and now + self.margin * finish > deadline:
+            return Decision(False, f"cannot finish within the deadline (predicted {finish:.1f}s to finish, "
+                                   f"{deadline - now:.1f}s left)", retry, wait, finish)
+        return Decision(True, predicted_wait_s=wait, predicted_finish_s=finish)

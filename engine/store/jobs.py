@@ -59,6 +59,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'stage', ARGV[3], 'progress', ARGV
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[5])
+redis.call('INCR', KEYS[6])
 local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
            'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
@@ -167,6 +168,16 @@ class JobStore:
         pipe.execute()
         return True
 
+    def drain_sample(self, workflows: list[str]) -> dict[str, tuple[int, int]]:
+        """workflow -> (jobs in flight, jobs finished since the store began): one round trip, for the
+        Proxy's :class:`engine.proxy.drain.DrainMeter`."""
+        pipe = self.r.pipeline(transaction=False)
+        for wf in workflows:
+            pipe.zcard(keys.inflight_key(wf))
+            pipe.get(keys.finished_key(wf))
+        out = pipe.execute()
+        return {wf: (int(out[2 * i] or 0), int(out[2 * i + 1] or 0)) for i, wf in enumerate(workflows)}
+
     def inflight(self, workflow: str) -> tuple[int, float]:
         """(jobs, predicted GPU-seconds) accepted for ``workflow`` and not yet finished."""
         entries = self.r.zrange(keys.inflight_key(workflow), 0, -1, withscores=True)
@@ -218,7 +229,8 @@ class JobStore:
         progress = 100 if state == keys.COMPLETED else int(self._field(uid, "progress") or 0)
         args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen,
                            bytes(result) if result is not None else b""]
-        ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow), keys.result_key(uid), keys.input_key(uid)]
+        ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow), keys.result_key(uid), keys.input_key(uid),
+              keys.finished_key(workflow)]
         return bool(self._finish(keys=ks, args=args))
 
     # -- where jobs are, and jobs whose node was lost -----------------------------------------------

@@ -55,6 +55,12 @@ def done_key(uid: str, stage: str) -> str:
     return f"{PREFIX}:done:{uid}:{stage}"
 
 
+def finished_key(workflow: str) -> str:
+    """Counter of the workflow's jobs that reached a terminal state (every Proxy's admission reads how
+    fast it grows: the rate at which the engine really drains its queue)."""
+    return f"{PREFIX}:finished:{workflow}"
+
+
 def inflight_key(workflow: str) -> str:
     """Sorted set uid -> predicted GPU-seconds of the workflow's accepted, unfinished jobs."""
     return f"{PREFIX}:inflight:{workflow}"

@@ -126,6 +126,7 @@ class RouteTable:
         self._routes: dict[tuple[str, str], list[Route]] = {}
         self._capacity: dict[str, float] = {}
         self._modes: dict[str, str] = {}
+        self._latency: dict[str, float] = {}  # workflow -> sum of the stage times the Node Manager used
         self._fetched = -1e18
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -176,12 +177,14 @@ class RouteTable:
             rs.sort(key=lambda r: r.instance)
         capacity: dict[str, float] = {}
         modes: dict[str, str] = {}
+        latency: dict[str, float] = {}
         for value, meta in self.client.get_prefix(capacity_prefix()):
             key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
             try:
                 body = json.loads(value)
                 capacity[key[len(capacity_prefix()):]] = float(body["rps"])
                 modes[key[len(capacity_prefix()):]] = str(body.get("mode", "individual"))
+                latency[key[len(capacity_prefix()):]] = float(sum(dict(body.get("service_s") or {}).values()))
             except (ValueError, KeyError, TypeError):
                 continue
         if self.workflow_set is not None:  # a set's own capacity, where the Node Manager published one
@@ -196,6 +199,7 @@ class RouteTable:
             self._routes = found
             self._capacity = capacity
             self._modes = modes
+            self._latency = latency
             self._fetched = self.clock()
 
     def mode(self, workflow: str) -> str:
@@ -208,6 +212,12 @@ class RouteTable:
         """Requests/s the Node Manager measured ``workflow`` sustains now, if it published one."""
         with self._lock:
             return self._capacity.get(workflow)
+
+    def base_latency(self, workflow: str) -> float:
+        """Seconds ``workflow`` takes through an idle pipeline: the sum of the stage times the Node
+        Manager published with its capacity (0 when it published none)."""
+        with self._lock:
+            return self._latency.get(workflow, 0.0)
 
     def candidates(self, workflow: str, stage: str, *, fresh: bool = False) -> list[Route]:
         """The published instances of ``stage`` (possibly empty), sorted by instance id."""

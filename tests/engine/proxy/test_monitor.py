@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from engine.proxy.drain import DrainMeter
 from engine.proxy.monitor import Load, RequestMonitor
 from tests.conftest import REPO_ROOT
 
@@ -21,11 +22,15 @@ def test_rejects_a_full_queue_with_retry_after() -> None:
     assert not d.admit and "queue full" in d.reason and d.retry_after == 5
 
 
-def test_rejects_what_cannot_start_before_its_deadline() -> None:
+def test_rejects_what_cannot_start_or_finish_before_its_deadline() -> None:
     m = RequestMonitor(100, dispatch_s=0.5)
     load = Load(3, 30.0, 3, 1)  # 10 s of work ahead per instance
-    assert not m.decide(load, 1.0, now=0.0, deadline=10.4).admit
-    assert m.decide(load, 1.0, now=0.0, deadline=10.6).admit
+    d = m.decide(load, 1.0, now=0.0, deadline=10.4)
+    assert not d.admit and "cannot start" in d.reason
+    # it could start at 10.5 s, but its own second of work ends at 11.5 s (x1.2 margin: 13.8 s)
+    d = m.decide(load, 1.0, now=0.0, deadline=10.6)
+    assert not d.admit and "cannot finish" in d.reason and d.predicted_finish_s == pytest.approx(11.5)
+    assert m.decide(load, 1.0, now=0.0, deadline=13.9).admit
     # even an idle workflow cannot start a request sooner than the hand-off takes
     assert not m.decide(Load(0, 0.0, 3, 1), 1.0, now=0.0, deadline=0.4).admit
 
@@ -55,3 +60,40 @@ def test_measured_capacity_from_the_node_manager_drives_the_prediction() -> None
     assert m.predicted_wait(measured) == pytest.approx(20.0)  # 10 requests at 0.5 req/s
     assert not m.decide(measured, 1.0, now=0.0, deadline=15.0).admit
     assert m.decide(prior, 1.0, now=0.0, deadline=15.0).admit
+
+
+def test_the_measured_drain_rate_wins_over_the_node_managers_capacity() -> None:
+    """On a shared host Theorem 1 over stage times overestimates (the stages share cores): 20 req/s
+    published, 5 req/s seen leaving the engine while it was saturated. With 40 in flight and a 10 s
+    deadline, trusting the published figure would accept a request that finishes after 8.2 s; with the
+    1.2 margin (9.84 s) it is accepted against 10 s and refused against 9.5 s."""
+    m = RequestMonitor(max_queue=64, dispatch_s=0.0)
+    published = Load(40, 40.0, 3, 1, capacity_rps=20.0, base_latency_s=0.1)
+    measured = Load(40, 40.0, 3, 1, capacity_rps=20.0, drain_rps=5.0, base_latency_s=0.1)
+    assert m.decide(published, 1.0, now=0.0, deadline=9.5).admit  # 41 / 20 = 2.05 s
+    assert m.decide(measured, 1.0, now=0.0, deadline=10.0).admit
+    d = m.decide(measured, 1.0, now=0.0, deadline=9.5)
+    assert not d.admit and d.predicted_finish_s == pytest.approx(41 / 5.0) and d.retry_after == 8
+    # an idle pipeline still takes its unloaded latency: a deadline shorter than that is refused
+    idle = Load(0, 0.0, 3, 1, capacity_rps=20.0, drain_rps=5.0, base_latency_s=2.0)
+    assert not m.decide(idle, 1.0, now=0.0, deadline=2.2).admit
+    assert m.decide(idle, 1.0, now=0.0, deadline=2.5).admit
+
+
+def test_drain_meter_reports_a_rate_only_while_saturated() -> None:
+    meter = DrainMeter(window_s=5.0, min_finished=8, keep_s=30.0)
+    # 2 requests in flight, 3 instances: the engine is not saturated; its rate measures the arrivals
+    for i in range(41):
+        meter.record("wf", i * 0.25, inflight=2, finished=i, instances=3)
+    assert meter.rate("wf", 10.0) is None
+    # a backlog of 20 for 6 s while 4 jobs per second leave: that is the engine's capacity
+    for i in range(25):
+        meter.record("wf", 10.0 + i * 0.25, inflight=20, finished=40 + i, instances=3)
+    assert meter.rate("wf", 16.0) == pytest.approx(4.0)
+    # remembered for keep_s after the backlog is gone, then forgotten
+    meter.record("wf", 17.0, inflight=0, finished=70, instances=3)
+    assert meter.rate("wf", 40.0) == pytest.approx(4.0)
+    assert meter.rate("wf", 47.0) is None
+    # a counter that went backwards (Redis lost and restarted): start afresh
+    meter.record("wf", 48.0, inflight=20, finished=0, instances=3)
+    assert meter.rate("wf", 48.0) is None

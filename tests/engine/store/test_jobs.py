@@ -132,3 +132,15 @@ def test_a_job_lost_with_its_node_is_started_again_then_given_up(store: JobStore
     assert "gave up after 1 attempts" in st.detail
     assert not store.r.exists(keys.input_key(uid))  # the kept request goes with the job's end
     assert uid not in [o.uid for o in store.orphans([wf], set())]
+
+
+def test_drain_sample_counts_each_terminal_transition_once(store: JobStore) -> None:
+    """The Proxy's drain meter reads how many jobs finished: a job finished twice (a redelivery) counts once."""
+    uids = [_uid() for _ in range(3)]
+    for uid in uids:
+        store.accept(uid, "sd-t2i", 1.0)
+    assert store.drain_sample(["sd-t2i", "wan2.1-i2v"]) == {"sd-t2i": (3, 0), "wan2.1-i2v": (0, 0)}
+    store.finish(uids[0], "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
+    store.finish(uids[0], "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
+    store.finish(uids[1], "sd-t2i", keys.EXPIRED, "denoise")
+    assert store.drain_sample(["sd-t2i"]) == {"sd-t2i": (1, 2)}
