@@ -109,3 +109,104 @@ def test_reconcile_command_once(alice, store) -> None:
     out = StringIO()
     call_command("reconcile", "--once", stdout=out)
     assert Job.objects.get(uid=a).state == "failed" and "swept 1 finished" in out.getvalue()
+
+
+# -- nothing skipped: stage runs, late events, held and dead-lettered events ----------------------------------
+def _stream_counts() -> dict[str, int]:
+    c = StreamCursor.objects.get(name="events")
+    return {"applied": c.applied, "retried": c.retried, "held": c.held, "dead": c.dead}
+
+
+def test_every_stage_run_is_recorded_per_attempt_and_charged(alice, store) -> None:
+    from onepiece_platform.jobs.models import StageRun
+    from onepiece_platform.quotas import counters
+
+    user, c, _ = alice
+    (a,) = _submit(c, 1)
+    for stage in ("text_encode", "denoise"):
+        store.event(a, keys.STAGE_STARTED, stage, 0, state=keys.IN_PROGRESS)
+        store.event(a, keys.STAGE_FINISHED, stage, 50)
+    # the node holding the job was lost: it starts again, and its stages run again as attempt 2
+    store.r.hincrby(keys.job_key(a), "attempts", 1)
+    for stage in ("text_encode", "denoise", "vae_decode", "image_encode"):
+        store.event(a, keys.STAGE_STARTED, stage, 0, state=keys.IN_PROGRESS)
+        store.event(a, keys.STAGE_FINISHED, stage, 90)
+    store.finish(a, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png")
+    Reconciler(block_ms=0).step()
+    runs = StageRun.objects.filter(job__uid=a)
+    assert sorted((r.stage, r.attempt) for r in runs) == sorted(
+        [("text_encode", 1), ("denoise", 1), ("text_encode", 2), ("denoise", 2), ("vae_decode", 2),
+         ("image_encode", 2)])
+    d = c.get(f"/api/v1/jobs/{a}").json()
+    assert d["cost_measured_gpu_s"] == pytest.approx(sum(r.device_s for r in runs))
+    assert d["cost_measured_gpu_s"] == pytest.approx(sum(r["device_s"] for r in d["stage_runs"]))
+    assert {s: t["attempt"] for s, t in d["stage_times"].items()} == {
+        "text_encode": 2, "denoise": 2, "vae_decode": 2, "image_encode": 2}
+    assert counters.usage(user.pk) == (0, pytest.approx(d["cost_measured_gpu_s"]))
+
+
+def test_a_stage_time_after_the_terminal_transition_is_recorded_and_corrects_the_charge(alice, store) -> None:
+    """A status read finishes the row before the reconciler reads the stream: the stage times that arrive
+    afterwards still go on record, and the quota is charged their sum, once."""
+    from onepiece_platform.quotas import counters
+
+    user, c, _ = alice
+    (a,) = _submit(c, 1)
+    estimate = c.get(f"/api/v1/jobs/{a}").json()["cost_estimate_gpu_s"]
+    store.event(a, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
+    store.event(a, keys.STAGE_FINISHED, "text_encode", 10)
+    store.finish(a, "sd-t2i", keys.COMPLETED, "text_encode", result=b"png")
+    assert c.get(f"/api/v1/jobs/{a}").json()["state"] == "completed"  # finished by the read, no stage run yet
+    assert counters.usage(user.pk) == (0, pytest.approx(estimate))  # the estimate while nothing is measured
+    r = Reconciler(block_ms=0)
+    r.step()
+    d = c.get(f"/api/v1/jobs/{a}").json()
+    measured = d["stage_times"]["text_encode"]["device_s"]
+    assert d["cost_measured_gpu_s"] == pytest.approx(measured, abs=1e-6)
+    assert counters.usage(user.pk) == (0, pytest.approx(measured, abs=1e-6))
+    StreamCursor.objects.all().delete()  # a restarted reconciler re-reads everything: nothing is charged twice
+    Reconciler(block_ms=0).step()
+    assert counters.usage(user.pk) == (0, pytest.approx(measured, abs=1e-6))
+
+
+def test_events_of_an_unknown_job_are_held_then_applied_or_dead_lettered(alice, store, settings) -> None:
+    from onepiece_platform.engine_link.models import DeadLetter, HeldEvent
+
+    _, c, _ = alice
+    settings.ONEPIECE = {**settings.ONEPIECE, "HOLD_UNKNOWN_S": 0.0}
+    (a,) = _submit(c, 1)
+    job = Job.objects.get(uid=a)
+    job_uid, ghost = a, "f" * 32
+    Job.objects.filter(pk=job.pk).update(uid="0" * 32)  # the row is not known under its UID yet
+    store.event(job_uid, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
+    store.accept(ghost, "sd-t2i", 1.0)  # a job the platform never submitted
+    store.event(ghost, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
+    r = Reconciler(block_ms=0)
+    settings.ONEPIECE = {**settings.ONEPIECE, "HOLD_UNKNOWN_S": 3600.0}
+    r.step()
+    assert sorted(HeldEvent.objects.values_list("uid", flat=True)) == sorted([job_uid, ghost])
+    Job.objects.filter(pk=job.pk).update(uid=job_uid)  # now it is
+    settings.ONEPIECE = {**settings.ONEPIECE, "HOLD_UNKNOWN_S": 0.0}
+    r.step()
+    assert not HeldEvent.objects.exists()
+    assert Job.objects.get(pk=job.pk).stage_times["text_encode"]["started"] > 0
+    (dead,) = DeadLetter.objects.all()
+    assert (dead.uid, dead.reason) == (ghost, DeadLetter.UNKNOWN_JOB) and "no job" in dead.detail
+    # applied: the job's accepted event, the ghost's (it says nothing to the ledger) and the job's held
+    # stage event; the ghost's stage event was held, then dead-lettered
+    assert _stream_counts() == {"applied": 3, "retried": 0, "held": 2, "dead": 1}
+
+
+def test_a_malformed_event_is_dead_lettered_and_the_stream_goes_on(alice, store) -> None:
+    from onepiece_platform.engine_link.models import DeadLetter
+
+    _, c, _ = alice
+    (a,) = _submit(c, 1)
+    store.r.xadd(keys.EVENTS, {"uid": a, "type": "teleported", "ts": "1"})
+    store.r.xadd(keys.EVENTS, {"uid": a, "type": keys.STAGE_STARTED, "stage": "denoise", "ts": "not-a-time"})
+    store.finish(a, "sd-t2i", keys.FAILED, "denoise", detail="x")
+    assert Reconciler(block_ms=0).step() == 4
+    assert Job.objects.get(uid=a).state == "failed"
+    assert sorted(DeadLetter.objects.values_list("reason", flat=True)) == ["malformed", "malformed"]
+    assert _stream_counts()["dead"] == 2
+
