@@ -20,8 +20,9 @@ Two inputs, one set of idempotent transitions (:mod:`onepiece_platform.jobs.ledg
 * ``sweep``: every non-terminal row is checked against the engine's status.
   It catches what the stream lost: events trimmed away, or Redis restarted
   (stream, status hashes and results gone). A job the engine no longer knows,
-  older than ``LOST_AFTER_S``, is reported ``failed`` with that reason, so no
-  job is ever left pending. Finished jobs whose charge the quota counters were
+  older than ``LOST_AFTER_S`` (plus ``PROXY_TIMEOUT_S`` while its submission
+  is still in flight), is reported ``failed`` with that reason, so no job is
+  ever left pending. Finished jobs whose charge the quota counters were
   not told (Redis was away) are settled again.
 
 ``run`` is a control loop that never dies: each tick catches and logs.
@@ -195,11 +196,16 @@ class Reconciler:
     def sweep(self) -> int:
         """Check every unfinished job against the engine; returns how many were finished here."""
         finished = 0
-        lost_before = timezone.now() - dt.timedelta(seconds=float(conf.get("LOST_AFTER_S")))
-        for job in Job.objects.filter(state__in=NON_TERMINAL, uid__isnull=False).only("uid", "created_at"):
+        now = timezone.now()
+        lost_before = now - dt.timedelta(seconds=float(conf.get("LOST_AFTER_S")))
+        # a row still being submitted is the web process's until its call to the engine has timed out
+        abandoned_before = lost_before - dt.timedelta(seconds=float(conf.get("PROXY_TIMEOUT_S")))
+        for job in Job.objects.filter(state__in=NON_TERMINAL, uid__isnull=False).only("uid", "created_at",
+                                                                                        "submitting"):
             st = self.engine.status(job.uid)
             if st is None:
-                if job.created_at < lost_before and ledger.finish(job.uid, "failed", LOST):
+                cutoff = abandoned_before if job.submitting else lost_before
+                if job.created_at < cutoff and ledger.finish(job.uid, "failed", LOST):
                     finished += 1
             elif st.state in keys.TERMINAL:
                 finished += ledger.finish(job.uid, st.state, st.detail, st.stage or None)

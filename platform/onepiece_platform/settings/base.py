@@ -108,7 +108,10 @@ ETCD_URL = os.environ.get("ONEPIECE_ETCD_URL", "http://127.0.0.1:2379")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # A socket timeout above the layer's 5 s blocking pop (BZPOPMIN): redis-py 8 defaults it to 5 s,
+        # which turns every quiet websocket's wait into a TimeoutError and drops the socket
+        # (django/channels_redis#422).
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
     }
 }
 
