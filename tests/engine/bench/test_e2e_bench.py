@@ -1,0 +1,35 @@
+"""``onepiece bench e2e`` against the session's engine: every figure the issue names is produced, and the
+open loop accounts for every request it offered (nothing sent is missing from a row)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.bench import e2e
+from tests.engine.runtime.conftest import cluster, input_png  # noqa: F401 - fixtures reused here
+from tests.engine.stages.conftest import tiny_models  # noqa: F401
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Path]) -> None:  # noqa: F811
+    r = e2e.run(cluster.proxy, str(tiny_models["sd-t2i"]), "sd-t2i", n=3, seconds=1.5, deadline_s=10.0,
+                hog=1, saturate_in_flight=6, loads=(1.0, 10.0))
+    for name in ("staged_latency_p50_s", "staged_latency_p50_quiet_s", "hog_vs_quiet_p50", "one_call_latency_p50_s",
+                 "added_per_hop_ms", "capacity_rps", "monolith_capacity_rps", "staged_vs_monolith_capacity"):
+        assert isinstance(r[name], float), (name, r.get(name))
+    assert r["capacity_rps"] > 0 and r["monolith_capacity_rps"] > 0 and r["hog"] == 1
+    assert set(r["one_call_p50_by_threads"]) == {str(t) for t in range(1, r["cores"] + 1)}
+    assert len(r["capacity_windows_rps"]) >= 2
+    for row in r["open_loop"]:
+        for name in ("offered", "accepted", "completed_in_deadline", "completed_late", "expired", "refused",
+                     "reject_latency_p99_ms", "goodput_x_capacity"):
+            assert name in row, (name, row)
+        assert row["offered"] > 0 and row["errors"] == {} and row["not_finished"] == 0, row
+        # every request sent is in exactly one column: refused, or accepted and then ended one way
+        assert row["offered"] == row["accepted"] + row["refused"], row
+        assert row["accepted"] == row["completed"] + row["expired"] + row["failed"], row
+        assert row["completed"] == row["completed_in_deadline"] + row["completed_late"], row
