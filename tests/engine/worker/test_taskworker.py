@@ -63,6 +63,8 @@ def test_last_stage_writes_once_and_drops_redeliveries(redis_server: Any, etcd_s
     assert store.result(uid) is not None and store.result(uid)[:8] == b"\x89PNG\r\n\x1a\n"
     types = [e["type"] for e in store.events(uid)]
     assert types.count(keys.COMPLETED) == 1 and types.count(keys.STAGE_STARTED) == 1
+    # the last stage's time is on record too, before the terminal event (the ledger charges stage times)
+    assert types == [keys.ACCEPTED, keys.STAGE_STARTED, keys.STAGE_FINISHED, keys.COMPLETED]
     assert store.is_done(uid, "image_encode")
     stats = store.instance_stats("sd-t2i.image_encode.0")
     assert int(stats["requests"]) >= 1 and float(stats["busy_s"]) > 0
