@@ -61,6 +61,7 @@ ROUTES = web.AppKey("routes", RouteTable)
 ACCEPTED = web.AppKey("accepted", dict)  # workflow -> requests accepted since start
 DRAIN = web.AppKey("drain", DrainMeter)  # what the engine finishes per second (sampled in the background)
 DRAIN_SAMPLE_S = 0.25  # how often the drain meter samples the store's counters
+ENDINGS = web.AppKey("endings", dict)  # uid -> asyncio.Event set when the job's terminal event is seen
 
 
 @dataclass
@@ -282,6 +283,46 @@ async def _lookup(request: web.Request) -> tuple[str, Any] | web.Response:
 MAX_WAIT_S = 60.0
 
 
+async def _wait_terminal(app: web.Application, uid: str, st: Any, wait: float) -> Any:
+    """The job's status once it is terminal or ``wait`` seconds passed. Woken by the terminal event
+    (:func:`_watch_endings` reads the event stream once for every waiter of this Proxy), so a waiter
+    costs nothing while it waits and hears of the end within a millisecond; the status is read again
+    every second as well, in case an event was missed (a Redis restart, a trimmed stream)."""
+    store, endings = app[STORE], app[ENDINGS]
+    entry = endings.setdefault(uid, [asyncio.Event(), 0])  # [event, waiters]: several polls may wait on one job
+    entry[1] += 1
+    ended = entry[0]
+    deadline = time.monotonic() + wait
+    try:
+        st = await asyncio.to_thread(store.status, uid) or st  # it may have ended before we listened
+        while not st.terminal and (left := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(ended.wait(), min(1.0, left))
+            except TimeoutError:
+                pass
+            st = await asyncio.to_thread(store.status, uid) or st
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0 and endings.get(uid) is entry:
+            del endings[uid]
+    return st
+
+
+async def _watch_endings(app: web.Application) -> None:
+    """Tail the job-event stream and wake the long polls of jobs that just ended."""
+    store, endings, after = app[STORE], app[ENDINGS], "$"
+    while True:
+        try:
+            after, events = await asyncio.to_thread(store.read_events, after, 1000)
+            for e in events:
+                if e.get("type") in keys.TERMINAL and (entry := endings.get(e.get("uid", ""))):
+                    entry[0].set()
+        except Exception as exc:  # Redis unreachable: the waiters read the status every second meanwhile
+            log.warning("reading the event stream failed: %s", exc)
+            after = "$"
+            await asyncio.sleep(1.0)
+
+
 async def status(request: web.Request) -> web.Response:
     """The request's status; with ``?wait=S`` (at most 60), answered once it is finished or S seconds
     passed: one HTTP round trip instead of a client polling loop (which, at a few ms, costs the host
@@ -298,11 +339,7 @@ async def status(request: web.Request) -> web.Response:
                 raise ValueError
         except ValueError:
             return _error(400, f"wait must be a number of seconds in [0, {MAX_WAIT_S:.0f}]", "wait")
-        store, deadline, pause = request.app[STORE], time.monotonic() + wait, 0.001
-        while not st.terminal and time.monotonic() < deadline:
-            await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(pause * 1.5, 0.02)
-            st = await asyncio.to_thread(store.status, uid) or st
+        st = await _wait_terminal(request.app, uid, st, wait)
     return web.json_response(st.as_dict())
 
 
@@ -404,7 +441,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     choice of Proxy."""
     limits = limits or Limits()
     app = web.Application(client_max_size=limits.max_body, middlewares=[auth.middleware(token)])
-    app[ACCEPTED], app[LIMITS], app[DRAIN] = {}, limits, DrainMeter()
+    app[ACCEPTED], app[LIMITS], app[DRAIN], app[ENDINGS] = {}, limits, DrainMeter(), {}
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
     app.router.add_post("/v1/requests", submit)
@@ -417,7 +454,8 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     async def _background(app: web.Application) -> Any:
         tasks = [asyncio.create_task(_poll_producers(app)),
                  asyncio.create_task(_sweep_orphans(sweeper, sweep_interval)),
-                 asyncio.create_task(_sample_drain(app))]
+                 asyncio.create_task(_sample_drain(app)),
+                 asyncio.create_task(_watch_endings(app))]
         if registration is not None:
             tasks.append(asyncio.create_task(_register(app, *registration)))
         yield

@@ -270,6 +270,21 @@ class JobStore:
                                f"gave up after {max_attempts} attempts")
         return None
 
+    def read_events(self, after: str, block_ms: int, count: int = 1000) -> tuple[str, list[dict[str, str]]]:
+        """(the id to read after next, the events written after ``after``), waiting up to ``block_ms`` for
+        the first (``after`` "$": only new ones). One blocking read serves every waiter of a process."""
+        resp = self.r.xread({keys.EVENTS: after}, count=count, block=block_ms)
+        out: list[dict[str, str]] = []
+        for _, entries in resp or ():
+            for eid, fields in entries:
+                after = eid.decode() if isinstance(eid, bytes) else eid
+                out.append({(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                            for k, v in fields.items()})
+        if after == "$" and not out:  # nothing yet: keep reading from what was the end at this moment
+            last = self.r.xrevrange(keys.EVENTS, count=1)
+            after = (last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]) if last else "0-0"
+        return after, out
+
     def events(self, uid: str | None = None, count: int = 10_000) -> list[dict[str, str]]:
         """Events in stream order (all jobs, or one UID's); a convenience for tests and tools."""
         out = []
