@@ -319,6 +319,16 @@ class JobStore:
         return bool(self.r.exists(keys.cancel_key(uid)))
 
     # -- worker bookkeeping -------------------------------------------------------------------
+    def gate(self, uid: str, stage: str) -> tuple[str | None, bool, bool]:
+        """(state, ``stage`` done, cancel requested) in one round trip: what a worker checks before it
+        runs a stage (three reads on the critical path between two stages otherwise)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(keys.job_key(uid), "state")
+        pipe.exists(keys.done_key(uid, stage))
+        pipe.exists(keys.cancel_key(uid))
+        state, done, cancel = pipe.execute()
+        return (state.decode() if isinstance(state, bytes) else state) or None, bool(done), bool(cancel)
+
     def mark_done(self, uid: str, stage: str) -> None:
         self.r.set(keys.done_key(uid, stage), 1, ex=self.ttl)
 

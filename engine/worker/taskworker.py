@@ -159,9 +159,10 @@ class TaskWorker:
         st, uid = self.config.stage, h.uid
         if h.workflow != self.config.workflow or h.stage != st:
             raise ValueError(f"misrouted: message for {h.workflow}/{h.stage} reached {self.config.instance}")
-        if self.store.state(uid) in keys.TERMINAL or self.store.is_done(uid, st):
+        state, done, cancel = self.store.gate(uid, st)
+        if state in keys.TERMINAL or done:
             return False  # finished meanwhile, or a redelivery of work already handed on
-        if self.store.cancel_requested(uid):
+        if cancel:
             self.store.finish(uid, h.workflow, keys.CANCELLED, st, detail=f"cancelled before {st}")
             return False
         if h.deadline is not None and time.time() > h.deadline:
