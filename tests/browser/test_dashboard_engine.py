@@ -133,6 +133,13 @@ def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_
         node = page.wait_for_selector('[data-node="browser-node"] tr.device', timeout=20_000)
         assert ("NVML" in node.inner_text()) != ("CPU figures (no GPU)" in node.inner_text())
         assert page.inner_text(f'[data-workflow="{WF}"] [data-stage="denoise"] .count') == "1 instance"
+        # each instance's CPU thread budget, as the node gave it (auto: the host's cores over its instances)
+        from engine.worker.threads import usable_cores
+        from engine.workflow import get_workflow
+
+        budget = max(1, usable_cores() // len(get_workflow(WF).route()))
+        cell = page.wait_for_selector(f'[data-node="browser-node"] tr[data-instance="{WF}.denoise.0"] td.threads')
+        assert cell.inner_text() == str(budget)
         shot(page, "engine-cluster")
         page.click('nav a[data-view="jobs"]')
         page.evaluate("window.__noReload = true")
