@@ -320,12 +320,14 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
     rng = random.Random(seed)
     client = AsyncClient(proxy)
     outcomes: list[tuple[str, float]] = []  # (state or "refused"/"error N", seconds since scheduled)
+    served: list[float] = []  # a refusal's time from the actual send to its answer (the server's share)
     lag: list[float] = []  # how late the client sent (its own scheduling delay), for the record
     start = time.perf_counter() + 0.05
     tasks: list[asyncio.Task[None]] = []
 
     async def one(at: float) -> None:
-        lag.append(time.perf_counter() - at)
+        sent = time.perf_counter()
+        lag.append(sent - at)
         try:
             status, doc = await client.submit(workflow, params, deadline_s)
         except Exception as exc:
@@ -333,6 +335,8 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
             return
         if status != 202:
             outcomes.append(("refused" if status == 503 else f"error {status}", time.perf_counter() - at))
+            if status == 503:
+                served.append(time.perf_counter() - sent)
             return
         state = await client.wait(doc["uid"], deadline_s + 60)
         outcomes.append((state, time.perf_counter() - at))
@@ -367,6 +371,7 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         "latency_p50_s": _pct(completed, 0.5), "latency_p99_s": _pct(completed, 0.99),
         "reject_latency_p50_ms": (_pct(refused, 0.5) or 0) * 1e3 if refused else None,
         "reject_latency_p99_ms": (_pct(refused, 0.99) or 0) * 1e3 if refused else None,
+        "reject_service_p99_ms": (_pct(served, 0.99) or 0) * 1e3 if served else None,
         "client_send_lag_p99_ms": (_pct(lag, 0.99) or 0) * 1e3,
     }
 

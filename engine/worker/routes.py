@@ -126,7 +126,7 @@ class RouteTable:
         self._routes: dict[tuple[str, str], list[Route]] = {}
         self._capacity: dict[str, float] = {}
         self._modes: dict[str, str] = {}
-        self._latency: dict[str, float] = {}  # workflow -> sum of the stage times the Node Manager used
+        self._service: dict[str, dict[str, float]] = {}  # workflow -> stage -> the stage time the NM used
         self._fetched = -1e18
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -177,14 +177,15 @@ class RouteTable:
             rs.sort(key=lambda r: r.instance)
         capacity: dict[str, float] = {}
         modes: dict[str, str] = {}
-        latency: dict[str, float] = {}
+        service: dict[str, dict[str, float]] = {}
         for value, meta in self.client.get_prefix(capacity_prefix()):
             key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
             try:
                 body = json.loads(value)
                 capacity[key[len(capacity_prefix()):]] = float(body["rps"])
                 modes[key[len(capacity_prefix()):]] = str(body.get("mode", "individual"))
-                latency[key[len(capacity_prefix()):]] = float(sum(dict(body.get("service_s") or {}).values()))
+                service[key[len(capacity_prefix()):]] = {str(k): float(v)
+                                                         for k, v in dict(body.get("service_s") or {}).items()}
             except (ValueError, KeyError, TypeError):
                 continue
         if self.workflow_set is not None:  # a set's own capacity, where the Node Manager published one
@@ -199,7 +200,7 @@ class RouteTable:
             self._routes = found
             self._capacity = capacity
             self._modes = modes
-            self._latency = latency
+            self._service = service
             self._fetched = self.clock()
 
     def mode(self, workflow: str) -> str:
@@ -217,7 +218,14 @@ class RouteTable:
         """Seconds ``workflow`` takes through an idle pipeline: the sum of the stage times the Node
         Manager published with its capacity (0 when it published none)."""
         with self._lock:
-            return self._latency.get(workflow, 0.0)
+            return sum(self._service.get(workflow, {}).values())
+
+    def remaining_service(self, workflow: str, route: list[str], stage: str) -> float:
+        """Seconds the stages from ``stage`` to the end of ``route`` take at the least (their published
+        stage times; 0 for a stage without one): what a request must still have before its deadline."""
+        with self._lock:
+            times = self._service.get(workflow, {})
+        return sum(times.get(s, 0.0) for s in route[route.index(stage):]) if stage in route else 0.0
 
     def candidates(self, workflow: str, stage: str, *, fresh: bool = False) -> list[Route]:
         """The published instances of ``stage`` (possibly empty), sorted by instance id."""
