@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO))
 DEFAULT_PARAMS: dict[str, dict[str, Any]] = {
     "wan2.1-i2v": {"prompt": "a cat walks on the beach", "height": 64, "width": 64, "num_frames": 9,
                    "num_inference_steps": 3},
+    "wan2.1-t2v": {"prompt": "a cat walks on the beach", "height": 64, "width": 64, "num_frames": 9,
+                   "num_inference_steps": 3},
     "sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3},
 }
 
@@ -118,7 +120,7 @@ def profile(workflow: str, model_dir: Path, device: str, repeats: int) -> list[d
 
         ex.run = wrapped  # type: ignore[method-assign]
     params = get_workflow(workflow).resolve_params(DEFAULT_PARAMS[workflow])
-    inputs = {"image": _png()} if workflow == "wan2.1-i2v" else {}
+    inputs = {"image": _png()} if get_workflow(workflow).request_inputs else {}
     runner.run(params, inputs)  # warm-up: first calls pay one-off kernel/alloc setup
     results = [runner.run(params, inputs) for _ in range(repeats)]
     sampling[0] = True

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "With --workflow, --out is that model folder; without it, one sub-folder per workflow.",
     )
     make.add_argument("--out", required=True, help="output folder")
-    make.add_argument("--workflow", default=None, help="only this workflow (wan2.1-i2v or sd-t2i)")
+    make.add_argument("--workflow", default=None, help="only this workflow (wan2.1-i2v, wan2.1-t2v or sd-t2i)")
     make.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical files)")
     check = sub.add_parser("check", help="check that a model folder has every component a workflow needs")
     check.add_argument("model_dir", help="model folder (diffusers layout)")

@@ -29,35 +29,58 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_wan_i2v(out: Path, seed: int = 0) -> Path:
-    """Write a tiny Wan2.1 I2V checkpoint (WanImageToVideoPipeline layout) to ``out``."""
-    from diffusers import (
-        AutoencoderKLWan,
-        UniPCMultistepScheduler,
-        WanImageToVideoPipeline,
-        WanTransformer3DModel,
-    )
-    from transformers import (
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        CLIPVisionModel,
-        T5Tokenizer,
-        UMT5Config,
-        UMT5EncoderModel,
-    )
+def _wan_text(seed: int) -> tuple[Any, Any]:
+    """umT5 tokenizer and text encoder: the same in both Wan workflows (as Wan2.1's published T2V and I2V
+    releases share umt5-xxl)."""
+    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
 
-    bar = _progress(6, "wan2.1-i2v")
     vocab: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
     vocab += [(f"\u2581{w}", -1.0) for w in _WORDS] + [(w, -1.5) for w in _WORDS]
     vocab += [(c, -3.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"]
     tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0)
-    bar.update()
     _seed(seed)
     text_encoder = UMT5EncoderModel(UMT5Config(
         d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
         relative_attention_max_distance=16, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
         decoder_start_token_id=0, vocab_size=len(tokenizer),
     ))
+    return tokenizer, text_encoder
+
+
+def _wan_vae(seed: int) -> Any:
+    """The Wan VAE (shared by both Wan workflows, as in the published weights)."""
+    from diffusers import AutoencoderKLWan
+
+    _seed(seed + 2)
+    return AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                            temperal_downsample=[False, True, True])
+
+
+def _wan_transformer(seed: int, in_channels: int, image_dim: int | None) -> Any:
+    from diffusers import WanTransformer3DModel
+
+    _seed(seed + 3)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=in_channels,
+        out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=image_dim,
+    )
+
+
+def _wan_scheduler() -> Any:
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                   num_train_timesteps=1000, flow_shift=3.0)
+
+
+def build_wan_i2v(out: Path, seed: int = 0) -> Path:
+    """Write a tiny Wan2.1 I2V checkpoint (WanImageToVideoPipeline layout) to ``out``."""
+    from diffusers import WanImageToVideoPipeline
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    bar = _progress(4, "wan2.1-i2v")
+    tokenizer, text_encoder = _wan_text(seed)
     bar.update()
     _seed(seed + 1)
     image_encoder = CLIPVisionModel(CLIPVisionConfig(
@@ -66,23 +89,35 @@ def build_wan_i2v(out: Path, seed: int = 0) -> Path:
     ))
     image_processor = CLIPImageProcessor(crop_size=32, size=32)
     bar.update()
-    _seed(seed + 2)
-    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                           temperal_downsample=[False, True, True])
+    vae = _wan_vae(seed)
+    # in_channels 36 = 16 noise + 4 mask + 16 first-frame latents; image_dim = the CLIP hidden size
+    transformer = _wan_transformer(seed, 36, 8)
     bar.update()
-    _seed(seed + 3)
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=36, out_channels=16,
-        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=8,
-    )
-    bar.update()
-    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                        num_train_timesteps=1000, flow_shift=3.0)
     pipe = WanImageToVideoPipeline(
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_wan_scheduler(),
         image_processor=image_processor, image_encoder=image_encoder, transformer=transformer,
     )
+    pipe.save_pretrained(out)
+    bar.update()
+    bar.close()
+    return out
+
+
+def build_wan_t2v(out: Path, seed: int = 0) -> Path:
+    """Write a tiny Wan2.1 T2V checkpoint (WanPipeline layout, like Wan2.1-T2V-1.3B-Diffusers) to ``out``.
+
+    Its tokenizer, text encoder and VAE are byte-identical to the tiny I2V model's (same seeds).
+    """
+    from diffusers import WanPipeline
+
+    bar = _progress(3, "wan2.1-t2v")
+    tokenizer, text_encoder = _wan_text(seed)
+    bar.update()
+    vae = _wan_vae(seed)
+    transformer = _wan_transformer(seed, 16, None)  # noise latents only; no image cross-attention
+    bar.update()
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_wan_scheduler(),
+                       transformer=transformer)
     pipe.save_pretrained(out)
     bar.update()
     bar.close()
@@ -132,7 +167,9 @@ def build_sd_t2i(out: Path, seed: int = 0) -> Path:
     return out
 
 
-BUILDERS: dict[str, Callable[[Path, int], Path]] = {"wan2.1-i2v": build_wan_i2v, "sd-t2i": build_sd_t2i}
+BUILDERS: dict[str, Callable[[Path, int], Path]] = {
+    "wan2.1-i2v": build_wan_i2v, "wan2.1-t2v": build_wan_t2v, "sd-t2i": build_sd_t2i,
+}
 
 
 def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> dict[str, Path]:

@@ -1,8 +1,10 @@
-"""wan2.1-i2v denoise: classifier-free-guided flow matching with the Wan transformer.
+"""Wan2.1 denoise: classifier-free-guided flow matching with the Wan transformer.
 
-Mirrors the loop of ``WanImageToVideoPipeline.__call__`` (Wan2.1: one
-transformer, no expand_timesteps), checking cancellation and the deadline
-before every step and reporting progress after it.
+Mirrors the loop of ``WanImageToVideoPipeline.__call__`` and ``WanPipeline.__call__``
+(Wan2.1: one transformer, no expand_timesteps), checking cancellation and the
+deadline before every step and reporting progress after it. Image-to-video
+receives its initial noise and first-frame condition from vae_encode;
+text-to-video (:class:`WanT2VDenoise`) has no condition and draws the noise here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from engine.stages.base import StageContext
 from engine.stages.components import TorchStage, load_component
+from engine.stages.wan.vae import check_wan_size, wan_vae_factors
 
 
 class WanDenoise(TorchStage):
@@ -48,6 +51,12 @@ class WanDenoise(TorchStage):
                              session["negative_prompt_embeds"].to(self.device, dtype),
                              None if image is None else image.to(self.device, dtype))
 
+    def _initial(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The initial noisy latents and the condition concatenated to them at every step (None: none)."""
+        # clone: inputs may be read-only views of a ring slot.
+        latents = inputs["latents"].to(self.device, torch.float32).clone()
+        return latents, inputs["condition"].to(self.device, torch.float32)
+
     @torch.no_grad()
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         import time
@@ -61,9 +70,7 @@ class WanDenoise(TorchStage):
         pos = inputs["prompt_embeds"].to(self.device, dtype)
         neg = inputs["negative_prompt_embeds"].to(self.device, dtype)
         image_embeds = inputs["image_embeds"].to(self.device, dtype) if model.config.image_dim is not None else None
-        # clone: inputs may be read-only views of a ring slot.
-        latents = inputs["latents"].to(self.device, torch.float32).clone()
-        condition = inputs["condition"].to(self.device, torch.float32)
+        latents, condition = self._initial(inputs, params)
         timesteps = scheduler.timesteps
         # Collaboration mode: a peer computes the unconditional halves (engine.worker.collab)
         remote = ctx.cfg_parallel if guidance > 1.0 else None
@@ -75,7 +82,7 @@ class WanDenoise(TorchStage):
         try:
             for i, t in enumerate(timesteps):
                 ctx.check()
-                model_input = torch.cat([latents, condition], dim=1).to(dtype)
+                model_input = (latents if condition is None else torch.cat([latents, condition], dim=1)).to(dtype)
                 timestep = t.expand(latents.shape[0])
                 sent = remote is not None and remote.send_step(i, {"model_input": model_input, "timestep": timestep})
                 t0 = time.perf_counter()
@@ -96,3 +103,28 @@ class WanDenoise(TorchStage):
             if remote is not None:
                 remote.end()
         return {"denoised": latents}
+
+
+class WanT2VDenoise(WanDenoise):
+    """Text-to-video: embeddings -> ``denoised``; the initial noise is drawn here from the request's seed.
+
+    ``WanPipeline.prepare_latents`` draws it (float32, from a CPU generator) before the loop, and UniPC
+    draws nothing more, so drawing it in this stage keeps the output bit-identical to the one-call pipeline.
+    """
+
+    def _load(self, model_dir: Path) -> None:
+        super()._load(model_dir)
+        self.factors = wan_vae_factors(model_dir)
+        patch = self.transformer.config.patch_size
+        self.multiple = self.factors[1] * patch[1], self.factors[1] * patch[2]
+
+    def _initial(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> tuple[torch.Tensor, None]:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        temporal, spatial = self.factors
+        height, width, frames = params["height"], params["width"], params["num_frames"]
+        check_wan_size(height, width, frames, self.multiple, temporal)
+        shape = (1, self.transformer.config.in_channels, (frames - 1) // temporal + 1,
+                 height // spatial, width // spatial)
+        generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
+        return randn_tensor(shape, generator=generator, device=torch.device(self.device), dtype=torch.float32), None

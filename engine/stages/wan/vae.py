@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.stages.base import InvalidInput, StageContext
-from engine.stages.components import TorchStage, decode_image, load_component
+from engine.stages.components import TorchStage, decode_image, load_component, read_config
 from engine.stages.wan.pipe import partial_pipeline
 
 
@@ -23,6 +23,22 @@ def load_wan_vae(stage: TorchStage, model_dir: Path) -> Any:
     # Wan's VAE stays float32 even when the transformer runs in bf16: that is
     # how the model card runs it (bf16 VAE visibly degrades video).
     return load_component(model_dir, "vae", ("diffusers", "AutoencoderKLWan"), torch.float32, stage.device)
+
+
+def wan_vae_factors(model_dir: Path) -> tuple[int, int]:
+    """(temporal, spatial) compression of the folder's Wan VAE, read from its config (not a pipeline's
+    fallback for a VAE it was not given: MODELS.md, "Pitfall")."""
+    config = read_config(model_dir, "vae")
+    down = config.get("temperal_downsample", [False, True, True])
+    return config.get("scale_factor_temporal", 2 ** sum(down)), config.get("scale_factor_spatial", 2 ** len(down))
+
+
+def check_wan_size(height: int, width: int, frames: int, multiple: tuple[int, int], temporal: int) -> None:
+    """:class:`InvalidInput` unless the size tiles into transformer patches and the frames into VAE chunks."""
+    if height % multiple[0] or width % multiple[1]:
+        raise InvalidInput("size", f"height/width must be multiples of {multiple} for this model")
+    if frames % temporal != 1:
+        raise InvalidInput("num_frames", f"num_frames - 1 must be divisible by {temporal}")
 
 
 class WanVaeEncode(TorchStage):
@@ -44,10 +60,7 @@ class WanVaeEncode(TorchStage):
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         pipe = self.pipe
         height, width, frames = params["height"], params["width"], params["num_frames"]
-        if height % self.multiple[0] or width % self.multiple[1]:
-            raise InvalidInput("size", f"height/width must be multiples of {self.multiple} for this model")
-        if frames % pipe.vae_scale_factor_temporal != 1:
-            raise InvalidInput("num_frames", f"num_frames - 1 must be divisible by {pipe.vae_scale_factor_temporal}")
+        check_wan_size(height, width, frames, self.multiple, pipe.vae_scale_factor_temporal)
         image = decode_image(inputs["image"])
         pixels = pipe.video_processor.preprocess(image, height=height, width=width).to(self.device, torch.float32)
         generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))

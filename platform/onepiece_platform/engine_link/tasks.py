@@ -22,6 +22,7 @@ from onepiece_platform.redis_conn import get_redis
 WARM_PARAMS: dict[str, dict[str, Any]] = {
     "sd-t2i": {"prompt": "warm-up", "height": 64, "width": 64, "num_inference_steps": 1},
     "wan2.1-i2v": {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": 5, "num_inference_steps": 1},
+    "wan2.1-t2v": {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": 5, "num_inference_steps": 1},
 }
 
 

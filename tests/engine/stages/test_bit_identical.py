@@ -29,8 +29,14 @@ def sd_runner(tiny_models: dict[str, Path]) -> Any:
     return LocalRunner("sd-t2i", tiny_models["sd-t2i"], "cpu")
 
 
-def _staged_frames(runner: Any, params: dict[str, Any], png: bytes) -> np.ndarray:
-    from engine.workflow import get_workflow
+@pytest.fixture(scope="module")
+def t2v_runner(tiny_models: dict[str, Path]) -> Any:
+    from engine.stages.runner import LocalRunner
+
+    return LocalRunner("wan2.1-t2v", tiny_models["wan2.1-t2v"], "cpu")
+
+
+def _staged_frames(runner: Any, params: dict[str, Any], png: bytes | None) -> np.ndarray:
 
     captured: dict[str, np.ndarray] = {}
     decode = runner.executors["vae_decode"]
@@ -43,7 +49,8 @@ def _staged_frames(runner: Any, params: dict[str, Any], png: bytes) -> np.ndarra
 
     decode.run = spy
     try:
-        result = runner.run(get_workflow("wan2.1-i2v").resolve_params(params), {"image": png})
+        inputs = {} if png is None else {"image": png}
+        result = runner.run(runner.spec.resolve_params(params), inputs)
     finally:
         del decode.run
     assert bytes(result.outputs["video"])[4:8] == b"ftyp"  # the final stage really wrote an mp4
@@ -69,6 +76,23 @@ def test_wan_staged_frames_equal_the_pipeline(
     np.testing.assert_array_equal(staged, reference)
     # The seed matters: a different one changes the frames.
     assert not np.array_equal(_staged_frames(wan_runner, {**WAN, "seed": 6}, input_png), reference)
+
+
+def test_wan_t2v_staged_frames_equal_the_pipeline(t2v_runner: Any, tiny_models: dict[str, Path]) -> None:
+    import torch
+    from diffusers import WanPipeline
+
+    staged = _staged_frames(t2v_runner, WAN, None)
+    pipe = WanPipeline.from_pretrained(tiny_models["wan2.1-t2v"])
+    kwargs = {k: v for k, v in WAN.items() if k != "seed"}
+    frames = pipe(generator=torch.Generator().manual_seed(WAN["seed"]), output_type="pil", **kwargs).frames[0]
+    reference = np.stack([np.asarray(f) for f in frames])
+    assert staged.dtype == np.uint8 and staged.shape == reference.shape == (5, 32, 32, 3)
+    assert staged.std() > 1.0
+    np.testing.assert_array_equal(staged, reference)
+    assert not np.array_equal(_staged_frames(t2v_runner, {**WAN, "seed": 6}, None), reference)
+    # The prompt reaches the video: another prompt, other frames.
+    assert not np.array_equal(_staged_frames(t2v_runner, {**WAN, "prompt": "a red car in the snow"}, None), reference)
 
 
 def _staged_png(runner: Any, params: dict[str, Any]) -> np.ndarray:

@@ -31,6 +31,12 @@ def test_make_tiny_is_deterministic_and_uses_the_published_layout(
               "transformer/diffusion_pytorch_model.safetensors"):
         assert f in wan
     assert sum((tiny_models["wan2.1-i2v"] / f).stat().st_size for f in wan) < 2_000_000
+    # text-to-video: the Wan2.1-T2V layout (no image encoder), and the very umT5 and VAE of the I2V model
+    t2v = _digest(tiny_models["wan2.1-t2v"])
+    assert "transformer/diffusion_pytorch_model.safetensors" in t2v and "image_encoder/config.json" not in t2v
+    for f in ("text_encoder/model.safetensors", "tokenizer/tokenizer.json", "vae/diffusion_pytorch_model.safetensors"):
+        assert t2v[f] == wan[f]
+    assert t2v["transformer/diffusion_pytorch_model.safetensors"] != wan["transformer/diffusion_pytorch_model.safetensors"]
 
 
 def test_make_tiny_refuses_unknown_workflows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

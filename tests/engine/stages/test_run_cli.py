@@ -121,6 +121,8 @@ def test_options_a_workflow_does_not_take_are_refused(
     assert "takes no --image" in _error(capsys, [*base, "--prompt", "a", "--image", str(image_file)])
     assert "prompt must not be empty" in _error(capsys, base)
     assert "unknown workflow" in _error(capsys, ["run", "nope", "--model-dir", "x", "--out", "y"])
+    t2v = ["run", "wan2.1-t2v", "--model-dir", str(tiny_models["wan2.1-t2v"]), "--out", str(tmp_path / "t.mp4")]
+    assert "takes no --image" in _error(capsys, [*t2v, "--prompt", "a", "--image", str(image_file)])
 
 
 @pytest.mark.models
@@ -134,3 +136,7 @@ def test_a_good_request_writes_the_output_files(
                  "a cat", "--size", "64x64", "--steps", "2", "--no-progress"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().out
+    t2v = tmp_path / "t.mp4"
+    assert main(["run", "wan2.1-t2v", "--model-dir", str(tiny_models["wan2.1-t2v"]), "--out", str(t2v), "--prompt",
+                 "a cat", "--size", "32x32", "--frames", "5", "--steps", "2", "--no-progress"]) == 0
+    assert t2v.read_bytes()[4:8] == b"ftyp"

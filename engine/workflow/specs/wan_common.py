@@ -1,0 +1,97 @@
+"""What the Wan2.1 workflows (image-to-video and text-to-video) share: limits, dimensions, parameters,
+and the stages that are the same code on the same components (umT5, the Wan VAE, the mp4 encoder)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from engine.workflow.spec import CostModel, InvalidRequest, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
+from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
+
+# Wan2.1's VAE compresses 4x in time and 8x in space; its transformer patches
+# 2x2 latent pixels, so pixel sizes must be multiples of 16.
+TEMPORAL = 4
+SPATIAL = 8
+SIZE_MULTIPLE = 16
+MAX_PIXELS = 1280 * 720
+MAX_FRAMES = 129
+MAX_STEPS = 100
+P = "engine.stages.wan"
+LATENT = (1, "C_lat", "T_lat", "H_lat", "W_lat")
+
+
+def derive(p: Mapping[str, Any]) -> dict[str, int]:
+    return {
+        "F": p["num_frames"], "H": p["height"], "W": p["width"], "L_text": p["max_sequence_length"],
+        "T_lat": (p["num_frames"] - 1) // TEMPORAL + 1, "H_lat": p["height"] // SPATIAL,
+        "W_lat": p["width"] // SPATIAL, "S": p["num_inference_steps"],
+    }
+
+
+def checker(workflow: str) -> Callable[[Mapping[str, Any]], None]:
+    """The request rules of a Wan2.1 workflow named ``workflow`` (named in its messages)."""
+    def check(p: Mapping[str, Any]) -> None:
+        require_prompt(p)
+        if (p["num_frames"] - 1) % TEMPORAL:
+            raise InvalidRequest("num_frames", f"num_frames - 1 must be divisible by {TEMPORAL} (e.g. 5, 9, ..., 81), "
+                                 f"got {p['num_frames']}")
+        require_multiple(p, "height", SIZE_MULTIPLE)
+        require_multiple(p, "width", SIZE_MULTIPLE)
+        require_pixels(p, MAX_PIXELS, workflow)
+
+    return check
+
+
+def tokens(d: Mapping[str, int]) -> float:
+    # Latent tokens after 2x2 patching; attention makes cost superlinear, but
+    # within the supported sizes a linear fit is within the measurement noise.
+    return d["T_lat"] * (d["H_lat"] // 2) * (d["W_lat"] // 2)
+
+
+TEXT_ENCODE = StageSpec(
+    "text_encode", f"{P}.encoders.WanTextEncode", inputs=(),
+    outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
+             TensorSpec("negative_prompt_embeds", shape=(1, "L_text", "D_text"))),
+    components=("tokenizer", "text_encoder"), doc="umT5 prompt and negative-prompt embeddings",
+)
+VAE_DECODE = StageSpec(
+    "vae_decode", f"{P}.decoders.WanVaeDecode", inputs=("denoised",),
+    outputs=(TensorSpec("frames", "uint8", ("F", "H", "W", 3)),),
+    components=("vae",), doc="de-normalised VAE decode to uint8 RGB frames",
+)
+VIDEO_ENCODE = StageSpec(
+    "video_encode", f"{P}.video.WanVideoEncode", inputs=("frames",),
+    outputs=(TensorSpec("video", kind="blob", doc="mp4 (H.264) bytes"),), doc="frames to mp4",
+)
+
+PARAMS = (
+    ParamSpec("prompt", str, None, doc="what the video shows", max_length=MAX_PROMPT_CHARS),
+    ParamSpec("negative_prompt", str, "", doc="what it should not show", max_length=MAX_PROMPT_CHARS),
+    ParamSpec("height", int, 480, SIZE_MULTIPLE, 1280),
+    ParamSpec("width", int, 832, SIZE_MULTIPLE, 1280),
+    ParamSpec("num_frames", int, 81, 1, MAX_FRAMES, doc="frames; num_frames - 1 divisible by 4"),
+    ParamSpec("num_inference_steps", int, 50, 1, MAX_STEPS),
+    ParamSpec("guidance_scale", float, 5.0, 0.0, 50.0),
+    ParamSpec("seed", int, 0, 0, 2**63 - 1),
+    ParamSpec("fps", int, 16, 1, 60),
+    ParamSpec("max_sequence_length", int, 512, 1, 512),
+)
+
+# Priors of the shared stages on one H100-class GPU (see each workflow's costs).
+COSTS = {
+    "text_encode": CostModel(0.3, 0.0, lambda d: 0.0),
+    "vae_decode": CostModel(0.5, 4.0e-5, lambda d: d["F"] * d["H_lat"] * d["W_lat"]),
+    "video_encode": CostModel(0.05, 0.0, lambda d: 0.0),
+}
+
+
+def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], costs: Mapping[str, CostModel],
+                 request_inputs: tuple[TensorSpec, ...] = ()) -> WorkflowSpec:
+    """A Wan2.1 workflow: text_encode, then ``middle`` (ending in denoise), then vae_decode and video_encode;
+    ``costs`` covers the stages of ``middle``."""
+    return WorkflowSpec(
+        name=name, description=description, request_inputs=request_inputs,
+        stages=(TEXT_ENCODE, *middle, VAE_DECODE, VIDEO_ENCODE), params=PARAMS, derive=derive,
+        check=checker(name), costs={**COSTS, **costs}, final_output="video",
+    )
