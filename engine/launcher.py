@@ -299,7 +299,7 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     deadline = time.monotonic() + 600
     while True:
         published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix(routes_prefix())}
-        if want <= published and _proxy_sees_routes(proxy_url):
+        if want <= published and _proxy_sees_routes(proxy_url, set(models)):
             break
         if procs["node"].poll() is not None:
             raise ServiceError(f"node exited with {procs['node'].returncode}; see {logs / 'node.log'}")
@@ -325,8 +325,9 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     return procs, proxy_url, len(want)
 
 
-def _proxy_sees_routes(proxy_url: str) -> bool:
-    """Whether the Proxy's own route cache has every workflow's first stage (it refreshes on its own clock)."""
+def _proxy_sees_routes(proxy_url: str, served: set[str]) -> bool:
+    """Whether the Proxy's own route cache has the first stage of every workflow in ``served`` (it refreshes
+    on its own clock); a known workflow without a model folder is not served and has no route."""
     import json
 
     try:
@@ -334,4 +335,4 @@ def _proxy_sees_routes(proxy_url: str) -> bool:
             checks = json.loads(r.read())["checks"]
     except (OSError, ValueError, KeyError):
         return False
-    return all(v == "ok" for k, v in checks.items() if k.startswith("routes:"))
+    return all(checks.get(f"routes:{w}") == "ok" for w in served)
