@@ -31,6 +31,7 @@ def test_page_is_staff_only() -> None:
     # Served from this site only (no CDN), with the workflows' stage order for the page's chains.
     assert "/static/onepiece/dashboard.js" in body and "/static/onepiece/dashboard.css" in body
     assert '"sd-t2i": ["text_encode", "denoise", "vae_decode", "image_encode"]' in body
+    assert '"wan2.1-t2v": ["text_encode", "denoise", "vae_decode", "video_encode"]' in body
     assert "https://" not in body
 
 
