@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
 import struct
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.up import start_up, stop_up
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - the session's tiny models
 
 SD = {"prompt": "a lighthouse", "height": 64, "width": 64, "num_inference_steps": 2}
@@ -71,25 +68,10 @@ def _bodies(workflow_key: str) -> list[tuple[bytes, str]]:
 @pytest.mark.timeout(600)
 def test_abuse_leaves_the_service_serving_and_nothing_unfinished(tmp_path: Path,
                                                                  tiny_models: dict[str, Path]) -> None:  # noqa: F811
-    onepiece = str(Path(sys.executable).parent / "onepiece")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEPIECE_", "DJANGO_"))}
     state = tmp_path / "state"
     models = next(iter(tiny_models.values())).parent
-    proc = subprocess.Popen([onepiece, "up", "--state-dir", str(state), "--web-port", "0", "--proxy-port", "0",
-                             "--ring-bytes", str(4 << 20), "--models", str(models)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: dict[str, str] = {}
+    proc, lines = start_up(state, "--models", str(models))
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 400
-        for line in proc.stdout:
-            if ": " in line:
-                k, v = line.rstrip("\n").split(": ", 1)
-                lines[k] = v
-            if line.startswith("ready"):
-                break
-            assert time.monotonic() < deadline, "onepiece up took too long"
-        assert "web" in lines, lines
         web, proxy, key = lines["web"].rstrip("/"), lines["proxy"], lines["api key"]
         secrets_dir = state / "secrets"
         assert {p.name for p in secrets_dir.iterdir()} >= {"django-secret-key", "proxy-token", "redis-password"}
@@ -159,6 +141,5 @@ def test_abuse_leaves_the_service_serving_and_nothing_unfinished(tmp_path: Path,
         finally:
             r.close()
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=90)
+        out = stop_up(proc)
     assert proc.returncode == 0, out

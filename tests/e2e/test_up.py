@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -14,28 +11,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.e2e.up import start_up, stop_up
+
 
 @pytest.mark.timeout(600)
 def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
-    onepiece = str(Path(sys.executable).parent / "onepiece")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
-    proc = subprocess.Popen(
-        [onepiece, "up", "--state-dir", str(tmp_path / "state"), "--web-port", "0", "--proxy-port", "0",
-         "--ring-bytes", str(4 << 20)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )
-    lines: dict[str, str] = {}
+    proc, lines = start_up(tmp_path / "state")  # the first run builds the tiny models itself
     try:
-        deadline = time.monotonic() + 400  # first run builds the tiny models and starts 10 stage workers
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if ": " in line:
-                k, v = line.rstrip("\n").split(": ", 1)
-                lines[k] = v
-            if line.startswith("ready"):
-                break
-            assert time.monotonic() < deadline, "onepiece up took too long"
-        assert "web" in lines, lines
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= 6  # redis, etcd, web, node (+ its workers), proxy, manager
         assert lines["manager"].startswith("leading"), lines
@@ -65,8 +47,7 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert capacity["instances"] == {s: 1 for s in ("text_encode", "denoise", "vae_decode", "image_encode")}
         assert sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")) == sorted(rings)
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        out = stop_up(proc)
     assert proc.returncode == 0, out
     assert "stopped" in out
     for c in children:

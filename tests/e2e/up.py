@@ -1,0 +1,49 @@
+"""``onepiece up`` as a user starts it, for the tests that drive the whole system (e2e, abuse, load)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def start_up(state: Path, *args: str, timeout: float = 400) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """Start ``onepiece up`` (free ports, small rings, no inherited ``ONEPIECE_*``/``DJANGO_*`` settings) and
+    return it with the ``name: value`` lines it printed, once it says ``ready``. The caller stops it with
+    :func:`stop_up` (in a ``finally``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEPIECE_", "DJANGO_"))}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "onepiece"), "up", "--state-dir", str(state), "--web-port", "0",
+         "--proxy-port", "0", "--ring-bytes", str(4 << 20), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: dict[str, str] = {}
+    deadline = time.monotonic() + timeout  # a first run builds the tiny models and starts every stage worker
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if ": " in line:
+                k, v = line.rstrip("\n").split(": ", 1)
+                lines[k] = v
+            if line.startswith("ready"):
+                break
+            assert time.monotonic() < deadline, "onepiece up took too long"
+        assert "web" in lines, lines
+    except BaseException:
+        stop_up(proc)
+        raise
+    return proc, lines
+
+
+def stop_up(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    """Ctrl-C, as a user stops it; returns what it printed after ``ready``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
