@@ -8,6 +8,7 @@ urlpatterns = [
     path("videos", v.VideoListCreateView.as_view(), name="openai-videos"),
     path("videos/<str:video_id>", v.VideoDetailView.as_view(), name="openai-video"),
     path("videos/<str:video_id>/content", v.VideoContentView.as_view(), name="openai-video-content"),
+    path("videos/<str:video_id>/remix", v.VideoRemixView.as_view(), name="openai-video-remix"),
     path("images/generations", v.ImageGenerationView.as_view(), name="openai-images"),
     path("images/content/<str:token>", v.ImageContentView.as_view(), name="openai-image-content"),
 ]

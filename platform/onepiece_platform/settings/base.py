@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "onepiece_platform.jobs",
     "onepiece_platform.engine_link",
     "onepiece_platform.dashboard",
+    "onepiece_platform.videos",
 ]
 
 MIDDLEWARE = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,16 @@ import pytest
 
 from tests.web.conftest import png
 
-MP4 = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + b"\x00" * 64
+
+@functools.cache
+def mp4() -> bytes:
+    """A real 9-frame 32x32 H.264 mp4 (written as the video_encode stage writes it): frame i is grey level 20 i."""
+    import numpy as np
+
+    from engine.stages.wan.video import encode_mp4
+
+    frames = np.stack([np.full((32, 32, 3), 20 * i, dtype=np.uint8) for i in range(9)])
+    return encode_mp4(frames, 16)
 
 
 class Workers:
@@ -47,7 +57,7 @@ class Workers:
                     if self.fail:
                         self.store.finish(f["uid"], st.workflow, keys.FAILED, "denoise", detail="boom")
                     else:
-                        data = png(64, 64) if st.workflow == "sd-t2i" else MP4
+                        data = png(64, 64) if st.workflow == "sd-t2i" else mp4()
                         self.store.finish(f["uid"], st.workflow, keys.COMPLETED, "final", result=data)
 
     def close(self) -> None:

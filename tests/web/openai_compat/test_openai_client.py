@@ -12,7 +12,7 @@ import pytest
 from onepiece_platform.jobs.models import Job
 from onepiece_platform.quotas.models import Quota
 from tests.web.conftest import png
-from tests.web.openai_compat.conftest import MP4
+from tests.web.openai_compat.conftest import mp4
 
 EXTRA = {"num_inference_steps": 2}
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
@@ -36,7 +36,7 @@ def test_video_create_retrieve_list_content_delete(oa, workers) -> None:
     w = client.videos.create(prompt="a dog", input_reference=_ref(), size="64x64", extra_body={**EXTRA, "seed": 3})
     done = client.videos.poll(w.id, poll_interval_ms=50)
     assert done.status == "completed" and done.progress == 100 and done.completed_at
-    assert client.videos.download_content(w.id).content == MP4
+    assert client.videos.download_content(w.id).content == mp4()
     page = client.videos.list(limit=1)
     assert [x.id for x in page.data] == [w.id] and page.has_more
     assert [x.id for x in client.videos.list(limit=1, after=w.id).data] == [v.id]
@@ -51,14 +51,14 @@ def test_video_create_retrieve_list_content_delete(oa, workers) -> None:
 def test_video_errors_are_openai_shaped(oa) -> None:
     client, _ = oa
     with pytest.raises(openai.BadRequestError) as e:
-        client.videos.create(prompt="a cat", size="64x64")
+        client.videos.create(prompt="a cat", size="64x64", model="wan2.1-i2v")
     assert e.value.body["param"] == "input_reference" and e.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as e:
         client.videos.create(prompt="a cat", input_reference=_ref(), model="sora-2")
     assert e.value.body["param"] == "model"
     with pytest.raises(openai.BadRequestError) as e:
         client.videos.create(prompt="a cat", input_reference=_ref(), size="65x64", extra_body=EXTRA)
-    assert e.value.body["param"] == "width"
+    assert e.value.body["param"] == "size"
     with pytest.raises(openai.NotFoundError):
         client.videos.retrieve("0" * 32)
     bad = openai.OpenAI(api_key="op_nope_nope", base_url=client.base_url, max_retries=0)

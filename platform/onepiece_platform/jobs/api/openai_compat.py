@@ -1,9 +1,11 @@
 """OpenAI-compatible endpoints beside the native API, so the official ``openai`` client works by base_url.
 
-  POST   /v1/videos                  create (prompt, input_reference file, model, seconds, size)
+  POST   /v1/videos                  create (prompt, model, input_reference file or data: URL, seconds, size);
+                                     multipart or JSON
   GET    /v1/videos                  list (after, limit, order)
   GET    /v1/videos/{id}             retrieve
-  GET    /v1/videos/{id}/content     the mp4
+  GET    /v1/videos/{id}/content     the mp4; ?variant=thumbnail (PNG) or spritesheet (JPEG)
+  POST   /v1/videos/{id}/remix       the source's parameters with a new prompt
   DELETE /v1/videos/{id}             cancel if unfinished, then hide
   POST   /v1/images/generations      synchronous: waits for the image(s); b64_json or a signed url
   GET    /v1/images/content/{token}  the png behind a signed url (no API key: the signature is the grant)
@@ -33,13 +35,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from engine import envs
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
 from onepiece_platform.api_errors import ApiError
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
 from onepiece_platform.jobs.api.views import check_body_size, result_response
-from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, Job
+from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.strict import StrictJSONParser as JSONParser
 
@@ -119,7 +122,29 @@ def _video_workflows() -> list[str]:
     return sorted(n for n, w in workflows().items() if w.final_output == "video")
 
 
-def video_object(job: Job) -> dict[str, Any]:
+# the model a request without one gets: image-to-video when it brings a first frame, else text-to-video
+DEFAULT_VIDEO_MODEL = {True: "wan2.1-i2v", False: "wan2.1-t2v"}
+# bounds of the poll interval the openai client is told to use (it keeps the first one it is given)
+POLL_AFTER_MS = (250, 10_000)
+
+
+def poll_after_ms(job: Job) -> int:
+    """When an unfinished video is worth asking about again: a quarter of its estimated remaining time.
+
+    The estimate is the elapsed time scaled by the progress once denoising reports some, else the job's
+    cost estimate (GPU-seconds on the reference device) less its progress.
+    """
+    from django.utils import timezone
+
+    remaining = job.cost_estimate_gpu_s * (100 - job.progress) / 100
+    if job.state == IN_PROGRESS and job.started_at is not None and job.progress > 0:
+        elapsed = (timezone.now() - job.started_at).total_seconds()
+        remaining = elapsed * (100 - job.progress) / job.progress
+    low, high = POLL_AFTER_MS
+    return int(min(high, max(low, remaining * 1000 / 4)))
+
+
+def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
     p = job.params
     fps = int(p.get("fps") or 16)
     error = None
@@ -130,15 +155,55 @@ def video_object(job: Job) -> dict[str, Any]:
         "id": job.uid, "object": "video", "model": job.workflow, "status": status, "progress": job.progress,
         "created_at": int(job.created_at.timestamp()),
         "completed_at": int(job.finished_at.timestamp()) if job.finished_at and job.state == COMPLETED else None,
-        "expires_at": None, "prompt": p.get("prompt"),
+        # the result store keeps a result this long after it is written (ONEPIECE_RESULT_TTL_S); /content is 410 after
+        "expires_at": int(job.finished_at.timestamp()) + envs.RESULT_TTL_S
+        if job.finished_at and job.state == COMPLETED else None,
+        "prompt": p.get("prompt"),
         "seconds": str(max(0, round((int(p.get("num_frames", 1)) - 1) / fps))),
-        "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": None, "error": error,
+        "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": remixed_from, "error": error,
     }
 
 
 def _own_video(request: Request, video_id: str) -> Job:
     return get_object_or_404(Job, uid=video_id, owner=request.user, hidden=False,
                              workflow__in=_video_workflows())
+
+
+def _remixed_from(jobs: list[Job]) -> dict[int, str]:
+    """job pk -> the video it remixes, for those that are remixes (one query)."""
+    from onepiece_platform.videos.models import Remix
+
+    return dict(Remix.objects.filter(job__in=jobs).values_list("job_id", "source_uid"))
+
+
+def _video(job: Job) -> dict[str, Any]:
+    return video_object(job, _remixed_from([job]).get(job.pk))
+
+
+def _image_input(model: str, ref: Any) -> dict[str, bytes]:
+    """The request inputs of a video of ``model`` from ``input_reference`` (an upload, bytes, or None)."""
+    if ref is None:
+        if any(t.name == "image" for t in get_workflow(model).request_inputs):
+            raise services.Invalid("input_reference", f"{model} is image-to-video: input_reference is required")
+        return {}
+    if not get_workflow(model).request_inputs:
+        raise services.Invalid("input_reference", f"{model} is text-to-video: it takes no input_reference")
+    size = len(ref) if isinstance(ref, bytes) else ref.size
+    if size > conf.get("MAX_UPLOAD_BYTES"):
+        raise services.Invalid("input_reference", "input_reference is too large", 413)
+    return {"image": ref if isinstance(ref, bytes) else ref.read()}
+
+
+def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: dict[str, bytes]) -> Job:
+    """Submit as the native API does; a size the workflow refuses is reported on ``size``, the field the
+    client sent (the workflow names width or height)."""
+    try:
+        return services.submit(request.user, model, params, inputs,
+                               request.headers.get("Idempotency-Key", "")[:200], "openai").job
+    except services.Invalid as exc:
+        if exc.field in ("width", "height"):
+            raise services.Invalid("size", f"size: {exc.message}", exc.status) from None
+        raise
 
 
 class VideoListCreateView(OpenAIView):
@@ -152,7 +217,8 @@ class VideoListCreateView(OpenAIView):
         v = s.VideoCreateSerializer(data=request.data)
         v.is_valid(raise_exception=True)
         d = v.validated_data
-        model = d["model"]
+        ref = d.get("input_reference")
+        model = d.get("model") or DEFAULT_VIDEO_MODEL[ref is not None]
         if model not in _video_workflows():
             raise services.Invalid("model", f"unknown video model {model!r}; known: {', '.join(_video_workflows())}")
         spec = get_workflow(model)
@@ -165,17 +231,7 @@ class VideoListCreateView(OpenAIView):
         if "seconds" in d:
             fps = next(p.default for p in spec.params if p.name == "fps")
             params["num_frames"] = 4 * round(d["seconds"] * fps / 4) + 1  # Wan needs frames = 4k + 1
-        inputs: dict[str, bytes] = {}
-        ref = d.get("input_reference")
-        if ref is not None:
-            if ref.size > conf.get("MAX_UPLOAD_BYTES"):
-                raise services.Invalid("input_reference", "input_reference is too large", 413)
-            inputs["image"] = ref.read()
-        elif any(t.name == "image" for t in spec.request_inputs):
-            raise services.Invalid("input_reference", f"{model} is image-to-video: input_reference is required")
-        done = services.submit(request.user, model, params, inputs, request.headers.get("Idempotency-Key", "")[:200],
-                               "openai")
-        return Response(video_object(done.job))
+        return Response(_video(_submit_video(request, model, params, _image_input(model, ref))))
 
     @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
     def get(self, request: Request) -> Response:
@@ -195,7 +251,8 @@ class VideoListCreateView(OpenAIView):
                     qs = qs.filter(created_at__lte=pivot.created_at).exclude(pk__gte=pivot.pk)
         limit = q.validated_data["limit"]
         rows = list(qs[: limit + 1])
-        data = [video_object(j) for j in rows[:limit]]
+        remixes = _remixed_from(rows[:limit])
+        data = [video_object(j, remixes.get(j.pk)) for j in rows[:limit]]
         return Response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                          "last_id": data[-1]["id"] if data else None, "has_more": len(rows) > limit})
 
@@ -203,7 +260,11 @@ class VideoListCreateView(OpenAIView):
 class VideoDetailView(OpenAIView):
     @extend_schema(operation_id="retrieveVideo", responses={200: s.VideoSerializer, **_errors(401, 404)})
     def get(self, request: Request, video_id: str) -> Response:
-        return Response(video_object(control.refresh(_own_video(request, video_id))))
+        job = control.refresh(_own_video(request, video_id))
+        response = Response(_video(job))
+        if not job.terminal:  # the openai client's poll() sleeps this long between retrievals
+            response["openai-poll-after-ms"] = str(poll_after_ms(job))
+        return response
 
     @extend_schema(operation_id="deleteVideo", responses={200: s.VideoDeletedSerializer, **_errors(401, 404, 503)})
     def delete(self, request: Request, video_id: str) -> Response:
@@ -215,11 +276,47 @@ class VideoDetailView(OpenAIView):
 class VideoContentView(OpenAIView):
     content_negotiation_class = BytesOrJsonNegotiation
     @extend_schema(operation_id="downloadVideoContent", parameters=[s.ContentQuerySerializer],
-                   responses={(200, "video/mp4"): OpenApiTypes.BINARY, **_errors(400, 401, 404, 409, 410, 503)})
+                   responses={(200, "video/mp4"): OpenApiTypes.BINARY, (200, "image/png"): OpenApiTypes.BINARY,
+                              (200, "image/jpeg"): OpenApiTypes.BINARY, **_errors(400, 401, 404, 409, 410, 503)})
     def get(self, request: Request, video_id: str) -> Any:
+        from django.http import HttpResponse
+
+        from onepiece_platform.videos.assets import VARIANTS
+
         q = s.ContentQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
-        return result_response(control.refresh(_own_video(request, video_id)))
+        job = control.refresh(_own_video(request, video_id))
+        response = result_response(job)
+        variant = q.validated_data["variant"]
+        if variant == "video" or response.status_code != 200:
+            return response
+        render, ctype, ext = VARIANTS[variant]
+        still = HttpResponse(render(response.content), content_type=ctype)
+        still["Content-Disposition"] = f'attachment; filename="{job.uid}-{variant}.{ext}"'
+        return still
+
+
+class VideoRemixView(OpenAIView):
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+
+    @extend_schema(operation_id="remixVideo", request=s.VideoRemixSerializer,
+                   responses={200: s.VideoSerializer, **_errors(400, 401, 404, 409, 413, 429, 503)})
+    def post(self, request: Request, video_id: str) -> Response:
+        """A new video with the source's parameters (size, frames, steps, seed, ...) and a new prompt."""
+        from django.db import transaction
+
+        from onepiece_platform.videos.models import Remix
+
+        check_body_size(request)
+        source = _own_video(request, video_id)
+        v = s.VideoRemixSerializer(data=request.data)
+        v.is_valid(raise_exception=True)
+        params = {**source.params, "prompt": v.validated_data["prompt"]}
+        job = _submit_video(request, source.workflow, params,
+                            _image_input(source.workflow, v.validated_data.get("input_reference")))
+        with transaction.atomic():
+            Remix.objects.get_or_create(job=job, defaults={"source_uid": source.uid})
+        return Response(_video(job))
 
 
 def _wait(jobs: list[Job], timeout: float) -> list[Job]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import workflows
@@ -29,13 +32,57 @@ def parse_size(value: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+@extend_schema_field({"oneOf": [
+    {"type": "string", "format": "binary"},
+    {"type": "object", "properties": {"image_url": {"type": "string", "pattern": "^data:[^,]*;base64,"}},
+     "required": ["image_url"], "additionalProperties": False},
+]})
+class InputReferenceField(serializers.Field):
+    """The first frame: a file (multipart) or, in JSON, ``{"image_url": "data:image/png;base64,..."}``.
+
+    Only ``data:`` URLs: the platform fetches nothing from the network on a client's behalf (SSRF), and keeps
+    no files to name by ``file_id``. Yields the image bytes (checked as an image later, with the size limit).
+    """
+
+    default_error_messages = {
+        # str.format'ed by fail(): braces doubled
+        "shape": 'input_reference must be a file or {{"image_url": "data:image/...;base64,..."}}',
+        "file_id": "input_reference.file_id is not served (OnePiece keeps no uploaded files); send image_url "
+                   "as a data: URL or upload the file",
+        "data_url": "input_reference.image_url must be a base64 data: URL (OnePiece fetches no remote URLs)",
+    }
+
+    def to_internal_value(self, data: Any) -> Any:
+        if hasattr(data, "read") and hasattr(data, "size"):
+            return data  # an upload: read by the view after its size check
+        if not isinstance(data, dict) or not data or set(data) - {"image_url", "file_id"}:
+            self.fail("shape")
+        if "file_id" in data:
+            self.fail("file_id")
+        url = data.get("image_url")
+        if not isinstance(url, str) or not url.startswith("data:"):
+            self.fail("data_url")
+        head, _, payload = url.partition(",")
+        if not head.endswith(";base64"):
+            self.fail("data_url")
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            self.fail("data_url")
+
+    def to_representation(self, value: Any) -> Any:
+        return None
+
+
 class VideoCreateSerializer(RefuseUnknownFields):
     prompt = serializers.RegexField(PROMPT, max_length=4000)
-    model = serializers.ChoiceField(choices=[], required=False, default="wan2.1-i2v")
+    model = serializers.ChoiceField(choices=[], required=False,
+                                    help_text="the workflow; default wan2.1-i2v with input_reference, else wan2.1-t2v")
     seconds = serializers.IntegerField(required=False, min_value=1, max_value=60,
                                        help_text="clip length; frames = seconds x fps + 1")
     size = serializers.CharField(required=False, max_length=16, help_text="WIDTHxHEIGHT")
-    input_reference = serializers.FileField(required=False, help_text="the first frame (image-to-video)")
+    input_reference = InputReferenceField(required=False, help_text="the first frame (image-to-video): a file, or "
+                                          'in JSON {"image_url": "data:image/png;base64,..."}')
     # OnePiece extensions (the openai client sends them through extra_body)
     num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=1000)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
@@ -92,7 +139,15 @@ class VideoListQuerySerializer(serializers.Serializer):
 
 
 class ContentQuerySerializer(serializers.Serializer):
-    variant = serializers.ChoiceField(choices=["video"], required=False, default="video")
+    variant = serializers.ChoiceField(choices=["video", "thumbnail", "spritesheet"], required=False, default="video",
+                                      help_text="video (mp4), thumbnail (PNG of the first frame) or spritesheet "
+                                      "(JPEG grid of frames)")
+
+
+class VideoRemixSerializer(RefuseUnknownFields):
+    prompt = serializers.RegexField(PROMPT, max_length=4000)
+    # OnePiece extension: an image-to-video source's first frame is not kept, so its remix needs it again
+    input_reference = InputReferenceField(required=False, help_text="image-to-video sources only: the first frame")
 
 
 class ImageGenerateSerializer(RefuseUnknownFields):

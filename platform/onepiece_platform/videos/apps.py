@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class VideosConfig(AppConfig):
+    name = "onepiece_platform.videos"
+    default_auto_field = "django.db.models.BigAutoField"
