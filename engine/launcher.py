@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine Proxy port (default: ONEPIECE_PROXY_PORT; a free one if taken)")
     p.add_argument("--models", type=Path, default=None,
                    help="folder with one model folder per workflow (default: tiny models built in the state dir)")
+    p.add_argument("--workflows", default=None, metavar="NAME[,NAME...]",
+                   help="serve only these workflows (default: every workflow with a model folder); each workflow "
+                   "costs one worker process per stage, each ~430 MB and seconds of imports")
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per stage inbox ring")
     p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
                    help="CPU threads per stage instance (default: ONEPIECE_THREADS_PER_INSTANCE or auto: the "
@@ -259,6 +262,13 @@ def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -
 
         shutil.rmtree(scratch, ignore_errors=True)
     found = {w: str(root / w) for w in workflows() if (root / w / "model_index.json").exists()}
+    if getattr(args, "workflows", None):
+        wanted = [w.strip() for w in args.workflows.split(",") if w.strip()]
+        unknown = [w for w in wanted if w not in found]
+        if unknown:
+            raise ServiceError(f"--workflows: no model folder for {', '.join(unknown)} under {root} "
+                               f"(have: {', '.join(sorted(found))})")
+        found = {w: found[w] for w in wanted}
     if not found:
         raise ServiceError(f"no model folder for any workflow under {root}")
     return found
