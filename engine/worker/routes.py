@@ -220,13 +220,6 @@ class RouteTable:
         with self._lock:
             return sum(self._service.get(workflow, {}).values())
 
-    def remaining_service(self, workflow: str, route: list[str], stage: str) -> float:
-        """Seconds the stages from ``stage`` to the end of ``route`` take at the least (their published
-        stage times; 0 for a stage without one): what a request must still have before its deadline."""
-        with self._lock:
-            times = self._service.get(workflow, {})
-        return sum(times.get(s, 0.0) for s in route[route.index(stage):]) if stage in route else 0.0
-
     def candidates(self, workflow: str, stage: str, *, fresh: bool = False) -> list[Route]:
         """The published instances of ``stage`` (possibly empty), sorted by instance id."""
         if fresh or (self._thread is None and self.clock() - self._fetched > self.refresh_s):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,7 @@ class TaskWorker:
         self.outstanding = Outstanding(self.producers.poll)
         self.deliver = make_deliver(config.deliver, self.outstanding)
         self.handled = 0
+        self._speeds: deque[float] = deque(maxlen=32)  # seconds per cost unit of the last runs
         self.runs = 0  # stage runs completed by this process
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
 
@@ -170,15 +172,23 @@ class TaskWorker:
             if left <= 0:
                 self.store.finish(uid, h.workflow, keys.EXPIRED, st, detail=f"deadline passed before {st} started")
                 return False
-            # Work that cannot end in time is not started: under overload, the device time goes to the
-            # requests that can still make their deadlines instead of to ones that will expire mid-way.
-            need = self.routes.remaining_service(h.workflow, self.route, st)
+            # Work that cannot end in time is not started: under overload the device time goes to requests
+            # that can still make their deadlines, not to ones that would expire half-way through.
+            need = self._fastest_for(h)
             if need > left:
                 self.store.finish(uid, h.workflow, keys.EXPIRED, st,
-                                  detail=f"cannot finish by its deadline: {st} and the stages after it take "
-                                         f"{need:.2f}s, {left:.2f}s left")
+                                  detail=f"cannot finish by its deadline: {st} alone takes at least {need:.2f}s "
+                                         f"here, {left:.2f}s left")
                 return False
         return True
+
+    def _fastest_for(self, h: wm.Header) -> float:
+        """The least time this stage has taken here for a request of this one's predicted cost: the
+        fastest seconds per cost unit among the last runs, times its cost (0 before any run). A lower
+        bound, so a request is never expired that this instance could have served in time."""
+        if not self._speeds:
+            return 0.0
+        return min(self._speeds) * self.spec.estimate_cost(h.params).get(self.config.stage, 0.0)
 
     def _run(self, h: wm.Header, msg: wm.Message) -> bool:
         """Run the stage and hand its output on; False when it stopped early (cancel, deadline)."""
@@ -226,6 +236,8 @@ class TaskWorker:
         if pad:
             time.sleep(pad)
         elapsed = time.perf_counter() - t0
+        if share > 0:
+            self._speeds.append(elapsed / share)  # seconds per predicted cost unit, for _fastest_for
         helped = f" (collaboration: {ctx.cfg_parallel.steps_helped} halves by {ctx.cfg_parallel.helper.instance})" \
             if ctx.cfg_parallel is not None else ""
         values.update(out)
