@@ -28,23 +28,36 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
             assert json.loads(r.read()) == {"status": "ok"}
         with urllib.request.urlopen(lines["proxy"] + "/readyz", timeout=10) as r:
             checks = json.loads(r.read())["checks"]
-        assert checks == {"redis": "ok", "routes:sd-t2i": "ok", "routes:wan2.1-i2v": "ok"}
+        assert checks == {"redis": "ok", "routes:sd-t2i": "ok", "routes:wan2.1-i2v": "ok", "routes:wan2.1-t2v": "ok"}
         rings = [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")]
         inboxes = [n for n in rings if not n.endswith(".cfg")]
-        assert len(inboxes) == 10, rings  # one inbox ring per stage instance
-        assert [n for n in rings if n.endswith(".cfg")] == [f"onepiece-up-{proc.pid}-wan2.1-i2v.denoise.0.cfg"]
+        assert len(inboxes) == 14, rings  # one inbox ring per stage instance
+        assert sorted(n for n in rings if n.endswith(".cfg")) == [
+            f"onepiece-up-{proc.pid}-wan2.1-{kind}.denoise.0.cfg" for kind in ("i2v", "t2v")]
         # the Node Manager leads, took the assignment over without moving an instance, and feeds the
         # Proxy's admission with each workflow's capacity
         from engine.worker.routes import etcd_client
 
         etcd = etcd_client(lines["etcd"])
         deadline = time.monotonic() + 60
-        while not all(etcd.get(f"/onepiece/capacity/{wf}") for wf in ("sd-t2i", "wan2.1-i2v")):
+        while not all(etcd.get(f"/onepiece/capacity/{wf}") for wf in ("sd-t2i", "wan2.1-i2v", "wan2.1-t2v")):
             assert time.monotonic() < deadline, "the Node Manager published no capacity"
             time.sleep(0.2)
         capacity = json.loads(etcd.get("/onepiece/capacity/sd-t2i")[0])
         assert capacity["fence_token"] > 0 and capacity["rps"] > 0 and capacity["mode"] == "individual"
         assert capacity["instances"] == {s: 1 for s in ("text_encode", "denoise", "vae_decode", "image_encode")}
+        t2v = json.loads(etcd.get("/onepiece/capacity/wan2.1-t2v")[0])
+        assert t2v["rps"] > 0 and t2v["instances"] == {s: 1 for s in ("text_encode", "denoise", "vae_decode",
+                                                                     "video_encode")}
+        # text-to-video end to end: the official client, no image, an mp4 back
+        import openai
+
+        client = openai.OpenAI(base_url=lines["api"], api_key=lines["api key"], max_retries=0, timeout=60)
+        video = client.videos.create_and_poll(prompt="a cat on the moon", size="32x32", seconds="1",
+                                              poll_interval_ms=200, extra_body={"num_inference_steps": 2})
+        assert video.status == "completed" and video.model == "wan2.1-t2v", video
+        assert client.videos.download_content(video.id).content[4:8] == b"ftyp"
+        client.close()
         assert sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")) == sorted(rings)
     finally:
         out = stop_up(proc)
