@@ -15,7 +15,8 @@ class StreamCursor(models.Model):
     last_id = models.CharField(max_length=64, default="0-0")
     updated_at = models.DateTimeField(auto_now=True)
     applied = models.PositiveBigIntegerField(default=0, help_text="events applied to the ledger")
-    retried = models.PositiveBigIntegerField(default=0, help_text="tries that failed transiently and were repeated")
+    retried = models.PositiveBigIntegerField(default=0, help_text="transient failures met (a lost database "
+                                             "connection, Redis away) and tried again, the cursor unmoved")
     held = models.PositiveBigIntegerField(default=0, help_text="events held because their job was not known yet")
     dead = models.PositiveBigIntegerField(default=0, help_text="events sent to the dead letters")
 

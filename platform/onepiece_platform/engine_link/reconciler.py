@@ -87,13 +87,21 @@ class Reconciler:
         self.count = count
         self.max_backoff_s = max_backoff_s
         self.stop = threading.Event()  # set by run()'s caller: a transient retry gives up, the cursor stays
+        self.unsaved_retries = 0  # transient failures not yet added to the cursor's count
 
     # -- the stream ---------------------------------------------------------------------------------
     def step(self) -> int:
         """Deal with held events, then the next batch from the stream; returns how many stream events."""
-        StreamCursor.objects.get_or_create(name=CURSOR)
+        cursor: dict[str, str] = {}
+
+        def read_cursor(_: int) -> None:
+            StreamCursor.objects.get_or_create(name=CURSOR)
+            cursor["last_id"] = StreamCursor.objects.values_list("last_id", flat=True).get(name=CURSOR)
+
+        if not self._until_done(read_cursor):
+            return 0
         self.retry_held()
-        last_id = StreamCursor.objects.values_list("last_id", flat=True).get(name=CURSOR)
+        last_id = cursor["last_id"]
         from onepiece_platform.redis_conn import get_redis
 
         resp = get_redis().xread({keys.EVENTS: last_id}, count=self.count, block=self.block_ms or None)
@@ -102,12 +110,13 @@ class Reconciler:
         entries = resp[0][1]
         for entry_id, raw in entries:
             eid, f = entry_id.decode(), {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
-            if not self._until_done(lambda n, e=eid, f=f: self._one(e, f, n)):
+            if not self._until_done(lambda _, e=eid, f=f: self._one(e, f)):
                 break  # stopping: the cursor is at the last event dealt with
         return len(entries)
 
     def _until_done(self, attempt: Callable[[int], None]) -> bool:
-        """Call ``attempt(tries so far)`` until it raises no transient error; False if stopped first."""
+        """Call ``attempt(tries so far)`` until it raises no transient error; False if stopped first.
+        Each failure is counted, and saved with the next cursor update that commits."""
         tries, delay = 0, 0.05
         while True:
             try:
@@ -115,7 +124,8 @@ class Reconciler:
                 return True
             except TRANSIENT as exc:
                 tries += 1
-                log.warning("transient error, retrying the same event in %.2fs (try %d): %s", delay, tries, exc)
+                self.unsaved_retries += 1
+                log.warning("transient error, trying again in %.2fs (try %d), the cursor unmoved: %s", delay, tries, exc)
                 try:
                     connection.close_if_unusable_or_obsolete()
                 except Exception:  # closing a broken connection may itself fail; the next query reconnects
@@ -124,9 +134,9 @@ class Reconciler:
                     return False
                 delay = min(delay * 2, self.max_backoff_s)
 
-    def _one(self, entry_id: str, fields: dict[str, str], retried: int) -> None:
+    def _one(self, entry_id: str, fields: dict[str, str]) -> None:
         """One stream event: applied, held or dead-lettered, with the cursor's move, in one transaction."""
-        counts = {"retried": retried}
+        counts = {"retried": self.unsaved_retries}
         with transaction.atomic():
             try:
                 ev = parse(fields)
@@ -137,6 +147,7 @@ class Reconciler:
                 counts[self._apply(entry_id, ev, fields)] = 1
             StreamCursor.objects.filter(name=CURSOR).update(
                 last_id=entry_id, updated_at=timezone.now(), **{k: F(k) + v for k, v in counts.items() if v})
+        self.unsaved_retries = 0
 
     def _apply(self, entry_id: str, ev: dict[str, Any], fields: dict[str, str]) -> str:
         """Apply in a savepoint; returns the outcome counted: applied, held or dead."""
@@ -169,7 +180,7 @@ class Reconciler:
         for held in list(HeldEvent.objects.all()[:self.count]):
             outcome: dict[str, str] = {}
 
-            def attempt(n: int, h: HeldEvent = held, out: dict[str, str] = outcome) -> None:
+            def attempt(_: int, h: HeldEvent = held, out: dict[str, str] = outcome) -> None:
                 with transaction.atomic():
                     if not HeldEvent.objects.filter(pk=h.pk).exists():
                         return  # another reconciler dealt with it
@@ -183,9 +194,11 @@ class Reconciler:
                     else:
                         return
                     HeldEvent.objects.filter(pk=h.pk).delete()
+                    n = self.unsaved_retries
                     StreamCursor.objects.filter(name=CURSOR).update(
                         **{result: F(result) + 1}, **({"retried": F("retried") + n} if n else {}))
                     out["result"] = result
+                self.unsaved_retries = 0
 
             if not self._until_done(attempt):
                 break
@@ -223,7 +236,15 @@ class Reconciler:
                     self.sweep()
                     next_sweep = time.monotonic() + sweep_every_s
                 self.step()
-            except Exception:  # Redis or the proxy briefly away: retry next tick
+            except TRANSIENT as exc:  # the database, Redis or the proxy briefly away: retry next tick
+                self.unsaved_retries += 1  # counted with the next event that commits
+                log.warning("reconciler tick failed, trying again: %s", exc)
+                try:
+                    connection.close_if_unusable_or_obsolete()
+                except Exception:
+                    pass
+                stop.wait(1.0)
+            except Exception:  # a bug: logged in full, and retried next tick
                 log.exception("reconciler tick failed")
                 try:
                     connection.close_if_unusable_or_obsolete()

@@ -50,13 +50,17 @@ def _measured(job_pk: int) -> float | None:
     return sum(r for r in runs if r is not None) if runs else None
 
 
-def _set_charge(job: Job, state: str) -> None:
-    """Inside the transaction holding the job's row: its measured cost from the stage runs, a new version."""
+def _set_charge(job: Job, state: str, if_changed: bool = False) -> bool:
+    """Inside the transaction holding the job's row: its measured cost from the stage runs, a new version
+    (with ``if_changed``, only when the cost moved). True if a new charge was set."""
     measured = _measured(job.pk)
     if measured is None and state != COMPLETED and not StageRun.objects.filter(job_id=job.pk).exists():
         measured = 0.0  # nothing ran: the estimate is refunded
+    if if_changed and measured == job.cost_measured_gpu_s:
+        return False
     Job.objects.filter(pk=job.pk).update(cost_measured_gpu_s=measured, charge_version=F("charge_version") + 1)
     job.refresh_from_db(fields=["cost_measured_gpu_s", "charge_version"])
+    return True
 
 
 def settle(job: Job) -> None:
@@ -117,7 +121,7 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
         if not Job.objects.filter(uid=uid).exists():
             raise Job.DoesNotExist(uid)
         return finish(uid, type_, detail, stage or None)
-    changed_run = False
+    changed_run = recharged = False
     with transaction.atomic():
         # the row's lock orders this against a concurrent finish(): one of the two sees the other's stage run
         job = Job.objects.select_for_update().get(uid=uid)
@@ -128,8 +132,7 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
         if job.terminal:
             # a stage's time read after the row was finished (the sweep or a status read got there first):
             # the timeline takes it and the charge follows; the state does not move
-            if changed_run:
-                _set_charge(job, job.state)
+            recharged = changed_run and _set_charge(job, job.state, if_changed=True)
         else:
             fields: dict[str, object]
             if type_ == keys.ACCEPTED:
@@ -145,7 +148,7 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
             if fields:
                 Job.objects.filter(pk=job.pk, state__in=NON_TERMINAL).update(updated_at=timezone.now(), **fields)
     if job.terminal:
-        if changed_run:
+        if recharged:
             settle(job)
         return changed_run
     if type_ == keys.STAGE_FINISHED and changed_run:

@@ -10,13 +10,14 @@ can name a UID the ledger does not know.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -90,15 +91,23 @@ def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], lim
     return resolved, spec.estimate_gpu_seconds(resolved)
 
 
-def _ledger_seed(user_id: int, exclude: int, day: str) -> tuple[list[tuple[str, float]], float]:
-    """((uid, charge) of unfinished reserved jobs, GPU-seconds charged on ``day``) from the ledger: seeds
-    for missing Redis counters. ``exclude`` is the row being submitted: it is not charged yet."""
-    mine = Job.objects.filter(owner_id=user_id).exclude(pk=exclude).exclude(quota_day="")
-    running = [(u, float(c)) for u, c in mine.filter(state__in=NON_TERMINAL, uid__isnull=False).values_list(
-        "uid", "cost_estimate_gpu_s")]
+# A finished job's charge may still move (a stage time read after the row was finished): the seed of
+# restarted counters gives a per-job record to jobs finished this recently, so such a move is exact.
+SEED_FINISHED_WITHIN = dt.timedelta(minutes=15)
+
+
+def _ledger_seed(user_id: int, exclude: int, day: str) -> tuple[list[tuple[str, float, int, int]], float]:
+    """(the jobs whose per-job records the seed writes, GPU-seconds charged on ``day``) from the ledger:
+    seeds for missing Redis counters. ``exclude`` is the row being submitted: it is not charged yet."""
+    mine = Job.objects.filter(owner_id=user_id, uid__isnull=False).exclude(pk=exclude).exclude(quota_day="")
+    movable = mine.filter(Q(state__in=NON_TERMINAL) | Q(quota_day=day, finished_at__gte=timezone.now()
+                                                         - SEED_FINISHED_WITHIN))
+    jobs = [(u, float(est if measured is None else measured), int(version), int(state in NON_TERMINAL))
+            for u, est, measured, version, state in movable.values_list(
+                "uid", "cost_estimate_gpu_s", "cost_measured_gpu_s", "charge_version", "state")]
     spent = mine.filter(quota_day=day).aggregate(
         s=Sum(Coalesce("cost_measured_gpu_s", "cost_estimate_gpu_s")))["s"] or 0.0
-    return running, float(spent)
+    return jobs, float(spent)
 
 
 def _rejected(workflow: str, reason: str, status: int) -> None:

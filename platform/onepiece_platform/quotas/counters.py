@@ -30,21 +30,22 @@ from onepiece_platform.redis_conn import get_redis
 _DAY_TTL_S = 2 * 86400
 
 # KEYS: running, spent, this job's record. ARGV: max jobs, budget, cost, seed spent, ttl, job-record prefix,
-# then (uid, charge) pairs of the user's unfinished, reserved jobs (the seed).
+# then (uid, charge, charge version, running 0/1) of the user's jobs whose record the seed writes.
 _RESERVE = """
 local ttl = tonumber(ARGV[5])
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local running, adjust = 0, 0
-  for i = 7, #ARGV, 2 do
+  for i = 7, #ARGV, 4 do
     local jk = ARGV[6] .. ARGV[i]
-    if redis.call('EXISTS', jk) == 0 then
-      redis.call('HSET', jk, 'running', 1, 'charged', ARGV[i + 1], 'version', 0)
-      redis.call('EXPIRE', jk, ttl)
-      running = running + 1
-    else
+    local charge, version, run = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    if redis.call('EXISTS', jk) == 1 and tonumber(redis.call('HGET', jk, 'version')) >= version then
       -- settled between the ledger read and now: count what its record says, not what the seed read
       running = running + tonumber(redis.call('HGET', jk, 'running'))
-      adjust = adjust + tonumber(redis.call('HGET', jk, 'charged')) - tonumber(ARGV[i + 1])
+      adjust = adjust + tonumber(redis.call('HGET', jk, 'charged')) - charge
+    else
+      redis.call('HSET', jk, 'running', run, 'charged', charge, 'version', version)
+      redis.call('EXPIRE', jk, ttl)
+      running = running + run
     end
   end
   redis.call('SET', KEYS[1], running)
@@ -136,16 +137,19 @@ def today() -> str:
     return _day()
 
 
-def reserve(user_id: int, uid: str, cost: float, limits: Limits, seed_jobs: Sequence[tuple[str, float]],
-            seed_spent: float, day: str | None = None) -> str:
+def reserve(user_id: int, uid: str, cost: float, limits: Limits,
+            seed_jobs: Sequence[tuple[str, float, int, int]], seed_spent: float, day: str | None = None) -> str:
     """Take one running slot and ``cost`` GPU-seconds of ``day``'s budget for job ``uid``; returns the day.
 
-    ``seed_jobs`` ((uid, charge) of the user's other unfinished, reserved jobs) and ``seed_spent`` (the
-    ledger's charges of ``day``) are used only if Redis has no counter. A repeat for the same ``uid``
-    takes nothing. Raises :class:`QuotaExceeded` (nothing taken) when a limit would be passed.
+    Used only if Redis has no counter: ``seed_spent`` (the ledger's charges of ``day``) and ``seed_jobs``,
+    (uid, charge, charge version, running 0/1) of the user's other jobs whose charge may still move (the
+    unfinished ones, and those finished lately: a stage time may still arrive), as the ledger has them;
+    each gets its per-job record, so a settlement after the restart moves the spend by exactly its
+    correction. A repeat for the same ``uid`` takes nothing. Raises :class:`QuotaExceeded` (nothing
+    taken) when a limit would be passed.
     """
     day = day or _day()
-    seed = [v for u, c in seed_jobs for v in (u, float(c))]
+    seed = [v for u, c, ver, run in seed_jobs for v in (u, float(c), int(ver), int(run))]
     ok, reason = get_redis().eval(_RESERVE, 3, *_keys(user_id, day, uid), limits.max_concurrent_jobs,
                                   limits.gpu_seconds_per_day, float(cost), float(seed_spent), _DAY_TTL_S,
                                   _job_prefix(), *seed)

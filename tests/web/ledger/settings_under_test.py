@@ -24,3 +24,12 @@ if os.environ.get("LEDGER_TEST_PG_PORT"):
     }
 
 ONEPIECE = {**ONEPIECE, "LOST_AFTER_S": 6.0, "HOLD_UNKNOWN_S": 5.0}  # noqa: F405
+
+# what a 500 was, in the process's log (DEBUG is off, so Django's default logging would keep it to itself)
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django.request": {"handlers": ["console"], "level": "ERROR"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

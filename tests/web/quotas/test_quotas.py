@@ -102,3 +102,27 @@ def test_counters_lost_with_redis_are_seeded_from_the_ledger(alice, store) -> No
         assert c.post("/api/v1/jobs", sd_body(seed=i), format="json").status_code == 202
     store.r.flushdb()  # Redis restarted: counters gone, the ledger still says 2 running
     assert c.post("/api/v1/jobs", sd_body(seed=5), format="json").status_code == 429
+
+
+def test_counters_seeded_after_a_restart_follow_a_late_correction_exactly(alice, store) -> None:
+    """Redis restarts with a job finished (charged its estimate: no stage time read yet) and one running;
+    the seed writes both jobs' records, so the stage time that arrives afterwards moves the spend by exactly
+    its correction, and the running job's end frees its slot once."""
+    from onepiece_platform.engine_link.reconciler import Reconciler
+    from onepiece_platform.jobs import ledger
+
+    user, c, _ = alice
+    done, running = (c.post("/api/v1/jobs", sd_body(seed=i), format="json").json()["uid"] for i in range(2))
+    store.finish(done, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png")
+    assert c.get(f"/api/v1/jobs/{done}").json()["cost_measured_gpu_s"] is None  # the estimate is charged
+    store.r.flushdb()  # Redis restarted
+    third = c.post("/api/v1/jobs", sd_body(seed=3), format="json").json()["uid"]  # seeds the counters
+    ledger.apply_event(done, keys.STAGE_STARTED, "denoise", 0, 100.0, "")
+    ledger.apply_event(done, keys.STAGE_FINISHED, "denoise", 50, 101.5, "")
+    for uid in (running, third):
+        store.finish(uid, "sd-t2i", keys.FAILED, "denoise", detail="x")
+        c.get(f"/api/v1/jobs/{uid}")
+    Reconciler(block_ms=0).sweep()
+    charged = sum(j.charge_gpu_s for j in Job.objects.filter(owner=user))
+    assert Job.objects.get(uid=done).cost_measured_gpu_s == pytest.approx(1.5)
+    assert counters.usage(user.pk) == (0, pytest.approx(charged))

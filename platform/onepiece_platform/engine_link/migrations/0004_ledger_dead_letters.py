@@ -55,6 +55,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='streamcursor',
             name='retried',
-            field=models.PositiveBigIntegerField(default=0, help_text='tries that failed transiently and were repeated'),
+            field=models.PositiveBigIntegerField(default=0, help_text='transient failures met (a lost database connection, Redis away) and tried again, the cursor unmoved'),
         ),
     ]
