@@ -13,7 +13,10 @@ of it have drained (``predicted_wait``), and by Little's law on a saturated
 pipeline it finishes ``(inflight + 1) / rate`` after it arrives, never sooner
 than the pipeline's unloaded latency (``predicted_finish``). A request with a
 deadline is refused unless that finish, with a safety ``margin``, falls before
-it: admission never accepts what it cannot finish in time.
+it: admission never accepts what it cannot finish in time. Until a saturated
+rate has been measured, such requests are admitted only while fewer than twice
+the workflow's instances are in flight: enough to keep every instance busy (and
+so to measure the rate), not enough to queue work on an unmeasured promise.
 """
 
 from __future__ import annotations
@@ -92,6 +95,12 @@ class RequestMonitor:
         if load.inflight >= self.max_queue:
             return Decision(False, f"queue full ({load.inflight} requests in flight)", retry, wait)
         finish = self.predicted_finish(load, cost)
+        if deadline is not None and load.drain_rps is None and load.inflight >= 2 * max(1, load.instances):
+            # Nothing measured yet of what the engine finishes while saturated (the Node Manager's figure
+            # assumes devices of their own, and is high where stages share a host's cores): admit no deeper
+            # queue than keeps every instance busy, which is exactly what measures it within seconds.
+            return Decision(False, f"queue at {load.inflight} requests while the engine's rate is being measured",
+                            retry, wait, finish)
         if deadline is not None and now + wait >= deadline:
             return Decision(False, f"cannot start within the deadline (predicted wait {wait:.1f}s)", retry, wait,
                             finish)

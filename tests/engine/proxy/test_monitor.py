@@ -70,7 +70,7 @@ def test_the_measured_drain_rate_wins_over_the_node_managers_capacity() -> None:
     m = RequestMonitor(max_queue=64, dispatch_s=0.0)
     published = Load(40, 40.0, 3, 1, capacity_rps=20.0, base_latency_s=0.1)
     measured = Load(40, 40.0, 3, 1, capacity_rps=20.0, drain_rps=5.0, base_latency_s=0.1)
-    assert m.decide(published, 1.0, now=0.0, deadline=9.5).admit  # 41 / 20 = 2.05 s
+    assert m.predicted_finish(published, 1.0) == pytest.approx(41 / 20.0)  # what trusting it would promise
     assert m.decide(measured, 1.0, now=0.0, deadline=10.0).admit
     d = m.decide(measured, 1.0, now=0.0, deadline=9.5)
     assert not d.admit and d.predicted_finish_s == pytest.approx(41 / 5.0) and d.retry_after == 8
@@ -97,3 +97,14 @@ def test_drain_meter_reports_a_rate_only_while_saturated() -> None:
     # a counter that went backwards (Redis lost and restarted): start afresh
     meter.record("wf", 48.0, inflight=20, finished=0, instances=3)
     assert meter.rate("wf", 48.0) is None
+
+
+def test_before_any_measured_rate_a_deadline_request_queues_no_deeper_than_twice_the_instances() -> None:
+    """The Node Manager says 20 req/s (devices of their own); until the Proxy has seen what the engine
+    finishes while saturated, requests with deadlines fill the pipeline (2 x 4 instances) and no more."""
+    m = RequestMonitor(max_queue=64, dispatch_s=0.0)
+    assert m.decide(Load(7, 7.0, 4, 1, capacity_rps=20.0), 1.0, now=0.0, deadline=10.0).admit
+    d = m.decide(Load(8, 8.0, 4, 1, capacity_rps=20.0), 1.0, now=0.0, deadline=10.0)
+    assert not d.admit and "being measured" in d.reason
+    assert m.decide(Load(8, 8.0, 4, 1, capacity_rps=20.0), 1.0, now=0.0, deadline=None).admit  # no deadline
+    assert m.decide(Load(40, 40.0, 4, 1, capacity_rps=20.0, drain_rps=8.0), 1.0, now=0.0, deadline=10.0).admit
