@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
@@ -50,3 +51,17 @@ class RefuseUnknownFields(serializers.Serializer):
                 raise serializers.ValidationError({unknown[0]: [
                     f"unknown field; known: {', '.join(sorted(self.fields))}"]})
         return super().to_internal_value(data)
+
+
+class RefuseUnknownFieldsSchema(OpenApiSerializerExtension):
+    """The OpenAPI schema says what :class:`RefuseUnknownFields` does: ``additionalProperties: false`` on
+    request bodies, so generated clients and schema-driven testers do not send fields that are refused."""
+
+    target_class = RefuseUnknownFields
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction == "request":
+            schema["additionalProperties"] = False
+        return schema
