@@ -111,6 +111,26 @@ def test_locust_mixed_load_beside_a_cpu_hog(tmp_path: Path, tiny_models: dict[st
         assert accepted_videos <= set(by_uid), accepted_videos - set(by_uid)
         completed = [j for j in jobs if j["state"] == "completed"]
         assert {j["workflow"] for j in completed} == {"sd-t2i", "wan2.1-i2v"}, statuses
+        # the ledger lost nothing (issue 15): every completed job has a started and finished run of every stage
+        # of its workflow (once the reconciler has read them: a status read may finish a row first), its
+        # measured cost is their sum, and neither the web process nor the reconciler met a locked database
+        from engine.workflow import get_workflow
+
+        def timeline_gaps(job: dict[str, Any]) -> list[str]:
+            return [s for s in get_workflow(job["workflow"]).route()
+                    if not any(r["stage"] == s and r["started"] is not None and r["finished"] is not None
+                               for r in job["stage_runs"])]
+
+        deadline = time.monotonic() + 120
+        while gaps := {j["uid"]: timeline_gaps(j) for j in completed if timeline_gaps(j)}:
+            assert time.monotonic() < deadline, list(gaps.items())[:5]
+            time.sleep(1)
+            completed = [j for j in _ledger(web, key) if j["state"] == "completed"]
+        for j in completed:
+            assert j["cost_measured_gpu_s"] == pytest.approx(
+                sum(r["device_s"] for r in j["stage_runs"] if r["device_s"] is not None), abs=1e-5), j
+        logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "state" / "logs").glob("*.log"))
+        assert "database is locked" not in logs
 
         with open(f"{prefix}_stats.csv") as f:
             stats = {row["Name"]: row for row in csv.DictReader(f)}
