@@ -34,6 +34,7 @@ import datetime as dt
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,9 @@ def parse(fields: dict[str, str]) -> dict[str, Any]:
         raise Malformed(f"unreadable field: {exc!r}") from None
 
 
+FOREIGN_REMEMBERED = 100_000  # UIDs of foreign jobs kept (a bounded memory, oldest forgotten)
+
+
 class Reconciler:
     def __init__(self, engine: EngineClient | None = None, block_ms: int = 1000, count: int = 500,
                  max_backoff_s: float = 5.0) -> None:
@@ -88,6 +92,12 @@ class Reconciler:
         self.max_backoff_s = max_backoff_s
         self.stop = threading.Event()  # set by run()'s caller: a transient retry gives up, the cursor stays
         self.unsaved_retries = 0  # transient failures not yet added to the cursor's count
+        # UIDs whose acceptance this reconciler saw with no ledger row: jobs the platform never submitted
+        # (the platform writes its row, UID and all, before it calls the engine), such as direct Proxy
+        # clients (`onepiece bench e2e`). Their later events are passed over when they find no row (a row
+        # that did appear would still be found): holding each of them for HOLD_UNKNOWN_S cost most of a core
+        # under such load, and a dead letter per event.
+        self._foreign: OrderedDict[str, None] = OrderedDict()
 
     # -- the stream ---------------------------------------------------------------------------------
     def step(self) -> int:
@@ -157,7 +167,16 @@ class Reconciler:
             return "applied"
         except Job.DoesNotExist:
             if ev["type_"] == keys.ACCEPTED:
-                return "applied"  # the Proxy's acceptance of a job the platform did not submit tells nothing
+                # the Proxy's acceptance of a job the platform did not submit tells nothing, and says that
+                # the job's other events will not find a row either
+                self._foreign[ev["uid"]] = None
+                if len(self._foreign) > FOREIGN_REMEMBERED:
+                    self._foreign.popitem(last=False)
+                return "applied"
+            if ev["uid"] in self._foreign:  # a job the platform did not submit: nothing for the ledger
+                if ev["type_"] in keys.TERMINAL:
+                    del self._foreign[ev["uid"]]
+                return "applied"
             HeldEvent.objects.get_or_create(entry_id=entry_id, defaults={"uid": ev["uid"], "fields": fields})
             return "held"
         except TRANSIENT:
