@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve only these workflows (default: every workflow with a model folder); each workflow "
                    "costs one worker process per stage, each ~430 MB and seconds of imports")
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per stage inbox ring")
+    p.add_argument("--spare-slots", type=int, default=0, metavar="N",
+                   help="instance slots beyond one per stage, for the Node Manager to give to bottleneck stages "
+                   "(shared among the workflows by weight; each is one more worker process when used)")
     p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
                    help="CPU threads per stage instance (default: ONEPIECE_THREADS_PER_INSTANCE or auto: the "
                    "host's cores shared among the instances)")
@@ -319,7 +322,7 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     # The Node Manager takes over from the static assignment (keeping its instances: one node, one slot per
     # instance) and from then on measures stage times, rebalances, applies operators' actions and feeds the
     # Proxy's admission control with the measured capacity.
-    manager_cmd = [*cli, "manager", "--name", "local-manager", "--slots-per-node", str(len(want)),
+    manager_cmd = [*cli, "manager", "--name", "local-manager", "--slots-per-node", str(len(want) + max(0, args.spare_slots)),
                    *(a for wf, folder in sorted(models.items()) for a in ("--workflow", f"{wf}={folder}"))]
     with open(logs / "manager.log", "ab") as out:
         procs["manager"] = subprocess.Popen(manager_cmd, env=env, cwd=REPO_ROOT, stdout=out,
