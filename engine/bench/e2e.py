@@ -181,10 +181,9 @@ def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> tuple[l
 def _monolith_worker(model_dir: str, params: dict[str, Any], threads: int, device: str, ready: Any, go: Any,
                      window: tuple[float, float] | Any, out: Any) -> None:
     """One monolithic replica: the whole pipeline per request, with its share of the cores."""
-    from engine.worker.threads import THREAD_VARS
+    from engine.worker.threads import apply_env
 
-    for name in THREAD_VARS:  # before torch loads (spawned process: nothing is loaded yet)
-        os.environ[name] = str(threads)
+    apply_env(os.environ, threads)  # as a stage worker's budget, before torch loads (spawned: nothing is yet)
     import torch
 
     torch.set_num_threads(threads)

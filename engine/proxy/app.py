@@ -61,6 +61,7 @@ ROUTES = web.AppKey("routes", RouteTable)
 ACCEPTED = web.AppKey("accepted", dict)  # workflow -> requests accepted since start
 DRAIN = web.AppKey("drain", DrainMeter)  # what the engine finishes per second (sampled in the background)
 DRAIN_SAMPLE_S = 0.25  # how often the drain meter samples the store's counters
+ADMITTING = web.AppKey("admitting", dict)  # workflow -> asyncio.Lock held from the count read to acceptance
 ENDINGS = web.AppKey("endings", dict)  # uid -> asyncio.Event set when the job's terminal event is seen
 
 
@@ -92,11 +93,11 @@ def _busy(reason: str, retry_after: int, request: web.Request | None = None) -> 
     """503 with Retry-After. A refused body is not read: a large or undeclared one closes the connection
     (never drained), while a small declared one keeps it alive, so a client retrying on its
     connection does not pay a new handshake for every refusal."""
-    headers = {"Retry-After": str(max(1, retry_after))}
+    resp = _error(503, reason, headers={"Retry-After": str(max(1, retry_after))})
     length = request.content_length if request is not None else None
     if length is None or length > KEEP_ALIVE_BODY:
-        headers["Connection"] = "close"
-    return _error(503, reason, headers=headers)
+        resp.force_close()  # a Connection header alone would still have aiohttp read the body to its end
+    return resp
 
 
 def _instances(routes: RouteTable, name: str) -> tuple[int, int]:
@@ -151,8 +152,9 @@ async def _pre_admit(request: web.Request) -> web.Response | None:
     app = request.app
     length = request.content_length
     if length is not None and length > app[LIMITS].max_body:
-        return _error(413, f"request body of {length} bytes is over the limit of {app[LIMITS].max_body}", "body",
-                      headers={"Connection": "close"})
+        resp = _error(413, f"request body of {length} bytes is over the limit of {app[LIMITS].max_body}", "body")
+        resp.force_close()
+        return resp
     hint = request.query.get("workflow")
     names = [hint] if hint in workflows() else sorted(workflows())
     loads = _cached_loads(app, names)
@@ -229,25 +231,29 @@ async def _admit(request: web.Request, sub: Submission, uid: str, message: bytes
     app = request.app
     store, spec, params = app[STORE], sub.spec, sub.params
     route = spec.route()
-    try:
-        if sub.uid is not None and await asyncio.to_thread(store.status, uid) is not None:
-            return _error(409, "a request with this uid was already accepted", "uid")
-        load = (await asyncio.to_thread(_loads, app, [spec.name]))[spec.name]
-    except Exception as exc:  # Redis unreachable: an overload answer, never a 500
-        return _busy(f"the result store is unavailable: {exc}", 5)
-    cost = spec.estimate_gpu_seconds(params)
-    decision = app[MONITOR].decide(load, cost, time.time(), sub.deadline)
-    if not decision.admit:
-        return _busy(decision.reason, decision.retry_after)
     limit = await app[INJECTOR].max_message(spec.name, route[0])
     if limit is not None and len(message) > limit:
         exc = _too_large(sub, len(message), limit)
         return _error(exc.status, str(exc), exc.field)
-    try:  # kept with the job until it finishes: a job whose node is lost starts again from it
-        if not await asyncio.to_thread(store.accept, uid, spec.name, cost, "", message):
-            return _error(409, "a request with this uid was already accepted", "uid")  # claimed meanwhile
-    except Exception as exc:  # Redis unreachable: an overload answer, never a 500
-        return _busy(f"the result store is unavailable: {exc}", 5)
+    cost = spec.estimate_gpu_seconds(params)
+    # One decision at a time per workflow: concurrent submits must not all be admitted on the same
+    # in-flight count (a burst would overshoot the queue bound and the deadline rule); the lock covers
+    # the read, the decision and the acceptance, which moves the count.
+    async with app[ADMITTING].setdefault(spec.name, asyncio.Lock()):
+        try:
+            if sub.uid is not None and await asyncio.to_thread(store.status, uid) is not None:
+                return _error(409, "a request with this uid was already accepted", "uid")
+            load = (await asyncio.to_thread(_loads, app, [spec.name]))[spec.name]
+        except Exception as exc:  # Redis unreachable: an overload answer, never a 500
+            return _busy(f"the result store is unavailable: {exc}", 5)
+        decision = app[MONITOR].decide(load, cost, time.time(), sub.deadline)
+        if not decision.admit:
+            return _busy(decision.reason, decision.retry_after, request)
+        try:  # kept with the job until it finishes: a job whose node is lost starts again from it
+            if not await asyncio.to_thread(store.accept, uid, spec.name, cost, "", message):
+                return _error(409, "a request with this uid was already accepted", "uid")  # claimed meanwhile
+        except Exception as exc:  # Redis unreachable: an overload answer, never a 500
+            return _busy(f"the result store is unavailable: {exc}", 5)
     app[DRAIN].note_accepted(spec.name)  # in flight in the store from now on
     try:
         target = await app[INJECTOR].inject(spec.name, route[0], message, spec.estimate_cost(params).get(route[0], 0.0))
@@ -293,14 +299,21 @@ async def _wait_terminal(app: web.Application, uid: str, st: Any, wait: float) -
     entry[1] += 1
     ended = entry[0]
     deadline = time.monotonic() + wait
+    async def read(st: Any) -> Any:
+        try:
+            return await asyncio.to_thread(store.status, uid) or st
+        except Exception as exc:  # Redis away: answer what is known when the wait ends, never a 500
+            log.warning("status of %s unreadable during a long poll: %s", uid, exc)
+            return st
+
     try:
-        st = await asyncio.to_thread(store.status, uid) or st  # it may have ended before we listened
+        st = await read(st)  # it may have ended before we listened
         while not st.terminal and (left := deadline - time.monotonic()) > 0:
             try:
                 await asyncio.wait_for(ended.wait(), min(1.0, left))
             except TimeoutError:
                 pass
-            st = await asyncio.to_thread(store.status, uid) or st
+            st = await read(st)
     finally:
         entry[1] -= 1
         if entry[1] == 0 and endings.get(uid) is entry:
@@ -441,7 +454,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     choice of Proxy."""
     limits = limits or Limits()
     app = web.Application(client_max_size=limits.max_body, middlewares=[auth.middleware(token)])
-    app[ACCEPTED], app[LIMITS], app[DRAIN], app[ENDINGS] = {}, limits, DrainMeter(), {}
+    app[ACCEPTED], app[LIMITS], app[DRAIN], app[ENDINGS], app[ADMITTING] = {}, limits, DrainMeter(), {}, {}
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
     app.router.add_post("/v1/requests", submit)

@@ -59,7 +59,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'stage', ARGV[3], 'progress', ARGV
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[5])
-redis.call('INCR', KEYS[6])
+if ARGV[2] == 'completed' then redis.call('INCR', KEYS[6]) end
 local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
            'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
@@ -169,7 +169,7 @@ class JobStore:
         return True
 
     def drain_sample(self, workflows: list[str]) -> dict[str, tuple[int, int]]:
-        """workflow -> (jobs in flight, jobs finished since the store began): one round trip, for the
+        """workflow -> (jobs in flight, jobs completed since the store began): one round trip, for the
         Proxy's :class:`engine.proxy.drain.DrainMeter`."""
         pipe = self.r.pipeline(transaction=False)
         for wf in workflows:
@@ -273,6 +273,9 @@ class JobStore:
     def read_events(self, after: str, block_ms: int, count: int = 1000) -> tuple[str, list[dict[str, str]]]:
         """(the id to read after next, the events written after ``after``), waiting up to ``block_ms`` for
         the first (``after`` "$": only new ones). One blocking read serves every waiter of a process."""
+        if after == "$":  # from what is the end now: a concrete id, so nothing written meanwhile is skipped
+            last = self.r.xrevrange(keys.EVENTS, count=1)
+            after = (last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]) if last else "0-0"
         resp = self.r.xread({keys.EVENTS: after}, count=count, block=block_ms)
         out: list[dict[str, str]] = []
         for _, entries in resp or ():
@@ -280,9 +283,6 @@ class JobStore:
                 after = eid.decode() if isinstance(eid, bytes) else eid
                 out.append({(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
                             for k, v in fields.items()})
-        if after == "$" and not out:  # nothing yet: keep reading from what was the end at this moment
-            last = self.r.xrevrange(keys.EVENTS, count=1)
-            after = (last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]) if last else "0-0"
         return after, out
 
     def events(self, uid: str | None = None, count: int = 10_000) -> list[dict[str, str]]:

@@ -56,8 +56,8 @@ def done_key(uid: str, stage: str) -> str:
 
 
 def finished_key(workflow: str) -> str:
-    """Counter of the workflow's jobs that reached a terminal state (every Proxy's admission reads how
-    fast it grows: the rate at which the engine really drains its queue)."""
+    """Counter of the workflow's completed jobs (every Proxy's admission reads how fast it grows: the rate
+    at which the engine really finishes work; expired and failed jobs are not capacity)."""
     return f"{PREFIX}:finished:{workflow}"
 
 

@@ -45,7 +45,7 @@ from typing import Any
 from engine import envs
 from engine.worker.config import Assignment, InstanceSpec, StageTiming
 from engine.worker.routes import Route, assignment_key, etcd_client, node_key, publish_route, withdraw_route
-from engine.worker.threads import apply_env, budget_for, is_cuda
+from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
 from engine.workflow import get_workflow
 
 log = logging.getLogger("onepiece.node")
@@ -276,7 +276,8 @@ class TaskManager:
         """CPU threads for a worker started now: the node's cores shared among the instances placed on it
         (or the explicit ``threads_per_instance``); see :mod:`engine.worker.threads`."""
         placed = len(self.desired.instances) or len(self.instances)
-        return budget_for(placed, is_cuda(inst.spec.device, envs.DEVICE or "auto"), self.s.threads_per_instance)
+        explicit = self.s.threads_per_instance or inherited()
+        return budget_for(placed, is_cuda(inst.spec.device, envs.DEVICE or "auto"), explicit)
 
     def _drain(self, inst: _Instance, now: float) -> None:
         """Take an instance out of service without losing what its ring holds: withdraw its route (senders

@@ -100,7 +100,7 @@ class TaskWorker:
         self.outstanding = Outstanding(self.producers.poll)
         self.deliver = make_deliver(config.deliver, self.outstanding)
         self.handled = 0
-        self._speeds: deque[float] = deque(maxlen=32)  # seconds per cost unit of the last runs
+        self._runs: dict[str, deque[tuple[float, float]]] = {}  # mode -> (seconds, cost) of the last runs
         self.runs = 0  # stage runs completed by this process
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
 
@@ -182,13 +182,20 @@ class TaskWorker:
                 return False
         return True
 
+    def _mode(self, h: wm.Header) -> str:
+        return "collaboration" if self.collab is not None and self.routes.mode(h.workflow) == "collaboration" \
+            else "individual"
+
     def _fastest_for(self, h: wm.Header) -> float:
-        """The least time this stage has taken here for a request of this one's predicted cost: the
-        fastest seconds per cost unit among the last runs, times its cost (0 before any run). A lower
-        bound, so a request is never expired that this instance could have served in time."""
-        if not self._speeds:
+        """A lower bound on this stage's time here for this request: over the last runs in the same mode,
+        a run of at most this request's predicted cost is no slower than it, and a run of a larger cost c_i
+        that took t_i takes at least t_i * c / c_i at cost c (a fixed part plus a part growing with the
+        cost scales no faster than that). 0 before any run in this mode: nothing is expired on a guess."""
+        cost = self.spec.estimate_cost(h.params).get(self.config.stage, 0.0)
+        runs = self._runs.get(self._mode(h), ())
+        if cost <= 0 or not runs:
             return 0.0
-        return min(self._speeds) * self.spec.estimate_cost(h.params).get(self.config.stage, 0.0)
+        return min(t * min(1.0, cost / c) for t, c in runs)
 
     def _run(self, h: wm.Header, msg: wm.Message) -> bool:
         """Run the stage and hand its output on; False when it stopped early (cancel, deadline)."""
@@ -236,8 +243,8 @@ class TaskWorker:
         if pad:
             time.sleep(pad)
         elapsed = time.perf_counter() - t0
-        if share > 0:
-            self._speeds.append(elapsed / share)  # seconds per predicted cost unit, for _fastest_for
+        if share > 0:  # (seconds, predicted cost) of this run, for _fastest_for
+            self._runs.setdefault(self._mode(h), deque(maxlen=32)).append((elapsed, share))
         helped = f" (collaboration: {ctx.cfg_parallel.steps_helped} halves by {ctx.cfg_parallel.helper.instance})" \
             if ctx.cfg_parallel is not None else ""
         values.update(out)

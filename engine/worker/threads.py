@@ -11,7 +11,8 @@ budget, and nothing in a worker may take more.
 The budget (``budget_for``):
 
 - an explicit ``--threads-per-instance N`` / ``ONEPIECE_THREADS_PER_INSTANCE=N``
-  wins;
+  wins; then an ``OMP_NUM_THREADS`` the node itself was started with (an
+  operator's choice, kept for every instance);
 - ``auto`` on a CUDA device: 1 thread (the GPU does the work; the CPU thread
   launches kernels and copies), 2 when the host has at least 4 cores per
   instance (tokenisation and video encoding keep a second one busy);
@@ -65,6 +66,15 @@ def parse_threads(value: str | int | None) -> int | None:
     if n < 1:
         raise ValueError(f"threads per instance must be a positive integer or 'auto', got {value!r}")
     return n
+
+
+def inherited() -> int | None:
+    """The ``OMP_NUM_THREADS`` this process was started with, when it is a positive integer."""
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return n if n > 0 else None
 
 
 def is_cuda(device: str | None, default: str = "auto") -> bool:

@@ -174,9 +174,7 @@ class Reconciler:
                     self._foreign.popitem(last=False)
                 return "applied"
             if ev["uid"] in self._foreign:  # a job the platform did not submit: nothing for the ledger
-                if ev["type_"] in keys.TERMINAL:
-                    del self._foreign[ev["uid"]]
-                return "applied"
+                return "applied"  # (remembered past its end: timeline events may follow the terminal one)
             HeldEvent.objects.get_or_create(entry_id=entry_id, defaults={"uid": ev["uid"], "fields": fields})
             return "held"
         except TRANSIENT:

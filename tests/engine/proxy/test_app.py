@@ -204,3 +204,21 @@ def test_status_long_poll_answers_when_the_request_ends(env: dict[str, Any]) -> 
         finisher.join()
 
     _serve(env, 10, body)
+
+
+def test_a_burst_is_admitted_on_the_count_each_decision_sees(env: dict[str, Any]) -> None:
+    """Twelve submits with deadlines at once, one instance and no measured rate yet: admission allows
+    fewer than twice the instances in flight, so exactly two are accepted, however the twelve interleave
+    (without one decision at a time per workflow, each read the same empty count and all got in)."""
+    async def body(client: Any) -> None:
+        async def one() -> int:
+            r = await client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD, "deadline_s": 60})
+            return r.status
+
+        statuses = await asyncio.gather(*(one() for _ in range(12)))
+        assert sorted(statuses) == [202] * 2 + [503] * 10, statuses
+        assert env["store"].inflight("sd-t2i")[0] == 2
+
+    _serve(env, 64, body)
+    while (d := env["ring"].recv(timeout=0.05)) is not None:
+        d.release()

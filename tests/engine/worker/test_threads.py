@@ -61,7 +61,7 @@ def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, 
     tm = TaskManager(NodeSettings(node, etcd_server.url, redis_server.url, tmp_path / "run",
                                   ring_prefix=f"test-{os.getpid()}-thr{explicit}-", ring_slots=16, ring_bytes=1 << 20,
                                   threads_per_instance=explicit))
-    want = explicit or max(1, threads.usable_cores() // 2)
+    want = explicit or threads.inherited() or max(1, threads.usable_cores() // 2)
     tm.start()
     try:
         deadline = time.monotonic() + 200
