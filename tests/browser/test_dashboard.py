@@ -131,14 +131,16 @@ def test_non_staff_is_refused_page_api_and_websocket(live_asgi, browser) -> None
 
 
 def _assert_handshake_refused(url: str, session: str) -> None:
-    """What the browser cannot show: the server answers the upgrade with 403, before any frame."""
-    from websockets.exceptions import InvalidStatus
+    """What the browser saw, from a plain client: accepted, then closed with 4403 before any frame."""
+    from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    with pytest.raises(InvalidStatus) as refused:
-        connect(url.replace("http", "ws", 1) + "/ws/cluster", origin=url,
-                additional_headers={"Cookie": f"sessionid={session}"}, open_timeout=5)
-    assert refused.value.response.status_code == 403
+    with connect(url.replace("http", "ws", 1) + "/ws/cluster", origin=url,
+                 additional_headers={"Cookie": f"sessionid={session}"}, open_timeout=5) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+
 
 def _assert_handshake_accepted(url: str, session: str) -> None:
     import json
