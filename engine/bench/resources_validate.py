@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import signal
 import statistics
 import subprocess
@@ -64,11 +65,13 @@ class ValidationConfig:
     startup_timeout_s: float = 300.0
 
 
-def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None, timeout: float = 30
-          ) -> tuple[int, Any]:
+def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None, timeout: float = 30,
+          token: str | None = None) -> tuple[int, Any]:
+    from engine.proxy.auth import auth_headers
+
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
+    req = urllib.request.Request(url, data=data, method=method, headers={
+        **auth_headers(token), **({"Content-Type": "application/json"} if data else {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -88,6 +91,7 @@ class _Engine:
         self.services: list[Any] = []
         self.procs: list[subprocess.Popen[bytes]] = []
         self.proxy = ""
+        self.token = secrets.token_urlsafe(24)  # the Proxy's credential, for this run only
         self.store: Any = None
 
     def start(self) -> _Engine:
@@ -109,6 +113,7 @@ class _Engine:
         (self.work / "assignment.json").write_text(assignment.to_json())
         env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
         env.update(ONEPIECE_REDIS_URL=redis.url, ONEPIECE_ETCD_URL=etcd.url, ONEPIECE_DEVICE="cpu",
+                   ONEPIECE_PROXY_TOKEN=self.token,
                    ONEPIECE_PROGRESS_INTERVAL_MS="60000", ONEPIECE_ROUTE_REFRESH_S="0.2",
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         timing = ",".join(f"{wf}/{s}={t}" for s, t in self.cfg.stage_seconds.items())
@@ -134,7 +139,7 @@ class _Engine:
         while True:
             published = {m["key"].decode().rsplit("/", 1)[1] for _, m in client.get_prefix(routes_prefix())}
             if want <= published:
-                status, doc = _call(self.proxy + "/readyz")
+                status, doc = _call(self.proxy + "/readyz", token=self.token)
                 checks = doc.get("checks", {}) if isinstance(doc, dict) else {}
                 if checks.get(f"routes:{wf}") == "ok":  # other workflows have no instances here
                     break
@@ -170,7 +175,8 @@ class _Engine:
     # -- requests -------------------------------------------------------------------------------
     def submit(self, seed: int) -> str:
         params = {**PARAMS[self.cfg.workflow], "seed": seed}
-        status, doc = _call(self.proxy + "/v1/requests", "POST", {"workflow": self.cfg.workflow, "params": params})
+        status, doc = _call(self.proxy + "/v1/requests", "POST", {"workflow": self.cfg.workflow, "params": params},
+                            token=self.token)
         if status != 202:
             raise RuntimeError(f"submit refused: {status} {doc}")
         return str(doc["uid"])
