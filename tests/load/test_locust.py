@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.up import start_up, stop_up
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - the session's tiny models
 
 HERE = Path(__file__).resolve().parent
@@ -52,22 +52,10 @@ def test_locust_mixed_load_beside_a_cpu_hog(tmp_path: Path, tiny_models: dict[st
     bindir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEPIECE_", "DJANGO_"))}
     models = next(iter(tiny_models.values())).parent
-    up = subprocess.Popen([str(bindir / "onepiece"), "up", "--state-dir", str(tmp_path / "state"), "--web-port", "0",
-                           "--proxy-port", "0", "--ring-bytes", str(4 << 20), "--models", str(models)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    # the two workflows the locustfile drives (each workflow served costs a worker process per stage)
+    up, lines = start_up(tmp_path / "state", "--models", str(models), "--workflows", "sd-t2i,wan2.1-i2v")
     hog: subprocess.Popen[bytes] | None = None
-    lines: dict[str, str] = {}
     try:
-        assert up.stdout is not None
-        deadline = time.monotonic() + 400
-        for line in up.stdout:
-            if ": " in line:
-                k, v = line.rstrip("\n").split(": ", 1)
-                lines[k] = v
-            if line.startswith("ready"):
-                break
-            assert time.monotonic() < deadline, "onepiece up took too long"
-        assert "web" in lines, lines
         web, key = lines["web"].rstrip("/"), lines["api key"]
 
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -149,6 +137,5 @@ def test_locust_mixed_load_beside_a_cpu_hog(tmp_path: Path, tiny_models: dict[st
     finally:
         if hog is not None:
             hog.kill()
-        up.send_signal(signal.SIGINT)
-        out, _ = up.communicate(timeout=120)
+        out = stop_up(up)
     assert up.returncode == 0, out[-3000:]

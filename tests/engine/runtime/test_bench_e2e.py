@@ -1,5 +1,7 @@
 """``onepiece bench e2e`` against the session's engine: every figure the issue names is produced, and the
-open loop accounts for every request it offered (nothing sent is missing from a row)."""
+open loop accounts for every request it offered (nothing sent is missing from a row). It lives beside the
+other runtime tests so that the session engine starts when they start (earlier proxy tests wipe etcd and
+Redis between tests)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from typing import Any
 import pytest
 
 from engine.bench import e2e
-from tests.engine.runtime.conftest import cluster, input_png  # noqa: F401 - fixtures reused here
 from tests.engine.stages.conftest import tiny_models  # noqa: F401
 
 
