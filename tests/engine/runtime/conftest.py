@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from engine.proxy.auth import auth_headers
+from tests.e2e.up import stop_up
 from tests.engine.stages.conftest import input_png, tiny_models  # noqa: F401 - fixtures reused here
 
 # sd-t2i's denoise sleeps this long after every step, so cancel and SIGKILL
@@ -86,14 +87,7 @@ class Cluster:
 
 
 def _stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return out or ""
+    return stop_up(proc, timeout)  # Ctrl-C, then a kill after the timeout: what an operator does
 
 
 @pytest.fixture(scope="session")
