@@ -16,13 +16,15 @@ Order of work on submit, and why: a refusal must cost less than an acceptance,
 so what can be decided without the body is decided first (credential, the
 declared size, whether the named workflow, ``?workflow=``, or any workflow has
 room: 503 + Retry-After with nothing read). Then the body is read, bounded as
-it streams, and parsed and validated against the workflow spec in a thread
-(400/413 naming the field; engine.proxy.intake); only then is a UID drawn (or
-the caller's taken), its cost estimated and admission decided with its cost
-and deadline (503, at once, nothing queued); the message must fit the first
-stage's ring (413 naming the largest input); an accepted request is recorded
-(``accepted`` event) before it enters the first stage's ring, so no worker
-ever sees a UID the store does not know.
+it streams; the rest is the one :class:`engine.proxy.intake.Intake` the
+in-process engine client uses too, run off the event loop where it computes or
+reads the store: parsed and validated against the workflow spec (400/413
+naming the field); only then is a UID drawn (or the caller's taken), its cost
+estimated and admission decided with its cost and deadline (503, at once,
+nothing queued); the message must fit the first stage's ring (413 naming the
+largest input); an accepted request is recorded (``accepted`` event) before it
+enters the first stage's ring, so no worker ever sees a UID the store does not
+know.
 """
 
 from __future__ import annotations
@@ -30,23 +32,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from engine.proxy import auth, intake
+from engine.proxy import auth
 from engine.proxy.drain import DrainMeter
 from engine.proxy.injector import Injector
-from engine.proxy.intake import BadRequest, Submission
+from engine.proxy.intake import BadRequest, Intake, Ticket, taken
 from engine.proxy.monitor import Load, RequestMonitor
 from engine.proxy.recovery import OrphanSweeper
 from engine.store import JobStore, keys
 from engine.transport.errors import MessageTooLarge
 from engine.worker.routes import RouteTable
 from engine.workflow import get_workflow, images, workflows
-from engine.workflow import message as wm
 
 log = logging.getLogger("onepiece.proxy")
 
@@ -58,6 +58,7 @@ STORE = web.AppKey("store", JobStore)
 INJECTOR = web.AppKey("injector", Injector)
 MONITOR = web.AppKey("monitor", RequestMonitor)
 ROUTES = web.AppKey("routes", RouteTable)
+INTAKE = web.AppKey("intake", Intake)
 ACCEPTED = web.AppKey("accepted", dict)  # workflow -> requests accepted since start
 DRAIN = web.AppKey("drain", DrainMeter)  # what the engine finishes per second (sampled in the background)
 DRAIN_SAMPLE_S = 0.25  # how often the drain meter samples the store's counters
@@ -163,14 +164,8 @@ async def _pre_admit(request: web.Request) -> web.Response | None:
             loads = await asyncio.to_thread(_loads, app, names)
         except Exception as exc:  # Redis unreachable: an overload answer, never a 500
             return _busy(f"the result store is unavailable: {exc}", 5)
-    now, refusals = time.time(), []
-    for name in names:
-        decision = app[MONITOR].decide(loads[name], 0.0, now, None)
-        if decision.admit:
-            return None
-        refusals.append(decision)
-    first = min(refusals, key=lambda d: d.retry_after)
-    return _busy(first.reason, first.retry_after, request)
+    decision = app[INTAKE].room(loads, time.time())
+    return None if decision.admit else _busy(decision.reason, decision.retry_after, request)
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -180,25 +175,6 @@ async def _read_body(request: web.Request) -> bytes:
     except web.HTTPRequestEntityTooLarge:
         raise BadRequest("body", f"request body is over the limit of {request.app[LIMITS].max_body} bytes",
                          413) from None
-
-
-def _message(sub: Submission, uid: str) -> tuple[wm.Header, bytes]:
-    header = wm.Header(uid=uid, workflow=sub.spec.name, stage=sub.spec.route()[0], route=sub.spec.route(),
-                       deadline=sub.deadline, priority=sub.priority, params=sub.params,
-                       timestamps={"proxy": time.time()})
-    message = wm.encode(header, {}, sub.inputs)
-    header_len = int.from_bytes(message[8:12], "little")
-    if header_len > wm.MAX_HEADER_BYTES:  # the spec's limits keep this from happening; never let it reach a ring
-        field = intake.largest(sub.params)
-        raise BadRequest(field, f"the request's header would be {header_len} bytes, over the limit of "
-                                f"{wm.MAX_HEADER_BYTES}; {field} is the largest part")
-    return header, message
-
-
-def _too_large(sub: Submission, size: int, limit: int) -> BadRequest:
-    field = max(sub.inputs, key=lambda k: len(sub.inputs[k]), default="params")
-    return BadRequest(field, f"the request would be {size} bytes, over the {limit} bytes its first stage's ring "
-                             f"can hold; {field} is the largest part", 413)
 
 
 async def submit(request: web.Request) -> web.Response:
@@ -215,61 +191,61 @@ async def submit(request: web.Request) -> web.Response:
     app[LIMITS].reading += reserve
     try:
         body = await _read_body(request)
-        sub = await asyncio.to_thread(intake.parse, body, request.headers.get("Content-Type", ""),
-                                      app[LIMITS].max_image_bytes, app[LIMITS].max_image_pixels)
+        sub = await asyncio.to_thread(app[INTAKE].parse, body, request.headers.get("Content-Type", ""))
         del body
-        uid = sub.uid or uuid.uuid4().hex
-        header, message = await asyncio.to_thread(_message, sub, uid)
+        ticket = await asyncio.to_thread(app[INTAKE].ticket, sub)
     except BadRequest as exc:
         return _error(exc.status, str(exc), exc.field)
     finally:
         app[LIMITS].reading -= reserve
-    return await _admit(request, sub, uid, message)
+    return await _admit(request, ticket)
 
 
-async def _admit(request: web.Request, sub: Submission, uid: str, message: bytes) -> web.Response:
+async def _admit(request: web.Request, ticket: Ticket) -> web.Response:
+    """:meth:`Intake.submit`'s steps on the event loop: the ring's limit, the admission decision, the
+    acceptance and the injection."""
     app = request.app
-    store, spec, params = app[STORE], sub.spec, sub.params
-    route = spec.route()
-    limit = await app[INJECTOR].max_message(spec.name, route[0])
-    if limit is not None and len(message) > limit:
-        exc = _too_large(sub, len(message), limit)
+    intake, store, spec, uid = app[INTAKE], app[STORE], ticket.sub.spec, ticket.uid
+    try:
+        intake.check_fits(ticket, await app[INJECTOR].max_message(spec.name, ticket.entry))
+    except BadRequest as exc:
         return _error(exc.status, str(exc), exc.field)
-    cost = spec.estimate_gpu_seconds(params)
     # One decision at a time per workflow: concurrent submits must not all be admitted on the same
     # in-flight count (a burst would overshoot the queue bound and the deadline rule); the lock covers
     # the read, the decision and the acceptance, which moves the count.
     async with app[ADMITTING].setdefault(spec.name, asyncio.Lock()):
         try:
-            if sub.uid is not None and await asyncio.to_thread(store.status, uid) is not None:
-                return _error(409, "a request with this uid was already accepted", "uid")
+            if await asyncio.to_thread(intake.claimed, store, ticket):
+                bad = taken()
+                return _error(bad.status, str(bad), bad.field)
             load = (await asyncio.to_thread(_loads, app, [spec.name]))[spec.name]
         except Exception as exc:  # Redis unreachable: an overload answer, never a 500
             return _busy(f"the result store is unavailable: {exc}", 5)
-        decision = app[MONITOR].decide(load, cost, time.time(), sub.deadline)
+        decision = intake.decide(ticket, load, time.time())
         if not decision.admit:
             return _busy(decision.reason, decision.retry_after, request)
-        try:  # kept with the job until it finishes: a job whose node is lost starts again from it
-            if not await asyncio.to_thread(store.accept, uid, spec.name, cost, "", message):
-                return _error(409, "a request with this uid was already accepted", "uid")  # claimed meanwhile
+        try:
+            await asyncio.to_thread(intake.accept, store, ticket)
+        except BadRequest as exc:  # claimed meanwhile
+            return _error(exc.status, str(exc), exc.field)
         except Exception as exc:  # Redis unreachable: an overload answer, never a 500
             return _busy(f"the result store is unavailable: {exc}", 5)
     app[DRAIN].note_accepted(spec.name)  # in flight in the store from now on
     try:
-        target = await app[INJECTOR].inject(spec.name, route[0], message, spec.estimate_cost(params).get(route[0], 0.0))
+        target = await app[INJECTOR].inject(spec.name, ticket.entry, ticket.message, ticket.entry_cost)
         await asyncio.to_thread(store.located, uid, target.node, target.instance)
         app[ACCEPTED][spec.name] = app[ACCEPTED].get(spec.name, 0) + 1
     except MessageTooLarge as exc:  # a ring smaller than the one measured above: refused, and the job failed
-        bad = _too_large(sub, exc.size, exc.limit)
-        await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, route[0], str(bad))
+        bad = intake.too_large(ticket, exc.size, exc.limit)
+        await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, ticket.entry, str(bad))
         return _error(bad.status, str(bad), bad.field)
     except Exception as exc:  # any send failure is an overload answer
-        await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, route[0],
-                                f"could not enter {route[0]}: {exc}")
-        return _busy(f"could not hand the request to {route[0]}: {exc}", 1)
-    return web.json_response({"uid": uid, "state": keys.QUEUED, "workflow": spec.name, "cost_gpu_s": cost,
+        await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, ticket.entry,
+                                f"could not enter {ticket.entry}: {exc}")
+        return _busy(f"could not hand the request to {ticket.entry}: {exc}", 1)
+    return web.json_response({"uid": uid, "state": keys.QUEUED, "workflow": spec.name, "cost_gpu_s": ticket.cost,
                               "predicted_wait_s": decision.predicted_wait_s, "instance": target.instance,
-                              "deadline": sub.deadline}, status=202)
+                              "deadline": ticket.sub.deadline}, status=202)
 
 
 def _uid(request: web.Request) -> str | None:
@@ -457,6 +433,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     app[ACCEPTED], app[LIMITS], app[DRAIN], app[ENDINGS], app[ADMITTING] = {}, limits, DrainMeter(), {}, {}
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
+    app[INTAKE] = Intake(limits.max_image_bytes, limits.max_image_pixels, monitor)
     app.router.add_post("/v1/requests", submit)
     app.router.add_get("/v1/requests/{uid}", status)
     app.router.add_delete("/v1/requests/{uid}", cancel)

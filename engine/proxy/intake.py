@@ -1,12 +1,22 @@
-"""Parsing and validating a submission: pure, synchronous, CPU-bound (the Proxy runs it in a thread).
+"""Taking a request in: validation, cost, admission, acceptance and injection, in that order.
 
-Everything here refuses with :class:`BadRequest` (400, or 413 for sizes)
-naming the field, never with an unexpected exception: malformed JSON, JSON
-nested deeper than Python's recursion limit, ``NaN``/``Infinity`` (not JSON,
-though Python's parser takes them), bytes that are not UTF-8, unknown
-top-level fields, bad base64, images that are not images or are too large
-(:func:`engine.workflow.images.check_image`), and parameters outside the
-workflow spec's limits.
+One :class:`Intake` serves the Proxy's HTTP handler (engine.proxy.app, which
+adds what only HTTP has: credentials, bounded body reads, the event loop) and
+the in-process engine client of the web platform's tests
+(onepiece_platform.engine_link.local), so both refuse the same requests with
+the same answers. Its rules are pure and synchronous (CPU-bound: the Proxy
+runs them in a thread); the store, the load figures and the injection are
+handed to it per call.
+
+Everything here refuses with :class:`BadRequest` (400, 409 for a taken UID, or
+413 for sizes) naming the field, never with an unexpected exception: malformed
+JSON, JSON nested deeper than Python's recursion limit, ``NaN``/``Infinity``
+(not JSON, though Python's parser takes them), bytes that are not UTF-8,
+unknown top-level fields, bad base64, missing or extra inputs, images that are
+not images or are too large, parameters outside the workflow spec's limits
+(:meth:`engine.workflow.spec.WorkflowSpec.validate_request`), and messages
+larger than the first stage's ring; or with :class:`Overloaded` (503) when the
+Request Monitor says there is no room.
 """
 
 from __future__ import annotations
@@ -17,11 +27,15 @@ import email.message
 import json
 import math
 import time
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.workflow import InvalidRequest, WorkflowSpec, request_workflow
-from engine.workflow.images import ImageTooLarge, check_image
+from engine.proxy.monitor import Decision, Load, RequestMonitor
+from engine.workflow import InvalidRequest, WorkflowSpec, images, request_workflow
+from engine.workflow import message as wm
+from engine.workflow.images import ImageTooLarge
 
 FIELDS = frozenset({"workflow", "params", "inputs", "deadline_s", "priority", "uid"})
 MAX_DEADLINE_S = 7 * 86400.0
@@ -31,12 +45,20 @@ MAX_NAME_CHARS = 64
 
 
 class BadRequest(Exception):
-    """A refusal naming the offending field; ``status`` 400, or 413 for sizes."""
+    """A refusal naming the offending field; ``status`` 400, 409 for a taken UID, or 413 for sizes."""
 
     def __init__(self, field: str, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.field = field
         self.status = status
+
+
+class Overloaded(Exception):
+    """No room for the request now (503): the Request Monitor's refusal, with its ``retry_after``."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(decision.reason)
+        self.decision = decision
 
 
 @dataclass
@@ -111,58 +133,173 @@ def parse_multipart(body: bytes, content_type: str) -> tuple[Any, dict[str, byte
     return doc, inputs
 
 
-def parse(body: bytes, content_type: str, max_image_bytes: int, max_image_pixels: int) -> Submission:
-    """A validated submission from a JSON or multipart body; raises :class:`BadRequest`."""
-    if content_type.lower().startswith("multipart/"):
-        doc, inputs = parse_multipart(body, content_type)
-    else:
-        doc, inputs = loads(body), {}
-    if not isinstance(doc, dict):
-        raise BadRequest("body", "the request must be a JSON object")
-    unknown = sorted(set(doc) - FIELDS)
-    if unknown:
-        raise BadRequest(unknown[0], f"unknown field(s): {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}")
-    raw = doc.get("inputs") or {}
-    if not isinstance(raw, dict):
-        raise BadRequest("inputs", "inputs must map names to base64 strings")
-    for name, value in raw.items():
-        if len(name) > MAX_NAME_CHARS or name in inputs:
-            raise BadRequest("inputs", f"input name {name[:MAX_NAME_CHARS]!r} is too long or given twice")
-        if not isinstance(value, str):
-            raise BadRequest(name, f"input {name!r} must be a base64 string")
-        if len(value) > (max_image_bytes + 2) // 3 * 4:
-            raise BadRequest(name, f"input {name!r} is over {max_image_bytes} bytes", 413)
-        try:
-            inputs[name] = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raise BadRequest(name, f"input {name!r} is not valid base64") from None
-    try:
-        spec = request_workflow(doc.get("workflow"))
-        params = doc.get("params") or {}
-        if not isinstance(params, dict):
-            raise BadRequest("params", "params must be an object")
-        resolved = spec.validate_request(params, inputs)
-        for t in spec.request_inputs:
-            if t.name == "image":
-                check_image(inputs["image"], "image", max_image_bytes, max_image_pixels)
-    except ImageTooLarge as exc:
-        raise BadRequest(exc.field, str(exc), 413) from None
-    except InvalidRequest as exc:
-        raise BadRequest(exc.field, str(exc)) from None
-    deadline_s = doc.get("deadline_s")
-    if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
-                                   or not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_DEADLINE_S):
-        raise BadRequest("deadline_s", f"deadline_s must be a number of seconds in (0, {MAX_DEADLINE_S:.0f}]")
-    priority = doc.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
-        raise BadRequest("priority", f"priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
-    uid = doc.get("uid")
-    if uid is not None and not is_uid(uid):
-        raise BadRequest("uid", "uid must be 32 lowercase hex digits")
-    deadline = time.time() + float(deadline_s) if deadline_s else None
-    return Submission(spec, resolved, inputs, deadline, priority, uid)
-
-
 def largest(values: dict[str, Any]) -> str:
     """The name of the value whose JSON is longest (the field to blame for an oversized header)."""
     return max(values, key=lambda k: len(json.dumps(values[k])), default="params")
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A valid submission made ready to enter the engine: its UID, message and cost."""
+
+    sub: Submission
+    uid: str
+    header: wm.Header
+    message: bytes  # the Workflow Message for the first stage
+    cost: float  # predicted GPU-seconds of the whole request (admission and the store's in-flight cost)
+    entry: str  # the first stage
+    entry_cost: float  # its share of the cost (the delivery policy's weight)
+
+
+def taken() -> BadRequest:
+    """The 409 of a caller-chosen UID that already names an accepted request."""
+    return BadRequest("uid", "a request with this uid was already accepted", 409)
+
+
+class Intake:
+    """The rules of taking a request in (see the module's docstring). Holds no connection: thread-safe."""
+
+    def __init__(self, max_image_bytes: int = images.MAX_BYTES, max_image_pixels: int = images.MAX_PIXELS,
+                 monitor: RequestMonitor | None = None) -> None:
+        """``monitor``: the admission policy; None admits everything (an in-process engine that never
+        runs out of room)."""
+        self.max_image_bytes = max_image_bytes
+        self.max_image_pixels = max_image_pixels
+        self.monitor = monitor
+
+    # -- validation ----------------------------------------------------------------------------
+    def parse(self, body: bytes, content_type: str) -> Submission:
+        """A validated submission from a JSON or multipart body; raises :class:`BadRequest`."""
+        if content_type.lower().startswith("multipart/"):
+            doc, inputs = parse_multipart(body, content_type)
+        else:
+            doc, inputs = loads(body), {}
+        if not isinstance(doc, dict):
+            raise BadRequest("body", "the request must be a JSON object")
+        unknown = sorted(set(doc) - FIELDS)
+        if unknown:
+            raise BadRequest(unknown[0], f"unknown field(s): {', '.join(unknown)}; known: {', '.join(sorted(FIELDS))}")
+        raw = doc.get("inputs") or {}
+        if not isinstance(raw, dict):
+            raise BadRequest("inputs", "inputs must map names to base64 strings")
+        for name, value in raw.items():
+            if len(name) > MAX_NAME_CHARS or name in inputs:
+                raise BadRequest("inputs", f"input name {name[:MAX_NAME_CHARS]!r} is too long or given twice")
+            if not isinstance(value, str):
+                raise BadRequest(name, f"input {name!r} must be a base64 string")
+            if len(value) > (self.max_image_bytes + 2) // 3 * 4:
+                raise BadRequest(name, f"input {name!r} is over {self.max_image_bytes} bytes", 413)
+            try:
+                inputs[name] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise BadRequest(name, f"input {name!r} is not valid base64") from None
+        params = doc.get("params") or {}
+        return self.submission(doc.get("workflow"), params, inputs, doc.get("deadline_s"),
+                               doc.get("priority", 0), doc.get("uid"))
+
+    def submission(self, workflow: object, params: object, inputs: dict[str, bytes], deadline_s: object = None,
+                   priority: object = 0, uid: object = None) -> Submission:
+        """A validated submission from its parts; raises :class:`BadRequest`."""
+        try:
+            spec = request_workflow(workflow)
+            if not isinstance(params, dict):
+                raise BadRequest("params", "params must be an object")
+            resolved = spec.validate_request(params, inputs, self.max_image_bytes, self.max_image_pixels)
+        except ImageTooLarge as exc:
+            raise BadRequest(exc.field, str(exc), 413) from None
+        except InvalidRequest as exc:
+            raise BadRequest(exc.field, str(exc)) from None
+        if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
+                                       or not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_DEADLINE_S):
+            raise BadRequest("deadline_s", f"deadline_s must be a number of seconds in (0, {MAX_DEADLINE_S:.0f}]")
+        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+            raise BadRequest("priority", f"priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
+        if uid is not None and not is_uid(uid):
+            raise BadRequest("uid", "uid must be 32 lowercase hex digits")
+        deadline = time.time() + float(deadline_s) if deadline_s else None
+        return Submission(spec, resolved, inputs, deadline, priority, uid if isinstance(uid, str) else None)
+
+    # -- cost and the message ------------------------------------------------------------------
+    def ticket(self, sub: Submission) -> Ticket:
+        """The UID (the caller's, or a new one), the first stage's message and the cost of ``sub``;
+        :class:`BadRequest` if its header would be too large for a stage to read."""
+        uid = sub.uid or uuid.uuid4().hex
+        route = sub.spec.route()
+        header = wm.Header(uid=uid, workflow=sub.spec.name, stage=route[0], route=route, deadline=sub.deadline,
+                           priority=sub.priority, params=sub.params, timestamps={"proxy": time.time()})
+        message = wm.encode(header, {}, sub.inputs)
+        header_len = int.from_bytes(message[8:12], "little")
+        if header_len > wm.MAX_HEADER_BYTES:  # the spec's limits keep this from happening; never let it reach a ring
+            field = largest(sub.params)
+            raise BadRequest(field, f"the request's header would be {header_len} bytes, over the limit of "
+                                    f"{wm.MAX_HEADER_BYTES}; {field} is the largest part")
+        return Ticket(sub, uid, header, message, sub.spec.estimate_gpu_seconds(sub.params), route[0],
+                      sub.spec.estimate_cost(sub.params).get(route[0], 0.0))
+
+    @staticmethod
+    def too_large(ticket: Ticket, size: int, limit: int) -> BadRequest:
+        """The 413 of a message of ``size`` bytes over the ``limit`` its first stage's ring takes."""
+        inputs = ticket.sub.inputs
+        field = max(inputs, key=lambda k: len(inputs[k]), default="params")
+        return BadRequest(field, f"the request would be {size} bytes, over the {limit} bytes its first stage's "
+                                 f"ring can hold; {field} is the largest part", 413)
+
+    def check_fits(self, ticket: Ticket, limit: int | None) -> None:
+        """:meth:`too_large` unless the message fits ``limit`` (None: unknown, the send will say)."""
+        if limit is not None and len(ticket.message) > limit:
+            raise self.too_large(ticket, len(ticket.message), limit)
+
+    # -- admission -----------------------------------------------------------------------------
+    def room(self, loads: Mapping[str, Load], now: float) -> Decision:
+        """Whether any of these workflows could admit a request whatever its body says (the refusal
+        decided before a body is read): the first admission found, else the refusal that asks for the
+        shortest wait."""
+        if self.monitor is None or not loads:
+            return Decision(True)
+        refusals = []
+        for load in loads.values():
+            decision = self.monitor.decide(load, 0.0, now, None)
+            if decision.admit:
+                return decision
+            refusals.append(decision)
+        return min(refusals, key=lambda d: d.retry_after)
+
+    def decide(self, ticket: Ticket, load: Load | None, now: float) -> Decision:
+        """Admit or refuse the request with its cost and deadline (never queues)."""
+        if self.monitor is None or load is None:
+            return Decision(True)
+        return self.monitor.decide(load, ticket.cost, now, ticket.sub.deadline)
+
+    # -- acceptance ----------------------------------------------------------------------------
+    @staticmethod
+    def claimed(store: Any, ticket: Ticket) -> bool:
+        """Whether a caller-chosen UID is already the name of an accepted request (cheap, before admission)."""
+        return ticket.sub.uid is not None and store.status(ticket.uid) is not None
+
+    @staticmethod
+    def accept(store: Any, ticket: Ticket) -> None:
+        """Record the request as accepted (``queued``, its cost in flight) with its message, kept until it
+        finishes so a job lost with its node starts again from it; :func:`taken` (409) when its UID was
+        claimed meanwhile. ``store`` is an :class:`engine.store.JobStore`. Before injection, so no stage
+        ever sees a UID the store does not know."""
+        spec = ticket.sub.spec
+        if not store.accept(ticket.uid, spec.name, ticket.cost, "", ticket.message):
+            raise taken()
+
+    # -- the whole order, synchronously ----------------------------------------------------------
+    def submit(self, store: Any, sub: Submission, load: Callable[[str], Load] | None = None,
+               inject: Callable[[Ticket], Any] | None = None) -> Ticket:
+        """Cost, admission, acceptance and injection of a validated submission, for in-process callers
+        (the Proxy's handler runs the same steps on its event loop). ``load(workflow)`` gives the admission
+        its figures (None: admitted); ``inject(ticket)`` hands the message to the first stage (None: the
+        caller plays the stages). Raises :class:`BadRequest` or :class:`Overloaded`."""
+        ticket = self.ticket(sub)
+        if self.claimed(store, ticket):
+            raise taken()
+        decision = self.decide(ticket, load(sub.spec.name) if load is not None else None, time.time())
+        if not decision.admit:
+            raise Overloaded(decision)
+        self.accept(store, ticket)
+        if inject is not None:
+            inject(ticket)
+        return ticket

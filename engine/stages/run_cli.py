@@ -70,7 +70,7 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[s
     if args.size is not None:
         params["width"], params["height"] = _parse_size(args.size)
     inputs: dict[str, bytes] = {}
-    wants_image = any(t.name == "image" for t in spec.request_inputs)
+    wants_image = "image" in spec.image_inputs()
     if args.image is not None and not wants_image:
         raise UsageError(f"{spec.name} takes no --image")
     if wants_image:
@@ -96,10 +96,9 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         return _fail(str(exc))
     except InvalidRequest as exc:
+        if exc.field == "image" and args.image:
+            return _fail(f"{exc} ({args.image})")
         return _fail(f"{exc} (parameter {exc.field})")
-    except InvalidInput as exc:
-        where = f" ({args.image})" if exc.field == "image" and args.image else ""
-        return _fail(f"{exc}{where}")
     except MissingComponent as exc:
         return _fail(str(exc))
     try:

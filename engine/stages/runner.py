@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.stages.base import InvalidInput, StageContext, StageExecutor
+from engine.stages.base import StageContext, StageExecutor
 from engine.stages.layout import check_components
 from engine.workflow import get_workflow
 from engine.workflow import message as wm
@@ -42,34 +42,16 @@ class RunResult:
 def validate_request(
     workflow: str, model_dir: str | Path, params: Mapping[str, Any], inputs: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Everything checkable before a stage runs: params, input files' content, model folder.
+    """Everything checkable before a stage runs: params and input files (the workflow spec's one check,
+    :meth:`engine.workflow.spec.WorkflowSpec.validate_request`), then the model folder.
 
-    Returns resolved params. Raises ``InvalidRequest`` (params),
-    :class:`InvalidInput` (inputs) or ``MissingComponent`` (model folder).
+    Returns resolved params. Raises ``InvalidRequest`` (params and inputs) or ``MissingComponent``
+    (model folder).
     """
     spec = get_workflow(workflow)
-    resolved = spec.resolve_params(params)
-    for t in spec.request_inputs:
-        if t.name not in inputs:
-            raise InvalidInput(t.name, f"{workflow} needs an input {t.name!r}")
-        if t.name == "image":
-            _check_image_bytes(inputs[t.name])
+    resolved = spec.validate_request(params, inputs)
     check_components(model_dir, [c for s in spec.stages for c in s.components])
     return resolved
-
-
-def _check_image_bytes(data: Any) -> None:
-    # PIL's verify() reads the whole file without decoding pixels: cheap and
-    # torch-free, and it catches truncated files that open() alone accepts.
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(bytes(data))) as img:
-            img.verify()
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise InvalidInput("image", f"image is not a readable image file: {exc}") from exc
 
 
 class LocalRunner:

@@ -1,4 +1,4 @@
-"""The one check of an input image, shared by the Proxy and the web platform.
+"""The one check of an input image (run by :meth:`engine.workflow.spec.WorkflowSpec.validate_request`).
 
 Bounded before anything is decoded, cheapest first: the byte size, then the
 format (only the formats a client sends; PIL's exotic plug-ins such as EPS,
@@ -47,6 +47,15 @@ def check_image(data: bytes | bytearray | memoryview, name: str = "image", max_b
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, struct.error,
             Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InvalidRequest(name, f"{name} is not a readable PNG, JPEG or WebP image: {exc}") from None
+        raise InvalidRequest(name, f"{name} is not a readable image (PNG, JPEG or WebP): {exc}") from None
     return w, h
+
+
+def blank_png(width: int, height: int) -> bytes:
+    """A mid-grey PNG: the image input of a warm-up request."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (128, 128, 128)).save(buf, "PNG")
+    return buf.getvalue()
 

@@ -14,7 +14,7 @@ and consistent within one message (``"D_text"``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +42,9 @@ class TensorSpec:
 
     ``dtype`` is a dtype name (see ``engine.workflow.message.DTYPE_SIZES``) or
     ``"compute"``: the executor's compute dtype (float32 on CPU, bfloat16 on
-    CUDA). ``kind="blob"`` values are opaque bytes (an input image, an mp4).
+    CUDA). ``kind="blob"`` values are opaque bytes (an input image, an mp4);
+    ``media="image"`` marks a request input that must be an image file (checked
+    where requests enter, :meth:`WorkflowSpec.validate_request`).
     """
 
     name: str
@@ -50,6 +52,7 @@ class TensorSpec:
     shape: tuple[Dim, ...] = ()
     kind: str = "tensor"
     doc: str = ""
+    media: str = ""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,10 @@ class WorkflowSpec:
     check: Callable[[Mapping[str, Any]], None] = field(default=lambda p: None)
     costs: Mapping[str, CostModel] = field(default_factory=dict)
     final_output: str = ""
+    #: Video workflows: ``num_frames - 1`` must be a multiple of this (0: not a clip of frames).
+    frame_step: int = 0
+    #: The smallest request worth sending to load the models and compile the kernels of every stage.
+    warm_up: Mapping[str, Any] = field(default_factory=dict)
 
     # -- graph -------------------------------------------------------------
     def stage(self, name: str) -> StageSpec:
@@ -204,7 +211,17 @@ class WorkflowSpec:
                     return t
         raise KeyError(f"workflow {self.name!r} has no value {name!r}")
 
+    def image_inputs(self) -> list[str]:
+        """The request inputs that must be image files."""
+        return [t.name for t in self.request_inputs if t.media == "image"]
+
     # -- parameters --------------------------------------------------------
+    def param(self, name: str) -> ParamSpec:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(f"workflow {self.name!r} has no parameter {name!r}")
+
     def resolve_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults, coerce types, enforce limits and the workflow's rules.
 
@@ -247,12 +264,18 @@ class WorkflowSpec:
         self.check(out)
         return out
 
-    def validate_request(self, params: Mapping[str, Any], inputs: Collection[str]) -> dict[str, Any]:
-        """The resolved parameters, once they and the names of the request's inputs are valid.
+    def validate_request(self, params: Mapping[str, Any], inputs: Mapping[str, bytes | bytearray | memoryview],
+                         max_image_bytes: int | None = None, max_image_pixels: int | None = None) -> dict[str, Any]:
+        """The resolved parameters, once they and the request's inputs are valid: no input missing, none
+        extra, and every image input a well-formed image within the byte and pixel limits (by default
+        :data:`engine.workflow.images.MAX_BYTES` / ``MAX_PIXELS``). The one check of a request's
+        content, shared by the Proxy's intake, the platform and ``onepiece run``.
 
-        Raises :class:`InvalidRequest` naming the field. The inputs' bytes (an image that must
-        decode, within a caller's size limits) are the caller's to check.
+        Raises :class:`InvalidRequest` naming the field
+        (:class:`engine.workflow.images.ImageTooLarge` for an image's byte size).
         """
+        from engine.workflow import images
+
         resolved = self.resolve_params(params)
         wanted = {t.name for t in self.request_inputs}
         for extra in sorted(set(inputs) - wanted):
@@ -260,7 +283,30 @@ class WorkflowSpec:
         for t in self.request_inputs:
             if t.name not in inputs:
                 raise InvalidRequest(t.name, f"{self.name} needs an input {t.name!r}")
+        for name in self.image_inputs():
+            images.check_image(inputs[name], name, images.MAX_BYTES if max_image_bytes is None else max_image_bytes,
+                               images.MAX_PIXELS if max_image_pixels is None else max_image_pixels)
         return resolved
+
+    # -- clips -----------------------------------------------------------------
+    def frames_for(self, seconds: float, fps: int | None = None) -> int:
+        """``num_frames`` of a clip of about ``seconds`` at ``fps`` (the default frame rate when None) that
+        the workflow's frame rule accepts: ``frame_step * k + 1``."""
+        if not self.frame_step:
+            raise ValueError(f"{self.name} does not make clips of frames")
+        rate = int(fps or self.param("fps").default)
+        return self.frame_step * round(seconds * rate / self.frame_step) + 1
+
+    def clip_seconds(self, params: Mapping[str, Any]) -> float:
+        """How long the clip of these parameters plays: ``(num_frames - 1) / fps``, never negative."""
+        rate = int(params.get("fps") or self.param("fps").default)
+        return max(0.0, (int(params.get("num_frames", 1)) - 1) / rate)
+
+    def warm_up_request(self) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """(params, inputs) of :attr:`warm_up`: its image inputs are a blank 64x64 PNG."""
+        from engine.workflow import images
+
+        return dict(self.warm_up), {name: images.blank_png(64, 64) for name in self.image_inputs()}
 
     def dims(self, params: Mapping[str, Any]) -> dict[str, int]:
         """Dimensions derived from resolved parameters (latent sizes, frame counts...)."""

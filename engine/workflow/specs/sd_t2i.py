@@ -77,4 +77,5 @@ SPEC = WorkflowSpec(
         "image_encode": CostModel(0.005, 2.0e-8, lambda d: d["P"]),
     },
     final_output="image",
+    warm_up={"prompt": "warm-up", "height": 64, "width": 64, "num_inference_steps": 1},
 )

@@ -78,6 +78,9 @@ PARAMS = (
     ParamSpec("max_sequence_length", int, 512, 1, 512),
 )
 
+# the smallest clip: every stage loads and runs once
+WARM_UP = {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": TEMPORAL + 1, "num_inference_steps": 1}
+
 # Priors of the shared stages on one H100-class GPU (see each workflow's costs).
 COSTS = {
     "text_encode": CostModel(0.3, 0.0, lambda d: 0.0),
@@ -93,5 +96,5 @@ def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], cos
     return WorkflowSpec(
         name=name, description=description, request_inputs=request_inputs,
         stages=(TEXT_ENCODE, *middle, VAE_DECODE, VIDEO_ENCODE), params=PARAMS, derive=derive,
-        check=checker(name), costs={**COSTS, **costs}, final_output="video",
+        check=checker(name), costs={**COSTS, **costs}, final_output="video", frame_step=TEMPORAL, warm_up=WARM_UP,
     )

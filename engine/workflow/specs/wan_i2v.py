@@ -12,7 +12,7 @@ from engine.workflow.specs import wan_common as wan
 
 SPEC = wan.wan_workflow(
     "wan2.1-i2v", "Wan2.1 image-to-video: an image and a prompt to an mp4",
-    request_inputs=(TensorSpec("image", kind="blob", doc="the first frame: PNG/JPEG/... bytes"),),
+    request_inputs=(TensorSpec("image", kind="blob", media="image", doc="the first frame: PNG/JPEG/... bytes"),),
     middle=(
         StageSpec(
             "image_encode", f"{wan.P}.encoders.WanImageEncode", inputs=("image",),

@@ -1,20 +1,22 @@
-"""EngineClient in-process: validation and cost from the workflow specs, state in the real job store.
+"""EngineClient in-process: the Proxy's own intake (engine.proxy.intake), state in the real job store.
 
 Nothing consumes what it accepts: the caller plays the workers by writing
 events and results through :class:`engine.store.JobStore` (tests, demos
-without GPUs). Same answers as the Proxy for invalid requests (400 with the
-field), no capacity model (never 503).
+without GPUs). The same :class:`engine.proxy.intake.Intake` as the Proxy's, so
+the same answers for invalid requests (400/413 with the field, 409 for a taken
+UID), but no capacity model (never 503) and no injection.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
+from engine.proxy.intake import BadRequest, Intake
 from engine.store import JobStore
-from engine.workflow import InvalidRequest, get_workflow, workflows
 from onepiece_platform.engine_link.client import Accepted, EngineClient, EngineRejected, EngineStatus
 from onepiece_platform.redis_conn import get_redis
+
+INTAKE = Intake()  # the Proxy's default image limits; no admission policy
 
 
 class LocalEngineClient(EngineClient):
@@ -24,23 +26,12 @@ class LocalEngineClient(EngineClient):
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
                deadline_s: float | None = None, uid: str | None = None) -> Accepted:
-        if workflow not in workflows():
-            raise EngineRejected(400, f"unknown workflow {workflow!r}", "workflow")
-        spec = get_workflow(workflow)
         try:
-            resolved = spec.resolve_params(params)
-        except InvalidRequest as exc:
-            raise EngineRejected(400, str(exc), exc.field) from None
-        for t in spec.request_inputs:
-            if t.name not in inputs:
-                raise EngineRejected(400, f"{workflow} needs an input {t.name!r}", t.name)
-        store = self.store()
-        if uid is not None and store.status(uid) is not None:
-            raise EngineRejected(409, f"uid {uid} is already taken", "uid")
-        uid = uid or uuid.uuid4().hex
-        cost = spec.estimate_gpu_seconds(resolved)
-        store.accept(uid, workflow, cost)
-        return Accepted(uid, cost)
+            sub = INTAKE.submission(workflow, params, inputs, deadline_s, uid=uid)
+            ticket = INTAKE.submit(self.store(), sub)
+        except BadRequest as exc:
+            raise EngineRejected(exc.status, str(exc), exc.field) from None
+        return Accepted(ticket.uid, ticket.cost)
 
     def status(self, uid: str) -> EngineStatus | None:
         st = self.store().status(uid)

@@ -19,28 +19,11 @@ from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.redis_conn import get_redis
 
-WARM_PARAMS: dict[str, dict[str, Any]] = {
-    "sd-t2i": {"prompt": "warm-up", "height": 64, "width": 64, "num_inference_steps": 1},
-    "wan2.1-i2v": {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": 5, "num_inference_steps": 1},
-    "wan2.1-t2v": {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": 5, "num_inference_steps": 1},
-}
-
-
-def _warm_inputs(workflow: str) -> dict[str, bytes]:
-    import io
-
-    from PIL import Image
-
-    if not any(t.name == "image" for t in get_workflow(workflow).request_inputs):
-        return {}
-    buf = io.BytesIO()
-    Image.new("RGB", (64, 64), (128, 128, 128)).save(buf, "PNG")
-    return {"image": buf.getvalue()}
-
 
 @shared_task(name="onepiece.warm_up", acks_late=True, reject_on_worker_lost=True)
 def warm_up(workflows: list[str], nodes: list[str], per_instance: int = 1, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Send the smallest request of each workflow once per first-stage instance on ``nodes`` and wait.
+    """Send the smallest request of each workflow (its spec's ``warm_up``) once per first-stage instance on
+    ``nodes`` and wait.
 
     Loads the models and compiles the kernels of every stage the requests
     pass through. The Proxy's delivery policy, not this task, picks the
@@ -61,9 +44,10 @@ def warm_up(workflows: list[str], nodes: list[str], per_instance: int = 1, timeo
         on_nodes = [i for i in instances if not nodes or i in placed]
         count = max(1, len(on_nodes or instances)) * per_instance
         t0, uids, failed = time.monotonic(), [], 0
+        params, inputs = spec.warm_up_request()
         for _ in range(count):
             try:
-                uids.append(engine.submit(wf, WARM_PARAMS.get(wf, {"prompt": "warm-up"}), _warm_inputs(wf)).uid)
+                uids.append(engine.submit(wf, params, inputs).uid)
             except (EngineRejected, EngineError):
                 failed += 1
         done = 0

@@ -1,11 +1,18 @@
-"""Submitting a job: validation, per-request limits, quota, ledger row, engine; in that order.
+"""Submitting a job: an Idempotency-Key repeat, validation and per-request limits, ledger row, quota,
+engine; in that order.
 
-Why this order: everything that can refuse a request without the engine
-(malformed input, an oversized upload, a per-user limit, the user's quota)
-runs first, so nothing reaches the engine that the platform would refuse; the
-ledger row exists, with the UID the platform minted, before the engine is
-asked, so an Idempotency-Key repeat can never submit twice and no engine event
-can name a UID the ledger does not know.
+Why this order: a repeat of an Idempotency-Key answers the earlier job before
+anything is checked again; everything that can refuse a request without the
+engine (malformed input, an oversized upload, a per-user limit, the user's
+quota) runs before the engine is asked, so nothing reaches the engine that the
+platform would refuse; the ledger row, with the UID the platform minted, is
+written before the quota is counted and the engine asked: the row claims the
+Idempotency-Key (a concurrent repeat can never submit twice), and no engine
+event can name a UID the ledger does not know. A refusal after the row
+(quota, engine) deletes it again.
+The request's content is checked by the workflow spec
+(:meth:`engine.workflow.spec.WorkflowSpec.validate_request`), the same check the
+Proxy's intake runs, with this platform's upload limits.
 """
 
 from __future__ import annotations
@@ -52,17 +59,6 @@ class Submitted:
     created: bool  # False: an Idempotency-Key repeat answered with the earlier job
 
 
-def check_image(name: str, data: bytes) -> None:
-    """The one image check the Proxy also runs (engine.workflow.images): byte size, format, dimensions
-    from the header before any pixel is decoded, then a structural verify."""
-    try:
-        images.check_image(data, name, conf.get("MAX_UPLOAD_BYTES"), conf.get("MAX_IMAGE_PIXELS"))
-    except images.ImageTooLarge as exc:
-        raise Invalid(exc.field, str(exc), 413) from None
-    except InvalidRequest as exc:
-        raise Invalid(exc.field, str(exc)) from None
-
-
 def _repeat(earlier: Job, workflow: str, api: str) -> Submitted:
     """An Idempotency-Key repeat answers the first job only for the same route and workflow: a key is the
     caller's name for one request, and a video route must never answer with an image job (or vice versa)."""
@@ -73,14 +69,15 @@ def _repeat(earlier: Job, workflow: str, api: str) -> Submitted:
 
 
 def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], limits: Limits) -> tuple[dict[str, Any], float]:
-    """(resolved params, estimated GPU-seconds); raises :class:`Invalid`."""
+    """(resolved params, estimated GPU-seconds) once the request passes the workflow spec's check (the
+    one the Proxy runs, with this platform's upload limits) and the user's limits; raises :class:`Invalid`."""
     try:
         spec = request_workflow(workflow)
-        resolved = spec.validate_request(params, inputs)
+        resolved = spec.validate_request(params, inputs, conf.get("MAX_UPLOAD_BYTES"), conf.get("MAX_IMAGE_PIXELS"))
+    except images.ImageTooLarge as exc:
+        raise Invalid(exc.field, str(exc), 413) from None
     except InvalidRequest as exc:
         raise Invalid(exc.field, str(exc)) from None
-    if "image" in inputs:
-        check_image("image", inputs["image"])
     pixels = int(resolved.get("height", 0)) * int(resolved.get("width", 0))
     if pixels > limits.max_pixels:
         raise Invalid("size", f"{pixels} pixels is over your limit of {limits.max_pixels}")
@@ -119,8 +116,13 @@ def _rejected(workflow: str, reason: str, status: int) -> None:
 
 
 def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-           idempotency_key: str = "", api: str = "native", deadline_s: float | None = None) -> Submitted:
-    """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError."""
+           idempotency_key: str = "", api: str = "native", deadline_s: float | None = None,
+           api_key: Any = None, webhook_url: str = "") -> Submitted:
+    """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError.
+
+    ``api_key``: the key the request came with (its webhook endpoint gets the job's completion event);
+    ``webhook_url``: a per-request receiver of that event, vetted by the caller.
+    """
     if idempotency_key:
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
         if earlier is not None:
@@ -135,7 +137,8 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         # the row claims the Idempotency-Key before anything is counted or sent
         with transaction.atomic():
             job = Job.objects.create(uid=uid, owner=user, workflow=workflow, params=resolved, api=api,
-                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key, submitting=True)
+                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key, submitting=True,
+                                     api_key=api_key, webhook_url=webhook_url)
     except IntegrityError:
         if not idempotency_key:  # not a key clash: a real error, never "someone's earlier job"
             raise

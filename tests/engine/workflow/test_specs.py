@@ -111,3 +111,32 @@ def test_cost_grows_with_resolution_frames_and_steps() -> None:
 def test_fit_linear_recovers_a_line() -> None:
     fixed, slope = fit_linear([(1.0, 3.0), (2.0, 5.0), (4.0, 9.0)])
     assert fixed == pytest.approx(1.0) and slope == pytest.approx(2.0)
+
+
+def test_clip_rules_belong_to_the_video_specs() -> None:
+    wan = get_workflow("wan2.1-t2v")
+    assert wan.frame_step == 4
+    assert [wan.frames_for(s) for s in (0, 1, 2, 5)] == [1, 17, 33, 81]  # 16 fps: 4k + 1 frames
+    assert wan.frames_for(1, fps=8) == 9
+    assert wan.clip_seconds({"num_frames": 81, "fps": 16}) == 5.0 and wan.clip_seconds({"num_frames": 17}) == 1.0
+    with pytest.raises(ValueError):
+        get_workflow("sd-t2i").frames_for(1)
+
+
+def test_every_workflow_has_a_valid_warm_up_request() -> None:
+    for name, spec in workflows().items():
+        params, inputs = spec.warm_up_request()
+        assert params, name
+        resolved = spec.validate_request(params, inputs)
+        assert resolved["num_inference_steps"] == 1
+    assert list(get_workflow("wan2.1-i2v").warm_up_request()[1]) == ["image"]
+
+
+def test_extra_and_unreadable_inputs_are_refused_by_the_spec() -> None:
+    wan = get_workflow("wan2.1-i2v")
+    params = {"prompt": "a cat", "height": 32, "width": 32, "num_frames": 5}
+    with pytest.raises(InvalidRequest, match="takes no input") as exc:
+        wan.validate_request(params, {"image": b"", "mask": b""})
+    assert exc.value.field == "mask"
+    with pytest.raises(InvalidRequest, match="not a readable image"):
+        wan.validate_request(params, {"image": b"GIF89a..."})

@@ -41,7 +41,7 @@ from onepiece_platform import conf
 from onepiece_platform.api_errors import ApiError
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
-from onepiece_platform.jobs.api.views import check_body_size, result_response
+from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.strict import StrictJSONParser as JSONParser
@@ -146,7 +146,6 @@ def poll_after_ms(job: Job) -> int:
 
 def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
     p = job.params
-    fps = int(p.get("fps") or 16)
     error = None
     status = job.state
     if job.state in (FAILED, CANCELLED, EXPIRED):
@@ -159,7 +158,7 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
         "expires_at": int(job.finished_at.timestamp()) + envs.RESULT_TTL_S
         if job.finished_at and job.state == COMPLETED else None,
         "prompt": p.get("prompt"),
-        "seconds": str(max(0, round((int(p.get("num_frames", 1)) - 1) / fps))),
+        "seconds": str(round(get_workflow(job.workflow).clip_seconds(p))),
         "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": remixed_from, "error": error,
     }
 
@@ -183,7 +182,7 @@ def _video(job: Job) -> dict[str, Any]:
 def _image_input(model: str, ref: Any) -> dict[str, bytes]:
     """The request inputs of a video of ``model`` from ``input_reference`` (an upload, bytes, or None)."""
     if ref is None:
-        if any(t.name == "image" for t in get_workflow(model).request_inputs):
+        if get_workflow(model).image_inputs():
             raise services.Invalid("input_reference", f"{model} is image-to-video: input_reference is required")
         return {}
     if not get_workflow(model).request_inputs:
@@ -199,7 +198,8 @@ def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: 
     client sent (the workflow names width or height)."""
     try:
         return services.submit(request.user, model, params, inputs,
-                               request.headers.get("Idempotency-Key", "")[:200], "openai").job
+                               request.headers.get("Idempotency-Key", "")[:200], "openai",
+                               api_key=api_key_of(request)).job
     except services.Invalid as exc:
         if exc.field in ("width", "height"):
             raise services.Invalid("size", f"size: {exc.message}", exc.status) from None
@@ -229,8 +229,7 @@ class VideoListCreateView(OpenAIView):
         if "size" in d:
             params["width"], params["height"] = s.parse_size(d["size"])
         if "seconds" in d:
-            fps = next(p.default for p in spec.params if p.name == "fps")
-            params["num_frames"] = 4 * round(d["seconds"] * fps / 4) + 1  # Wan needs frames = 4k + 1
+            params["num_frames"] = spec.frames_for(d["seconds"])
         return Response(_video(_submit_video(request, model, params, _image_input(model, ref))))
 
     @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
@@ -351,7 +350,8 @@ class ImageGenerationView(OpenAIView):
         jobs: list[Job] = []
         try:
             for i in range(d["n"]):
-                jobs.append(services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai").job)
+                jobs.append(services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai",
+                                            api_key=api_key_of(request)).job)
         except Exception:
             # all n or none: a request refused part-way (quota, engine busy) must not leave its first
             # images running, charged, for a caller who was told it failed
