@@ -11,6 +11,10 @@ class RegionError(TransportError):
     """A memory region could not be created, attached or accessed."""
 
 
+class RegionExists(RegionError):
+    """Create refused: a region of that name is already there (left by a previous owner: recover it)."""
+
+
 class RegionMismatch(RegionError):
     """Attach refused: the region's magic, version or size is not what was expected."""
 

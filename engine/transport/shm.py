@@ -15,7 +15,7 @@ from engine.transport import _atomics as _a
 from engine.transport._atomics import cas64 as _cas64
 from engine.transport._atomics import load64 as _load64
 from engine.transport._atomics import store64 as _store64
-from engine.transport.errors import RegionError
+from engine.transport.errors import RegionError, RegionExists
 from engine.transport.layout import REMOTE
 from engine.transport.region import MemoryRegion
 
@@ -159,7 +159,7 @@ def open_segment(name: str, size: int | None) -> tuple[int, int, str]:
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except FileExistsError:
-        raise RegionError(f"shared-memory region {name!r} already exists ({path})") from None
+        raise RegionExists(f"shared-memory region {name!r} already exists ({path})") from None
     try:
         os.ftruncate(fd, size)
     except OSError as exc:

@@ -69,13 +69,11 @@ class WorkerConfig:
 
 def open_ring(address: str, config: RingConfig) -> RingConsumer:
     """Create the inbox ring, or recover it if a previous incarnation left it behind."""
-    from engine.transport.errors import RegionError
+    from engine.transport.errors import RegionExists
 
     try:
         return RingConsumer.create(address, config)
-    except RegionError as exc:
-        if "already exists" not in str(exc):
-            raise
+    except RegionExists:
         log.warning("recovering ring %s left by a previous worker", address)
         return RingConsumer.recover(address, config)
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from engine.transport.errors import OutOfBounds, RegionError, RegionMismatch
+from engine.transport.errors import OutOfBounds, RegionError, RegionExists, RegionMismatch
 from engine.transport.region import attach_region, create_region
 from engine.transport.ring import RingConfig, RingConsumer, RingProducer
 
@@ -71,6 +71,17 @@ def test_out_of_bounds_and_misaligned_access_is_refused(region_pair) -> None:
 def test_attach_to_missing_shm_region_names_it(ring_name) -> None:
     with pytest.raises(RegionError, match=ring_name):
         attach_region(f"shm://{ring_name}")
+
+
+@pytest.mark.parametrize("scheme", ["shm", "tcp"])
+def test_creating_a_region_twice_is_a_typed_error(scheme: str, ring_name: str) -> None:
+    prefix = "shm://" if scheme == "shm" else "tcp://127.0.0.1:0/"
+    owner = create_region(f"{prefix}{ring_name}", 1 << 12)
+    try:
+        with pytest.raises(RegionExists, match=ring_name):
+            create_region(f"{prefix}{ring_name}", 1 << 12)
+    finally:
+        owner.close()
 
 
 def test_unknown_transport_is_refused() -> None:
