@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("engine.worker.node_cli", "run this machine's TaskManager (stage instances and their rings)"),
     "proxy": ("engine.proxy.cli", "serve the request intake (UIDs, admission control, status, cancel)"),
     "manager": ("engine.manager.cli", "run a Node Manager replica (leader-elected through etcd)"),
+    "etcd-auth": ("engine.coord.auth", "enable etcd authentication for the engine (a deployment's one-time step)"),
     "bench": ("engine.bench", "benchmarks that print ratios against baselines run side by side"),
     "models": ("engine.stages.models_cli", "build tiny test checkpoints; check a model folder"),
     "run": ("engine.stages.run_cli", "run one request through a workflow's stages in this process"),

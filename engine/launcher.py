@@ -125,10 +125,12 @@ def run(args: argparse.Namespace) -> int:
             _say(f"redis: {_redacted(redis_url)}")
             etcd_url = envs.ETCD_URL
             if not etcd_url:
-                e = EtcdServer(envs.ETCD_BIN, state / "etcd", host).start()
+                # authentication on: only holders of the engine user's password read or write its keys
+                e = EtcdServer(envs.ETCD_BIN, state / "etcd", host, password=secret(keep, "etcd-password"),
+                               root_password=secret(keep, "etcd-root-password")).start()
                 stack.callback(e.stop)
                 etcd_url = e.url
-            _say(f"etcd: {etcd_url}")
+            _say(f"etcd: {_redacted(etcd_url)}")
 
             env = dict(os.environ)
             env.update(
@@ -281,8 +283,9 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
                   logs: Path) -> tuple[dict[str, subprocess.Popen[bytes]], str, int]:
     """Start ``onepiece node`` (static assignment) and ``onepiece proxy``, wait until every instance serves,
     then start ``onepiece manager`` and wait until it leads."""
+    from engine.coord import etcd_client
     from engine.worker.config import default_assignment
-    from engine.worker.routes import etcd_client, routes_prefix
+    from engine.worker.routes import routes_prefix
 
     models = _ensure_models(args, env, state)
     assignment = default_assignment(models)

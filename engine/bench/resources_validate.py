@@ -96,10 +96,11 @@ class _Engine:
 
     def start(self) -> _Engine:
         from engine import envs
+        from engine.coord import etcd_client
         from engine.embedded import EtcdServer, RedisServer
         from engine.store import JobStore
         from engine.worker.config import Assignment, InstanceSpec
-        from engine.worker.routes import etcd_client, routes_prefix
+        from engine.worker.routes import routes_prefix
 
         redis = RedisServer(envs.REDIS_SERVER_BIN, self.work / "redis").start()
         self.services.append(redis)

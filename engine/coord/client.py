@@ -31,6 +31,21 @@ are opened on the preferred endpoint after checking that it answers; a
 watch's stream stays on that endpoint. The engine does not use watches (route
 tables and assignments are polled), so nothing depends on re-opening them.
 
+Credentials: an endpoint URL may carry a user and password, as Redis URLs do
+(``http://onepiece:s3cret@10.0.0.2:2379``; percent-encode reserved characters).
+The client then authenticates once per endpoint (etcd's ``/v3/auth/authenticate``)
+and sends the token with every call, authenticating again when etcd answers that
+the token is no longer valid (simple tokens expire after ``--auth-token-ttl``,
+and every token dies when the cluster's users change), and sending again a call
+refused because the users or roles changed under it ("revision of auth store is
+old": nothing was applied), as etcd's own client does. The password never
+appears in :attr:`FailoverClient.endpoints`, ``repr`` or logs. A refused password
+is :class:`EtcdAuthError`, raised at once (it is not failed over: every member
+would refuse it). ``https://`` endpoints verify the server against
+``ONEPIECE_ETCD_CA`` (else the system's CAs) and present the client certificate
+``ONEPIECE_ETCD_CERT`` / ``ONEPIECE_ETCD_KEY`` when set (etcd's
+``--client-cert-auth``).
+
 ``etcd3gw`` (which imports ``requests``) is imported when a client is made,
 never by ``import engine``.
 """
@@ -38,14 +53,113 @@ never by ``import engine``.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 1.0  # a dead host's SYNs go unanswered: give up on it quickly and try the next
+_AUTH_RETRIES = 5  # a call refused for a stale token or auth revision is sent again at most this often
+_OLD_AUTH_REVISION = b"revision of auth store is old"  # etcd's ErrAuthOldRevision (gRPC InvalidArgument)
+
+
+class EtcdAuthError(RuntimeError):
+    """etcd refused the credentials in the URL (unknown user or wrong password)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One member's client URL, split into what is safe to show and the credentials."""
+
+    url: str  # scheme://host:port, never with a password
+    username: str = ""
+    password: str = ""
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        u = urlparse(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"etcd endpoint must be http(s)://[user:password@]host[:port], got {redact(url)!r}")
+        host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+        port = u.port or 2379
+        return cls(f"{u.scheme}://{host}:{port}", unquote(u.username or ""), unquote(u.password or ""))
+
+
+def redact(urls: str) -> str:
+    """``urls`` with every password replaced by ``***`` (for messages and logs)."""
+    out = []
+    for part in urls.split(","):
+        u = urlparse(part.strip())
+        if u.password is not None:
+            part = part.replace(f":{u.password}@", ":***@", 1)
+        out.append(part)
+    return ",".join(out)
+
+
+def _session(endpoint: Endpoint, timeout: Any) -> Any:
+    """A ``requests`` session for one endpoint: TLS settings, and etcd's auth token when it has a user."""
+    import requests
+    from etcd3gw import exceptions
+
+    class TokenSession(requests.Session):
+        """Sends ``Authorization: <token>``; on 401 (token expired or revoked) authenticates again, once."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._token = ""
+            self._lock = threading.Lock()
+
+        def _authenticate(self, stale: str) -> str:
+            with self._lock:
+                if self._token and self._token != stale:
+                    return self._token  # another thread already did it
+                try:
+                    r = super().request("POST", endpoint.url + "/v3/auth/authenticate", timeout=timeout,
+                                        json={"name": endpoint.username, "password": endpoint.password})
+                except requests.exceptions.Timeout as e:
+                    raise exceptions.ConnectionTimeoutError(str(e)) from e
+                except requests.exceptions.ConnectionError as e:
+                    raise exceptions.ConnectionFailedError(str(e)) from e
+                if r.status_code in (503, 504):
+                    raise exceptions.ConnectionFailedError(r.text, r.reason)
+                if r.status_code != 200 or "token" not in r.json():
+                    raise EtcdAuthError(f"etcd at {endpoint.url} refused user {endpoint.username!r}: "
+                                        f"{r.text.strip()[:200]}")
+                self._token = str(r.json()["token"])
+                return self._token
+
+        def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
+            token = self._token or self._authenticate("")
+            headers = dict(kwargs.pop("headers", None) or {})
+            for attempt in range(_AUTH_RETRIES + 1):
+                headers["Authorization"] = token
+                r = super().request(method, url, *args, headers=headers, **kwargs)
+                if attempt == _AUTH_RETRIES:
+                    return r
+                if r.status_code == 401:  # the token expired or was dropped (a user changed): a new one
+                    r.close()
+                    token = self._authenticate(token)
+                elif r.status_code == 400 and _OLD_AUTH_REVISION in r.content:
+                    # the users or roles changed between the token's check and the call: etcd's own
+                    # client retries these, as the call was not applied
+                    r.close()
+                else:
+                    return r
+            raise AssertionError("unreachable")
+
+    s: Any = TokenSession() if endpoint.username else requests.Session()
+    if endpoint.url.startswith("https://"):
+        ca = os.environ.get("ONEPIECE_ETCD_CA")
+        if ca:
+            s.verify = ca
+        cert, key = os.environ.get("ONEPIECE_ETCD_CERT"), os.environ.get("ONEPIECE_ETCD_KEY")
+        if cert and key:
+            s.cert = (cert, key)
+    return s
 
 
 def parse_endpoints(urls: str) -> list[str]:
@@ -98,15 +212,17 @@ class FailoverClient:
         import etcd3gw
         from etcd3gw import exceptions
 
-        self.endpoints = parse_endpoints(urls) if isinstance(urls, str) else list(urls)
+        parsed = [Endpoint.parse(u) for u in (parse_endpoints(urls) if isinstance(urls, str) else urls)]
+        self.endpoints = [e.url for e in parsed]  # without passwords: safe to log
+        self.authenticated = any(e.username for e in parsed)
         self.timeout = timeout
         # requests takes (connect, read): a dead member costs at most the connect timeout.
         t: Any = None if timeout is None else (min(CONNECT_TIMEOUT_S, timeout), timeout)
         self.clients = []
-        for url in self.endpoints:
-            u = urlparse(url)
+        for e in parsed:
+            u = urlparse(e.url)
             self.clients.append(etcd3gw.client(host=u.hostname or "127.0.0.1", port=u.port or 2379,
-                                               protocol=u.scheme or "http", timeout=t))
+                                               protocol=u.scheme, timeout=t, session=_session(e, t)))
         self._unreachable = (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError)
         self._preferred = 0
         self._lock = threading.Lock()

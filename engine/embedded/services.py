@@ -152,7 +152,13 @@ class RedisServer(_ChildService):
 
 
 class EtcdServer(_ChildService):
-    """A single-member etcd child listening on free loopback ports."""
+    """A single-member etcd child listening on free loopback ports.
+
+    Given ``password`` (and ``root_password``), it has authentication on once started
+    (:func:`engine.coord.auth.ensure_auth`): only the engine user ``onepiece`` with that password
+    reads or writes the engine's keys, and :attr:`url` carries the credentials
+    (``http://onepiece:<password>@host:port``), which is what every client is given.
+    """
 
     name = "etcd"
     apt_package = "etcd-server"
@@ -164,14 +170,43 @@ class EtcdServer(_ChildService):
         host: str = "127.0.0.1",
         client_port: int | None = None,
         peer_port: int | None = None,
+        password: str | None = None,
+        root_password: str | None = None,
     ):
         super().__init__(binary, data_dir, host)
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
+        self.password = password
+        self.root_password = root_password or password
+
+    @property
+    def plain_url(self) -> str:
+        """The client URL without credentials (health checks, logs)."""
+        return f"http://{self.host}:{self.client_port}"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        if not self.password:
+            return self.plain_url
+        from engine.coord.auth import ENGINE_USER
+
+        return f"http://{ENGINE_USER}:{quote(self.password, safe='')}@{self.host}:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> EtcdServer:
+        super().start(timeout)
+        if self.password:
+            from engine.coord.auth import EtcdAuthSetupError, ensure_auth
+
+            try:
+                assert self.root_password
+                ensure_auth(self.plain_url, self.root_password, self.password)
+            except (EtcdAuthSetupError, OSError) as exc:
+                self.stop()
+                raise ServiceError(
+                    f"etcd: could not enable authentication: {exc} (an etcd data folder from another "
+                    f"installation? its root password differs; remove {self.data_dir / 'etcd-data'})"
+                ) from exc
+        return self
 
     def _argv(self, binary: str) -> list[str]:
         peer = f"http://{self.host}:{self.peer_port}"
@@ -179,8 +214,8 @@ class EtcdServer(_ChildService):
             binary,
             "--name", "onepiece",
             "--data-dir", str(self.data_dir / "etcd-data"),
-            "--listen-client-urls", self.url,
-            "--advertise-client-urls", self.url,
+            "--listen-client-urls", self.plain_url,
+            "--advertise-client-urls", self.plain_url,
             "--listen-peer-urls", peer,
             "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"onepiece={peer}",
@@ -189,7 +224,7 @@ class EtcdServer(_ChildService):
 
     def _ready(self) -> bool:
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=0.5) as r:
+            with urllib.request.urlopen(self.plain_url + "/health", timeout=0.5) as r:
                 return b'"health":"true"' in r.read()
         except (urllib.error.URLError, OSError):
             return False

@@ -47,7 +47,7 @@ class Leadership:
 
 def connect(url: str) -> Any:
     """An etcd client for ``http://host:port`` or comma-separated endpoints (the TaskManagers' client)."""
-    from engine.worker.routes import etcd_client
+    from engine.coord import etcd_client
 
     return etcd_client(url)
 

@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from engine import envs
+from engine.coord import etcd_client
 from engine.worker.config import Assignment, InstanceSpec, StageTiming
-from engine.worker.routes import Route, assignment_key, etcd_client, node_key, publish_route, withdraw_route
+from engine.worker.routes import Route, assignment_key, node_key, publish_route, withdraw_route
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
 from engine.workflow import get_workflow
 

@@ -47,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from engine.coord import redact
     from engine.worker.config import Assignment, StageTiming
     from engine.worker.manager import NodeSettings, TaskManager
 
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     manager = TaskManager(settings, static)
     manager.start()
-    print(f"node: {node} (etcd {etcd_url}, logs {settings.run_dir / 'logs'})", flush=True)
+    print(f"node: {node} (etcd {redact(etcd_url)}, logs {settings.run_dir / 'logs'})", flush=True)
     try:
         manager.run(lambda: stop["flag"])
     finally:

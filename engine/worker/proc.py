@@ -49,10 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
 
     # Heavy imports happen here, in the worker, never in the TaskManager.
+    from engine.coord import etcd_client
     from engine.stages.registry import executor_class
     from engine.store import JobStore
     from engine.transport.ring import RingConfig
-    from engine.worker.routes import RouteTable, etcd_client
+    from engine.worker.routes import RouteTable
     from engine.worker.taskworker import TaskWorker, open_ring
     from engine.worker.threads import apply_torch
 

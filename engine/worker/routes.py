@@ -51,17 +51,6 @@ def node_key(node: str) -> str:
     return f"{ROOT}/nodes/{node}"
 
 
-def etcd_client(url: str, timeout: float = 5.0) -> Any:
-    """An etcd client for ``http://host:port`` or a comma-separated list of a cluster's endpoints.
-
-    It fails over to the next endpoint when one is unreachable (``engine.etcdclient``; etcd3gw,
-    which pulls in requests, is imported lazily).
-    """
-    from engine.etcdclient import FailoverClient
-
-    return FailoverClient(url, timeout)
-
-
 @dataclass(frozen=True)
 class Route:
     """One instance of one stage: its id and its inbox ring's address.

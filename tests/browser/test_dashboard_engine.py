@@ -49,8 +49,8 @@ def engine(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  #
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     import redis
 
+    from engine.coord import etcd_client
     from engine.worker.config import Assignment, InstanceSpec
-    from engine.worker.routes import etcd_client
     from engine.workflow import get_workflow
 
     redis_url = redis_server.url.rsplit("/", 1)[0] + f"/{ENGINE_DB}"

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from etcd3gw import exceptions
 
-from engine.etcdclient import FailoverClient, parse_endpoints
+from engine.coord import etcd_client
+from engine.coord.client import FailoverClient, parse_endpoints
 from engine.manager.election import Election, connect
-from engine.worker.routes import etcd_client
 from tests.deploy.etcdcluster import etcd_cluster
 
 

@@ -38,7 +38,7 @@ def test_manifest_is_valid_for_kubernetes(name: str, doc: dict[str, Any]) -> Non
 
 
 def _workloads() -> list[tuple[str, dict[str, Any]]]:
-    return [(n, d) for n, d in DOCS if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+    return [(n, d) for n, d in DOCS if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job")]
 
 
 def test_every_workload_has_resources_and_the_serving_ones_have_probes() -> None:
@@ -92,7 +92,7 @@ def _onepiece_commands() -> list[tuple[str, list[str]]]:
 def test_every_onepiece_command_line_parses_with_the_cli() -> None:
     parser = build_parser()
     commands = _onepiece_commands()
-    assert {c[0] for _, c in commands} >= {"node", "proxy", "manager"}
+    assert {c[0] for _, c in commands} >= {"node", "proxy", "manager", "etcd-auth"}
     for where, argv in commands:
         try:
             parser.parse_args(argv)
@@ -131,15 +131,20 @@ def test_dockerfile_copies_what_exists() -> None:
 
 
 def test_clients_get_every_etcd_member_and_nodes_their_data_address() -> None:
-    """ONEPIECE_ETCD_URL lists each member of the etcd StatefulSet (a client fails over between them);
-    a TaskManager publishes its rings at its host's address, not the loopback default."""
-    from engine.etcdclient import parse_endpoints
+    """ONEPIECE_ETCD_URL lists each member of the etcd StatefulSet (a client fails over between them), each
+    with the engine user's credentials (so it lives in the Secret); a TaskManager publishes its rings at its
+    host's address, not the loopback default."""
+    from engine.coord.client import Endpoint, parse_endpoints
 
     by = {d["metadata"]["name"]: d for _, d in DOCS}
     etcd = by["etcd"]["spec"]
     peers = f"{etcd['serviceName']}"
     want = [f"http://etcd-{i}.{peers}:2379" for i in range(etcd["replicas"])]
-    assert parse_endpoints(by["onepiece-config"]["data"]["ONEPIECE_ETCD_URL"]) == want
+    assert "ONEPIECE_ETCD_URL" not in by["onepiece-config"]["data"]
+    members = [Endpoint.parse(u) for u in parse_endpoints(by["onepiece-secrets"]["stringData"]["ONEPIECE_ETCD_URL"])]
+    assert [m.url for m in members] == want
+    assert {(m.username, m.password) for m in members} == {
+        ("onepiece", by["onepiece-secrets"]["stringData"]["ETCD_ONEPIECE_PASSWORD"])}
     assert by[peers]["spec"]["clusterIP"] == "None"  # headless: one DNS name per member
     (tm,) = by["onepiece-node"]["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(tm["command"][1:])
@@ -149,6 +154,7 @@ def test_clients_get_every_etcd_member_and_nodes_their_data_address() -> None:
     example = (DEPLOY / "systemd" / "onepiece.env.example").read_text()
     lines = dict(ln.split("=", 1) for ln in example.splitlines() if ln and not ln.startswith("#"))
     assert len(parse_endpoints(lines["ONEPIECE_ETCD_URL"])) == 3
+    assert all(Endpoint.parse(u).username == "onepiece" for u in parse_endpoints(lines["ONEPIECE_ETCD_URL"]))
     assert lines["ONEPIECE_BIND_HOST"] not in ("127.0.0.1", "0.0.0.0")
 
 
@@ -184,7 +190,7 @@ def test_network_policies_admit_only_each_services_clients() -> None:
     assert _admitted("onepiece-proxy") == platform
     assert _admitted("postgres") == platform
     assert _admitted("etcd") == {"onepiece-manager", "onepiece-proxy", "onepiece-web", "onepiece-celery", "etcd",
-                                 "ipBlock"}
+                                 "onepiece-etcd-auth", "ipBlock"}
     assert _admitted("redis") == platform | {"onepiece-proxy", "redis", "ipBlock"}
     assert _admitted("onepiece-web") == {"any"}
     for name, d in _workloads():  # nothing else is open to all
@@ -209,3 +215,30 @@ def test_every_caller_of_the_proxy_holds_its_secret_and_nothing_binds_everywhere
     assert "\nONEPIECE_PROXY_TOKEN=" in example
     for unit in (DEPLOY / "systemd").glob("*.service"):
         assert "0.0.0.0" not in unit.read_text(), unit.name
+
+
+def test_etcd_requires_credentials_everywhere_it_is_deployed() -> None:
+    """etcd's authentication is turned on before anything connects (the Kubernetes Job, the compose one-shot
+    service that every etcd client waits for), and every etcd client holds the Secret with its URL (issue 16)."""
+    by = {d["metadata"]["name"]: d for _, d in _workloads()}
+    job = by["onepiece-etcd-auth"]
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert c["command"][:2] == ["onepiece", "etcd-auth"]
+    assert {"name": "onepiece-secrets"} in [e.get("secretRef") for e in c["envFrom"]]
+    secret = next(d for _, d in DOCS if d["kind"] == "Secret")["stringData"]
+    assert {"ETCD_ROOT_PASSWORD", "ETCD_ONEPIECE_PASSWORD", "ONEPIECE_ETCD_URL"} <= set(secret)
+    for name in ("onepiece-proxy", "onepiece-manager", "onepiece-node", "onepiece-web", "onepiece-celery",
+                 "onepiece-reconciler"):
+        for c in by[name]["spec"]["template"]["spec"]["containers"]:
+            assert {"name": "onepiece-secrets"} in [e.get("secretRef") for e in c["envFrom"]], name
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    assert compose["x-onepiece-env"]["ONEPIECE_ETCD_URL"].startswith("http://onepiece:${ETCD_ONEPIECE_PASSWORD")
+    services = compose["services"]
+    assert services["etcd-auth"]["command"][:2] == ["onepiece", "etcd-auth"]
+    assert services["etcd-auth"]["depends_on"] == {"etcd": {"condition": "service_healthy"}}
+    clients = {n for n, b in services.items() if n != "etcd-auth" and {"etcd", "etcd-auth"} & set(b.get("depends_on", {}))}
+    assert {"proxy", "manager", "node"} <= clients
+    for name in clients:
+        deps = services[name]["depends_on"]
+        assert "etcd" not in deps, f"{name} must wait for etcd-auth, not just etcd"
+        assert deps["etcd-auth"] == {"condition": "service_completed_successfully"}, name

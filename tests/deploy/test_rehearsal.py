@@ -42,8 +42,8 @@ from typing import Any
 
 import pytest
 
+from engine.coord import etcd_client
 from engine.embedded.services import free_port
-from engine.worker.routes import etcd_client
 from tests.deploy.etcdcluster import etcd_cluster
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
 from tests.netns import Hosts, hosts

@@ -36,9 +36,19 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
             f"onepiece-up-{proc.pid}-wan2.1-{kind}.denoise.0.cfg" for kind in ("i2v", "t2v")]
         # the Node Manager leads, took the assignment over without moving an instance, and feeds the
         # Proxy's admission with each workflow's capacity
-        from engine.worker.routes import etcd_client
+        # etcd has authentication on: the summary shows its URL without the password, which only the state
+        # folder holds; an anonymous client is refused
+        from urllib.parse import quote
 
-        etcd = etcd_client(lines["etcd"])
+        from etcd3gw.exceptions import Etcd3Exception
+
+        from engine.coord import etcd_client
+
+        password = (tmp_path / "state" / "secrets" / "etcd-password").read_text().strip()
+        assert lines["etcd"].startswith("http://onepiece:***@") and password not in "".join(lines.values())
+        with pytest.raises(Etcd3Exception):
+            etcd_client(lines["etcd"].replace("onepiece:***@", "")).get("/onepiece/capacity/sd-t2i")
+        etcd = etcd_client(lines["etcd"].replace("***", quote(password, safe=""), 1))
         deadline = time.monotonic() + 60
         while not all(etcd.get(f"/onepiece/capacity/{wf}") for wf in ("sd-t2i", "wan2.1-i2v", "wan2.1-t2v")):
             assert time.monotonic() < deadline, "the Node Manager published no capacity"

@@ -15,9 +15,10 @@ from typing import Any
 
 from django.conf import settings
 
+from engine.coord import etcd_client
 from engine.manager import actions
 from engine.store import keys
-from engine.worker.routes import ROOT, etcd_client
+from engine.worker.routes import ROOT
 from engine.workflow import workflows
 from onepiece_platform import conf
 from onepiece_platform.redis_conn import get_redis

@@ -47,8 +47,8 @@ class ProxyEngineClient(EngineClient):
             return got[1]
         from django.conf import settings
 
+        from engine.coord import etcd_client
         from engine.manager.sets import NoProxy, which_proxy
-        from engine.worker.routes import etcd_client
 
         if self._etcd is None:
             self._etcd = etcd_client(settings.ETCD_URL)
@@ -79,8 +79,8 @@ class ProxyEngineClient(EngineClient):
 
         from django.conf import settings
 
+        from engine.coord import etcd_client
         from engine.manager.sets import all_proxies
-        from engine.worker.routes import etcd_client
 
         if self._etcd is None:
             self._etcd = etcd_client(settings.ETCD_URL)

@@ -93,9 +93,9 @@ def _stop(proc: subprocess.Popen[str], timeout: float = 60) -> str:
 @pytest.fixture(scope="session")
 def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  # noqa: F811
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from engine.coord import etcd_client
     from engine.store import JobStore
     from engine.worker.config import Assignment, default_assignment
-    from engine.worker.routes import etcd_client
 
     store = JobStore.from_url(redis_server.url, ttl=600)
     store.r.flushdb()
@@ -131,8 +131,8 @@ def engine(redis_url: str, etcd_url: str, nodes: list[NodeRun], tmp: Path, prefi
     rings are named ``<prefix><node>-...``. Waits until every instance's route is published and the first
     Proxy sees them; at the end checks clean exits (a node in ``killed`` may have been SIGKILLed on
     purpose) and that no ring is left."""
+    from engine.coord import etcd_client
     from engine.store import JobStore
-    from engine.worker.routes import etcd_client
 
     store = JobStore.from_url(redis_url, ttl=600)
     etcd = etcd_client(etcd_url)

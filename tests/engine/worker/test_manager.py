@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine.coord import etcd_client
 from engine.transport.ring import attach_producer
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
-from engine.worker.routes import assignment_key, etcd_client, node_key, routes_prefix
+from engine.worker.routes import assignment_key, node_key, routes_prefix
 
 ID = "sd-t2i.image_encode.0"  # a torch-free stage with no model components: starts in a second
 

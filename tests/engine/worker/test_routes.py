@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from engine.coord import etcd_client
 from engine.worker.config import Assignment, InstanceSpec, default_assignment
-from engine.worker.routes import Route, RouteTable, etcd_client, publish_route, withdraw_route
+from engine.worker.routes import Route, RouteTable, publish_route, withdraw_route
 
 
 @pytest.fixture

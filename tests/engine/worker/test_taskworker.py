@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engine.coord import etcd_client
 from engine.store import JobStore, keys
 from engine.transport.ring import RingConfig, RingConsumer, attach_producer
-from engine.worker.routes import RouteTable, etcd_client
+from engine.worker.routes import RouteTable
 from engine.worker.taskworker import TaskWorker, WorkerConfig
 from engine.workflow import message as wm
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from engine.coord import etcd_client
 from engine.worker import threads
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
-from engine.worker.routes import assignment_key, etcd_client, node_key
+from engine.worker.routes import assignment_key, node_key
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
 
 

@@ -19,13 +19,14 @@ import pytest
 def proxy_url(web_redis: str, etcd_server: Any, settings: Any) -> Iterator[str]:
     from aiohttp import web
 
+    from engine.coord import etcd_client
     from engine.embedded import free_port
     from engine.proxy.app import make_app
     from engine.proxy.injector import Injector
     from engine.proxy.monitor import RequestMonitor
     from engine.store import JobStore
     from engine.transport.ring import RingConfig, RingConsumer
-    from engine.worker.routes import Route, RouteTable, etcd_client, publish_route
+    from engine.worker.routes import Route, RouteTable, publish_route
 
     etcd = etcd_client(etcd_server.url)
     etcd.delete_prefix("/onepiece/")

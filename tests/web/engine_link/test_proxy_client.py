@@ -70,8 +70,8 @@ def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, e
     sets, the one whose arrival / capacity is lower; a set with no capacity for the workflow never."""
     import json
 
+    from engine.coord import etcd_client
     from engine.embedded import free_port
-    from engine.worker.routes import etcd_client
 
     etcd = etcd_client(etcd_server.url)
     dead = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # the busier set's Proxy: never asked
