@@ -25,7 +25,6 @@ from onepiece_platform.engine_link.models import OperatorAction as Op
 
 log = logging.getLogger(__name__)
 ACTIONS_SHOWN = 20
-DASHBOARD_ACTIONS = (Op.SCALE_STAGE, Op.DRAIN_NODE, Op.UNDRAIN_NODE, Op.MOVE_INSTANCE, Op.SET_MODE, Op.WARM_UP)
 VERDICT_WAIT_S = 2.0  # the leader ticks about once a second; a late verdict shows on the next refresh
 
 
@@ -99,8 +98,8 @@ def actions(request: HttpRequest) -> JsonResponse:
     except ValueError:
         return JsonResponse({"error": "body must be JSON"}, status=400)
     kind, args = body.get("action"), body.get("args", {})
-    if kind not in DASHBOARD_ACTIONS:
-        return JsonResponse({"error": f"action must be one of {', '.join(DASHBOARD_ACTIONS)}"}, status=400)
+    if kind not in Op.ALL:
+        return JsonResponse({"error": f"action must be one of {', '.join(Op.ALL)}"}, status=400)
     problem = valid_args(kind, args)
     if problem:
         return JsonResponse({"error": problem}, status=400)

@@ -23,8 +23,6 @@ from engine.workflow import workflows
 from onepiece_platform import conf
 from onepiece_platform.redis_conn import get_redis
 
-SCALING_ACTIONS = ("scale_stage", "move_instance", "drain_node", "undrain_node", "set_mode")
-
 
 class ClusterClient:
     def __init__(self, etcd_url: str, root: str = ROOT) -> None:
@@ -33,7 +31,9 @@ class ClusterClient:
 
     def submit_action(self, action: str, args: dict[str, Any], actor: str) -> str:
         """Queue a scaling action for the leading Node Manager; returns its id. Raises ActionRefused."""
-        if action not in SCALING_ACTIONS:
+        from onepiece_platform.engine_link.models import OperatorAction
+
+        if action not in OperatorAction.SCALING:
             raise actions.ActionRefused(f"not a scaling action: {action!r}")
         return actions.submit(self.etcd, self.root, action, args, actor)
 

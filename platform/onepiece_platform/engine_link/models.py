@@ -68,6 +68,9 @@ class OperatorAction(models.Model):
     leader's (for scaling) or the task's report (for warm-up).
     """
 
+    # The one list of what operators may ask (the admin, the dashboard and the engine link read it): the
+    # leading Node Manager's actions (engine.manager.actions.ACTIONS; pin_instance is not offered) and a
+    # Celery warm-up.
     SCALE_STAGE, MOVE_INSTANCE, DRAIN_NODE, UNDRAIN_NODE, SET_MODE, WARM_UP = (
         "scale_stage", "move_instance", "drain_node", "undrain_node", "set_mode", "warm_up")
     KINDS = [(SCALE_STAGE, "scale stage {workflow, stage, instances}"),
@@ -75,6 +78,8 @@ class OperatorAction(models.Model):
              (DRAIN_NODE, "drain node {node}"), (UNDRAIN_NODE, "undrain node {node}"),
              (SET_MODE, "set a workflow's scheduling mode {workflow, mode: individual|collaboration}"),
              (WARM_UP, "warm up {workflows: [...], nodes: [...]}")]
+    ALL = tuple(k for k, _ in KINDS)
+    SCALING = tuple(filter(WARM_UP.__ne__, ALL))  # sent to the leading Node Manager through etcd
 
     created_at = models.DateTimeField(auto_now_add=True)
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+", editable=False)
