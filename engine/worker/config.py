@@ -1,11 +1,12 @@
 """What a node runs: its instances (the assignment) and how their rings are sized.
 
-An assignment is JSON, kept in etcd under ``/onepiece/assignments/<node>``
-(the Node Manager will write it; until then ``onepiece up`` / ``onepiece node
---config`` write a static one)::
+An assignment is JSON, kept in etcd under ``<root>/assignments/<node>`` (the
+keyspace is engine.coord's). The leading Node Manager writes it, fenced with
+its token; ``onepiece up`` and ``onepiece node --config`` write a static one
+first (:func:`default_assignment`), which the Node Manager takes over::
 
     {"instances": [{"id": "sd-t2i.denoise.0", "workflow": "sd-t2i", "stage": "denoise",
-                    "device": "cpu", "step_delay_s": 0.0}, ...],
+                    "device": "cpu", "step_delay_s": 0.0, "workflow_set": "default"}, ...],
      "model_dirs": {"sd-t2i": "/models/sd-t2i"}, "deliver": {"sd-t2i": "least-outstanding"}}
 """
 
@@ -20,8 +21,9 @@ from engine.workflow import get_workflow
 
 @dataclass(frozen=True)
 class InstanceSpec:
-    """One stage instance. ``step_delay_s`` sleeps after every denoising step (demos and tests
-    that need a request to stay mid-denoise for a while; 0 in production)."""
+    """One stage instance. ``step_delay_s`` adds a sleep after every denoising step (demos and tests
+    that need a request to stay mid-denoise for a while; 0 in production): the worker process then
+    serves its executor through :class:`engine.worker.stretch.StretchedExecutor`."""
 
     id: str
     workflow: str
@@ -101,8 +103,11 @@ class StageTiming:
     tests where the bottleneck must be clear on a CPU-only machine (0 / 1: off, the production default).
 
     Each run of a stage takes at least ``floor_s`` seconds and at least ``factor`` times its compute
-    time, and each denoising step ``step_s`` seconds more; the worker sleeps for the difference, so a stretched stage occupies its instance (like a
-    GPU kernel would) without taking a CPU core from the other workers.
+    time, and each denoising step ``step_s`` seconds more. The TaskManager passes a stage's figures to
+    its worker process (``WorkerConfig.stage_time_s``, ``stage_stretch``, ``step_delay_s``), which then
+    wraps its executor (:mod:`engine.worker.stretch`): the wrapper sleeps for the difference, so a
+    stretched stage occupies its instance (like a GPU kernel would) without taking a CPU core from the
+    other workers, and the TaskWorker's loop has no test branches.
     """
 
     floor_s: dict[str, float] = field(default_factory=dict)

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.store import JobStore
     from engine.transport.ring import RingConfig
     from engine.worker.routes import RouteTable
+    from engine.worker.stretch import stretched
     from engine.worker.taskworker import TaskWorker, open_ring
     from engine.worker.threads import apply_torch
 
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         threads = apply_torch(config.threads or None)
     executor = executor_type()
     executor.load(config.model_dir, config.device)
+    # test and benchmark hook, off in production: the same executor, its runs slept to a chosen profile
+    served = stretched(executor, config.stage_time_s, config.stage_stretch, config.step_delay_s)
     t_ring = time.monotonic()
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
     routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s,
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         ring = open_ring(config.collab_address, RingConfig(slots=64, buffer_bytes=config.ring_bytes))
         collab = CfgService(config.instance, config.collab_address, ring, executor,
                             on_helped=lambda n: store.count_instance(config.instance, "cfg_halves", n)).start()
-    worker = TaskWorker(config, store, routes, executor, consumer, collab)
+    worker = TaskWorker(config, store, routes, served, consumer, collab)
     t_ready = time.monotonic()
     # a drained worker exits once its ring stayed empty for longer than senders take to see its route gone
     quiet = 2 * config.route_refresh_s + 0.5

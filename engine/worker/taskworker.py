@@ -54,7 +54,7 @@ class WorkerConfig:
     ring_bytes: int = 64 << 20
     deliver: str = "least-outstanding"
     device: str | None = None
-    step_delay_s: float = 0.0
+    step_delay_s: float = 0.0  # stretched stage times, applied by the worker process (engine.worker.stretch)
     progress_interval_s: float = 0.25
     result_ttl_s: int = 3600
     route_refresh_s: float = 1.0
@@ -62,7 +62,7 @@ class WorkerConfig:
     ready_file: str = ""
     collab_address: str = ""  # Collaboration mode: this instance's collab ring (engine.worker.collab)
     workflow_set: str = "default"  # hand results only to instances of this Workflow Set
-    stage_time_s: float = 0.0  # stretched stage times (see engine.worker.config.StageTiming); 0 / 1: off
+    stage_time_s: float = 0.0  # the same (engine.worker.config.StageTiming); 0 / 1: off
     stage_stretch: float = 1.0
     threads: int = 0  # CPU threads for torch's pools (engine.worker.threads); 0: whatever the environment says
 
@@ -214,8 +214,6 @@ class TaskWorker:
                 last["t"] = now
                 pct = int(100 * (before + share * step / max(n, 1)) / total)
                 self.store.event(uid, keys.PROGRESS, st, pct, detail=f"step {step}/{n}", state=keys.IN_PROGRESS)
-            if cfg.step_delay_s:
-                time.sleep(cfg.step_delay_s)
 
         ctx = StageContext(progress=progress, cancelled=lambda: self.store.cancel_requested(uid), deadline=h.deadline)
         if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
@@ -236,10 +234,6 @@ class TaskWorker:
             # the device time spent until the error is on record before handle() fails the job
             self.store.event(uid, keys.STAGE_STOPPED, st, detail=f"{type(exc).__name__}: {exc}"[:500])
             raise
-        compute = time.perf_counter() - t0
-        pad = max(cfg.stage_time_s - compute, (cfg.stage_stretch - 1.0) * compute, 0.0)
-        if pad:
-            time.sleep(pad)
         elapsed = time.perf_counter() - t0
         if share > 0:  # (seconds, predicted cost) of this run, for _fastest_for
             self._runs.setdefault(self._mode(h), deque(maxlen=32)).append((elapsed, share))

@@ -14,6 +14,7 @@ from engine.coord import etcd_client
 from engine.store import JobStore, keys
 from engine.transport.ring import RingConfig, RingConsumer, attach_producer
 from engine.worker.routes import RouteTable
+from engine.worker.stretch import StretchedExecutor, stretched
 from engine.worker.taskworker import TaskWorker, WorkerConfig
 from engine.workflow import message as wm
 
@@ -39,7 +40,9 @@ def _worker(store: JobStore, consumer: RingConsumer, etcd_url: str, **extra: Any
                        address="shm://unused", redis_url="", etcd_url=etcd_url, **extra)
     ex = SDImageEncode()
     ex.load("/")
-    return TaskWorker(cfg, store, RouteTable(etcd_client(etcd_url)), ex, consumer)
+    # as the worker process does (engine.worker.proc): stretched only when the config asks
+    served = stretched(ex, cfg.stage_time_s, cfg.stage_stretch, cfg.step_delay_s)
+    return TaskWorker(cfg, store, RouteTable(etcd_client(etcd_url)), served, consumer)
 
 
 def _send(producer: Any, uid: str) -> None:
@@ -139,3 +142,35 @@ def test_work_that_cannot_end_by_its_deadline_is_not_started(redis_server: Any, 
         assert fine is not None and fine.state == keys.COMPLETED
     finally:
         store.close()
+
+
+def test_stretching_is_a_wrapper_applied_only_when_configured() -> None:
+    """Stretched stage times are a wrapper executor, not branches in the TaskWorker: off, the worker
+    serves the executor itself; on, each run sleeps to its floor and each step its step time."""
+    import time
+
+    from engine.stages.base import StageContext, StageExecutor
+
+    class Steps(StageExecutor):
+        dtype_name = "float32"
+
+        def load(self, model_dir: Any, device: str | None = None) -> None:
+            self.model_dir = model_dir
+
+        def run(self, inputs: Any, params: Any, ctx: StageContext) -> dict[str, Any]:
+            for i in range(3):
+                ctx.step_done(i + 1, 3)
+            return {"out": 1}
+
+    ex = Steps()
+    assert stretched(ex) is ex and stretched(ex, 0.0, 1.0, 0.0) is ex
+    wrapped = stretched(ex, floor_s=0.2)
+    assert isinstance(wrapped, StretchedExecutor) and wrapped.dtype_name == "float32"
+    t0 = time.perf_counter()
+    assert wrapped.run({}, {}, StageContext()) == {"out": 1}
+    assert time.perf_counter() - t0 >= 0.2
+    seen: list[tuple[int, float]] = []
+    t0 = time.perf_counter()
+    stretched(ex, step_s=0.05).run({}, {}, StageContext(progress=lambda s, n: seen.append((s, time.perf_counter()))))
+    assert [s for s, _ in seen] == [1, 2, 3] and seen[2][1] - seen[0][1] >= 0.1
+    assert time.perf_counter() - t0 >= 0.15
