@@ -97,10 +97,10 @@ class _Engine:
     def start(self) -> _Engine:
         from engine import envs
         from engine.coord import etcd_client
+        from engine.coord.keys import Keyspace, read_prefix
         from engine.embedded import EtcdServer, RedisServer
         from engine.store import JobStore
         from engine.worker.config import Assignment, InstanceSpec
-        from engine.worker.routes import routes_prefix
 
         redis = RedisServer(envs.REDIS_SERVER_BIN, self.work / "redis").start()
         self.services.append(redis)
@@ -138,7 +138,7 @@ class _Engine:
         client = etcd_client(etcd.url)
         want = {i.id for i in instances}
         while True:
-            published = {m["key"].decode().rsplit("/", 1)[1] for _, m in client.get_prefix(routes_prefix())}
+            published = {name.rsplit("/", 1)[1] for name in read_prefix(client, Keyspace.from_env().routes())}
             if want <= published:
                 status, doc = _call(self.proxy + "/readyz", token=self.token)
                 checks = doc.get("checks", {}) if isinstance(doc, dict) else {}

@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.coord.keys import keyspace
+
 ACTIONS = ("scale_stage", "move_instance", "pin_instance", "drain_node", "undrain_node", "set_mode")
 MODES = ("individual", "collaboration")
 
@@ -52,21 +54,21 @@ class Overrides:
         return cls(d.get("stages", {}), d.get("drained", []), d.get("pinned", {}), d.get("modes", {}))
 
 
-def submit(client: Any, root: str, action: str, args: dict[str, Any], actor: str) -> str:
+def submit(client: Any, root: str | None, action: str, args: dict[str, Any], actor: str) -> str:
     """Queue an action for the leader; returns its id (poll :func:`result`)."""
     if action not in ACTIONS:
         raise ActionRefused(f"unknown action {action!r}; known: {', '.join(ACTIONS)}")
     action_id = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
     body = {"id": action_id, "action": action, "args": args, "actor": actor, "at": time.time()}
-    client.put(f"{root}/actions/requests/{action_id}", json.dumps(body))
+    client.put(keyspace(root).action_request(action_id), json.dumps(body))
     return action_id
 
 
-def result(client: Any, root: str, action_id: str, timeout: float = 10.0) -> dict[str, Any] | None:
+def result(client: Any, root: str | None, action_id: str, timeout: float = 10.0) -> dict[str, Any] | None:
     """The leader's verdict on an action, waiting up to ``timeout`` seconds; None if none came."""
     deadline = time.monotonic() + timeout
     while True:
-        got = client.get(f"{root}/actions/results/{action_id}")
+        got = client.get(keyspace(root).action_result(action_id))
         if got:
             return json.loads(got[0])
         if time.monotonic() >= deadline:

@@ -21,11 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-gain", type=float, default=0.10, help="rebalance only for at least this throughput gain")
     p.add_argument("--cooldown", type=float, default=30.0, help="seconds between two rebalances")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics here (0: off)")
-    p.add_argument("--root", default="/onepiece", help="etcd key prefix of this cluster")
+    p.add_argument("--root", default=None,
+                   help="etcd key prefix of this cluster (default: ONEPIECE_ETCD_ROOT, else /onepiece); every "
+                        "process of the cluster must use the same one (ONEPIECE_ETCD_ROOT)")
 
 
 def run(args: argparse.Namespace) -> int:
     from engine import envs
+    from engine.coord.keys import keyspace
     from engine.manager.election import Election, connect
     from engine.manager.node_manager import ManagerConfig, NodeManager
     from engine.workflow import get_workflow
@@ -59,10 +62,10 @@ def run(args: argparse.Namespace) -> int:
     def deposed(ship) -> None:
         print(f"standby: {name} lost the leadership (token {ship.token})", flush=True)
 
-    election = Election(client, name, ttl=args.ttl, key=f"{args.root}/manager/leader", on_elected=elected,
+    election = Election(client, name, ttl=args.ttl, key=keyspace(args.root).leader(), on_elected=elected,
                         on_deposed=deposed)
     nm = NodeManager(client, election, ManagerConfig(workflows, args.slots_per_node, min_gain=args.min_gain,
-                                                     cooldown=args.cooldown, root=args.root))
+                                                     cooldown=args.cooldown, root=keyspace(args.root).root))
     if args.metrics_port:
         _serve_metrics(nm, args.metrics_port)
     stop = threading.Event()

@@ -1,6 +1,6 @@
 """Leader election through etcd, with fencing tokens.
 
-One key (``/onepiece/manager/leader`` by default) is created in a transaction
+One key (``<root>/manager/leader``, :meth:`engine.coord.keys.Keyspace.leader`) is created in a transaction
 that succeeds only if the key does not exist, bound to the candidate's lease.
 The key's ``create_revision`` is the leader's **fencing token**: it grows with
 every new leadership, and every write the leader makes goes through
@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
-
-LEADER_KEY = "/onepiece/manager/leader"
 
 
 class NotLeader(Exception):
@@ -65,12 +63,16 @@ class Election:
         candidate: str,
         *,
         ttl: int = 3,
-        key: str = LEADER_KEY,
+        key: str | None = None,
         on_elected: Any = None,
         on_deposed: Any = None,
     ) -> None:
         if ttl < 2:
             raise ValueError("ttl must be at least 2 seconds (etcd's lease granularity is 1 s)")
+        if key is None:
+            from engine.coord.keys import Keyspace
+
+            key = Keyspace.from_env().leader()
         self.client, self.candidate, self.ttl, self.key = client, candidate, ttl, key
         self.on_elected, self.on_deposed = on_elected, on_deposed
         self._lease: Any = None

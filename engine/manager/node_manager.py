@@ -1,20 +1,30 @@
 """The Node Manager's control loop: measure, allocate (Theorem 1), place, write fenced assignments.
 
 One replica leads (engine.manager.election); every tick the leader reconciles
-desired state with actual state:
+desired state with actual state, in five steps (:meth:`NodeManager._tick` reads as them):
 
-1. read the nodes' reports (``/onepiece/nodes/<node>``: instances, measured stage
-   times, utilisation) and the current assignments (``/onepiece/assignments/<node>``);
-2. estimate each stage's service time: an exponential moving average of what the
-   workers measured, or the workflow's cost model until there is a measurement;
-3. size the stages with the allocator on the devices (instance slots) the live
-   nodes offer;
-4. apply the new allocation only if it raises predicted throughput by at least
-   ``min_gain`` and the last change is ``cooldown`` seconds old (hysteresis, against
-   flapping), or if instances are missing (a node died, a first start);
-5. place instances on nodes keeping every existing instance that still fits (fewest
-   moves), and write each node's assignment with :meth:`Election.fenced_put`, so a
-   deposed leader's late tick writes nothing.
+1. **observe** (:meth:`~NodeManager._observe`): the operators' overrides, the nodes'
+   reports (``<root>/nodes/<node>``: instances, measured stage times, utilisation), the
+   current assignments, the Proxies' arrival rates and the sets nodes were moved to
+   (keys: :mod:`engine.coord.keys`); fold the measured stage times into an exponential
+   moving average (the workflow's cost model until there is a measurement); apply queued
+   operator actions;
+2. **plan Workflow Sets** (:meth:`~NodeManager._plan_sets`): each live node's current set,
+   and at most one move of a node to a set that is short (:mod:`engine.manager.sets`);
+3. **plan instances** (:meth:`~NodeManager._plan_instances`): size every set's stages with
+   the allocator on the instance slots its nodes offer, and decide whether to apply: only if
+   it raises predicted throughput by at least ``min_gain`` and the last change is
+   ``cooldown`` seconds old (hysteresis, against flapping), or if instances are missing (a
+   node died, a first start), or an operator action, a stranded or unpinned instance or a
+   set move asks for it;
+4. **apply** (:meth:`~NodeManager._apply`): place instances on nodes keeping every existing
+   instance that still fits (fewest moves), and write the set move and each node's
+   assignment with :meth:`Election.fenced_put`, so a deposed leader's late tick writes nothing;
+5. **publish** (:meth:`~NodeManager._publish_capacity`): each workflow's capacity, Theorem 1's
+   recommendation and the sets' state, for the Proxies' admission, the platform and the
+   dashboard (written only when they changed).
+
+A step that finds this replica deposed raises :class:`NotLeader`; the tick ends there.
 
 The loop never dies: a tick that raises is logged and the next one runs. The
 tick's duration is kept (``last_tick_seconds``) for the metrics endpoint.
@@ -30,15 +40,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.coord.keys import Keyspace, default_root, read_prefix
 from engine.manager import actions as act
 from engine.manager import sets
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, throughput
 from engine.manager.election import Election, NotLeader
 
 log = logging.getLogger(__name__)
-
-NODES = "/nodes/"
-ASSIGNMENTS = "/assignments/"
 
 
 @dataclass
@@ -49,7 +57,7 @@ class ManagerConfig:
     min_gain: float = 0.10
     cooldown: float = 30.0
     ewma: float = 0.3  # weight of a new measurement in the moving average
-    root: str = "/onepiece"  # key prefix (engine.worker.routes.ROOT); tests use their own
+    root: str = field(default_factory=default_root)  # etcd key prefix (engine.coord.keys); tests use their own
 
 
 @dataclass
@@ -61,12 +69,45 @@ class TickResult:
     token: int | None = None
 
 
+@dataclass
+class Observation:
+    """What one tick read from etcd (step 1)."""
+
+    nodes: dict[str, dict[str, Any]]  # live, undrained node -> its report
+    current: dict[str, dict[str, Any]]  # node -> its assignment as written (dead and drained ones too)
+    chosen: dict[str, str]  # node -> the set a leader moved it to
+    arrival: dict[str, dict[str, float]]  # set -> workflow -> requests/s its Proxies accept
+    proxies: dict[str, list[str]]  # set -> its Proxies' URLs
+
+
+@dataclass
+class SetsPlan:
+    """Each live node's Workflow Set (step 2), with the one move this tick makes, if any."""
+
+    member: dict[str, str]
+    moved: tuple[str, str, str] | None  # (node, from set, to set)
+    by_set: dict[str, list[str]]
+
+
+@dataclass
+class InstancePlan:
+    """How many instances of each stage each set should run (step 3), and whether to apply it now."""
+
+    desired_by: dict[str, dict[str, dict[str, int]]]
+    have_by: dict[str, dict[str, dict[str, int]]]
+    desired: dict[str, dict[str, int]]
+    have: dict[str, dict[str, int]]
+    apply: bool
+    why: str
+
+
 class NodeManager:
     """Reconciles stage instances across nodes; call :meth:`tick` (tests) or :meth:`start` (service)."""
 
     def __init__(self, client: Any, election: Election, config: ManagerConfig,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.client, self.election, self.cfg, self.clock = client, election, config, clock
+        self.keys = Keyspace(config.root)
         self.service_s: dict[tuple[str, str], float] = {}
         self.last_change = -float("inf")
         self.last_tick_seconds = 0.0
@@ -81,16 +122,6 @@ class NodeManager:
         self._last_state = ""  # the Workflow Sets state last published
 
     # reading the cluster ---------------------------------------------------------------------
-    def _read_prefix(self, prefix: str) -> dict[str, dict[str, Any]]:
-        out = {}
-        for value, meta in self.client.get_prefix(prefix):
-            key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
-            try:
-                out[key[len(prefix):]] = json.loads(value)
-            except ValueError:
-                log.warning("ignoring malformed value at %s", key)
-        return out
-
     def _measure(self, nodes: dict[str, dict[str, Any]]) -> None:
         a = self.cfg.ewma
         for report in nodes.values():
@@ -131,50 +162,68 @@ class NodeManager:
         ship = self.election.leadership
         if ship is None:
             return TickResult(leader=False, reason="not the leader")
-        root = self.cfg.root
-        got = self.client.get(root + "/overrides")
-        self.overrides = act.Overrides.from_json(got[0] if got else None)
-        nodes = self._read_prefix(root + NODES)
-        current = self._read_prefix(root + ASSIGNMENTS)
-        self._measure(nodes)
         try:
-            self._process_actions(nodes, current)
+            seen = self._observe()
+            if not seen.nodes:
+                return TickResult(leader=True, reason="no live nodes", token=ship.token)
+            now = self.clock()
+            groups = self._plan_sets(seen, now)
+            plan = self._plan_instances(seen, groups, now)
+            state = self._sets_state(groups.by_set, plan.have_by, seen.arrival, seen.proxies)
+            if not plan.apply:
+                self._publish_capacity(plan.have, plan.desired, plan.have_by, state)
+                return TickResult(leader=True, reason=plan.why, counts=plan.have, token=ship.token)
+            self._apply(seen, groups, plan, ship.token, state)
         except NotLeader as exc:
+            log.warning("tick aborted: %s", exc)
             return TickResult(leader=False, reason=str(exc))
+        self.last_change = now
+        return TickResult(leader=True, applied=True, reason=plan.why, counts=plan.desired, token=ship.token)
+
+    # step 1 ------------------------------------------------------------------------------------
+    def _observe(self) -> Observation:
+        """Read the cluster, fold in the stage times measured, and apply queued operator actions."""
+        got = self.client.get(self.keys.overrides())
+        self.overrides = act.Overrides.from_json(got[0] if got else None)
+        nodes = read_prefix(self.client, self.keys.nodes())
+        current = read_prefix(self.client, self.keys.assignments())
+        self._measure(nodes)
+        self._process_actions(nodes, current)
         nodes = {n: r for n, r in nodes.items() if n not in self.overrides.drained}
-        if not nodes:
-            return TickResult(leader=True, reason="no live nodes", token=ship.token)
-        now = self.clock()
-        # Workflow Sets: each node's current set, and at most one move between sets (engine.manager.sets)
-        home = {n: str(r.get("set") or sets.DEFAULT) for n, r in nodes.items()}
-        chosen = {n: str(v) for n, v in self._read_prefix(root + "/sets/nodes/").items() if n in nodes}
-        member = sets.current_sets(home, chosen)
+        chosen = {n: str(v) for n, v in read_prefix(self.client, self.keys.set_nodes()).items() if n in nodes}
         arrival: dict[str, dict[str, float]] = {}
         proxies: dict[str, list[str]] = {}
-        for key, body in self._read_prefix(root + "/proxies/").items():
+        for key, body in read_prefix(self.client, self.keys.proxies()).items():
             sname = key.split("/", 1)[0]
             proxies.setdefault(sname, []).append(str(body.get("url", "")))
             for w, r in (body.get("rps") or {}).items():
                 arrival.setdefault(sname, {})[w] = arrival.get(sname, {}).get(w, 0.0) + float(r)
+        return Observation(nodes, current, chosen, arrival, proxies)
+
+    # step 2 ------------------------------------------------------------------------------------
+    def _plan_sets(self, seen: Observation, now: float) -> SetsPlan:
+        """Each node's current set, and at most one move between sets (engine.manager.sets)."""
+        home = {n: str(r.get("set") or sets.DEFAULT) for n, r in seen.nodes.items()}
+        member = sets.current_sets(home, seen.chosen)
         moved = None
         if now - self.last_change >= self.cfg.cooldown and len(set(member.values())) > 1:
-            moved = sets.rebalance_sets(home, member, self._set_capacity, arrival)
+            moved = sets.rebalance_sets(home, member, self._set_capacity, seen.arrival)
             if moved is not None:
-                node, src, dst = moved
-                try:
-                    self.election.fenced_put(f"{root}/sets/nodes/{node}", json.dumps(dst))
-                except NotLeader as exc:
-                    return TickResult(leader=False, reason=str(exc))
-                member[node] = dst
-                log.warning("node %s moves from set %s to set %s (%s is short)", node, src, dst, dst)
+                member[moved[0]] = moved[2]
         by_set: dict[str, list[str]] = {}
-        for n in sorted(nodes):
+        for n in sorted(seen.nodes):
             by_set.setdefault(member[n], []).append(n)
-        desired_by = {sn: self._allocate(self.cfg.slots_per_node * len(ns)) for sn, ns in by_set.items()}
-        have_by = {sn: self._counts(current, set(ns), sn) for sn, ns in by_set.items()}
+        return SetsPlan(member, moved, by_set)
+
+    # step 3 ------------------------------------------------------------------------------------
+    def _plan_instances(self, seen: Observation, groups: SetsPlan, now: float) -> InstancePlan:
+        """Theorem 1 per set on its slots, and the decision to apply it (hysteresis unless forced)."""
+        nodes, current, moved = seen.nodes, seen.current, groups.moved
+        desired_by = {sn: self._allocate(self.cfg.slots_per_node * len(ns)) for sn, ns in groups.by_set.items()}
+        have_by = {sn: self._counts(current, set(ns), sn) for sn, ns in groups.by_set.items()}
         desired, have = _sum_counts(desired_by.values()), _sum_counts(have_by.values())
         missing = any(have_by[sn].get(w, {}).get(st, 0) < 1 for sn, d in desired_by.items() for w in d for st in d[w])
-        gain = max((self._gain(have_by[sn], desired_by[sn]) for sn in by_set), default=0.0)
+        gain = max((self._gain(have_by[sn], desired_by[sn]) for sn in groups.by_set), default=0.0)
         forced, self._force = self._force, False
         # instances still assigned to a drained or dead node must move: apply regardless
         stranded = any(body.get("instances") for n, body in current.items() if n not in nodes)
@@ -183,33 +232,31 @@ class NodeManager:
         if forced and desired == have and not (stranded or unpinned):
             forced = False
         forced = forced or stranded or unpinned or moved is not None
-        state = self._sets_state(by_set, have_by, arrival, proxies)
         if not missing and not forced and (gain < self.cfg.min_gain or now - self.last_change < self.cfg.cooldown):
-            try:
-                self._publish_capacity(have, desired, have_by, state)
-            except NotLeader as exc:
-                return TickResult(leader=False, reason=str(exc))
-            return TickResult(leader=True, reason=f"kept (gain {gain:.2f}, hysteresis)", counts=have,
-                              token=ship.token)
+            return InstancePlan(desired_by, have_by, desired, have, False, f"kept (gain {gain:.2f}, hysteresis)")
         why = ("operator action" if forced and moved is None else f"node {moved[0]} moved to set {moved[2]}"
                if moved else "missing instances" if missing else f"gain {gain:.2f}")
-        plan: dict[str, list[dict[str, Any]]] = {}
+        return InstancePlan(desired_by, have_by, desired, have, True, why)
+
+    # step 4 ------------------------------------------------------------------------------------
+    def _apply(self, seen: Observation, groups: SetsPlan, plan: InstancePlan, token: int,
+               state: dict[str, Any]) -> None:
+        """Place the planned instances on nodes (fewest moves) and write it all, fenced."""
+        placed: dict[str, list[dict[str, Any]]] = {}
         used_ids: set[str] = set()
-        for sn, ns in sorted(by_set.items()):
-            plan.update(self._place(desired_by[sn], current, ns, used_ids, sn))
-        for gone in set(current) - set(plan):  # drained (or dead) nodes get an empty assignment
-            plan[gone] = []
-        try:
-            self._publish_capacity(have, desired, have_by, state)
-            for node, instances in plan.items():
-                body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": ship.token,
-                        "decided_at": time.time(), "reason": why}
-                self.election.fenced_put(self.cfg.root + ASSIGNMENTS + node, json.dumps(body, sort_keys=True))
-        except NotLeader as exc:
-            log.warning("tick aborted: %s", exc)
-            return TickResult(leader=False, reason=str(exc))
-        self.last_change = now
-        return TickResult(leader=True, applied=True, reason=why, counts=desired, token=ship.token)
+        for sn, ns in sorted(groups.by_set.items()):
+            placed.update(self._place(plan.desired_by[sn], seen.current, ns, used_ids, sn))
+        for gone in set(seen.current) - set(placed):  # drained (or dead) nodes get an empty assignment
+            placed[gone] = []
+        if groups.moved is not None:
+            node, src, dst = groups.moved
+            self.election.fenced_put(self.keys.set_node(node), json.dumps(dst))
+            log.warning("node %s moves from set %s to set %s (%s is short)", node, src, dst, dst)
+        self._publish_capacity(plan.have, plan.desired, plan.have_by, state)  # step 5, before the moves
+        for node, instances in placed.items():
+            body = {"instances": instances, "model_dirs": self.cfg.workflows, "fence_token": token,
+                    "decided_at": time.time(), "reason": plan.why}
+            self.election.fenced_put(self.keys.assignment(node), json.dumps(body, sort_keys=True))
 
     def _set_capacity(self, workflow_set: str, n_nodes: int) -> dict[str, float]:
         """Each workflow's throughput a set would have with ``n_nodes`` nodes, allocated by Theorem 1."""
@@ -247,10 +294,10 @@ class NodeManager:
         if state is not None:
             text = json.dumps(state, sort_keys=True)
             if text != self._last_state:
-                puts[f"{self.cfg.root}/sets/state"] = text
+                puts[self.keys.sets_state()] = text
                 for sn, caps in per_set.items():
                     for w, (rps_s, neck) in caps.items():
-                        puts[f"{self.cfg.root}/sets/capacity/{sn}/{w}"] = json.dumps(
+                        puts[self.keys.set_capacity(sn, w)] = json.dumps(
                             {"rps": rps_s, "bottleneck": neck, "instances": have_by[sn].get(w, {})}, sort_keys=True)
                 self._last_state = text
         for w in self.cfg.workflows:
@@ -266,7 +313,7 @@ class NodeManager:
             body = {"rps": rps, "bottleneck": bottleneck, "instances": have.get(w, {}), "mode": mode,
                     "recommended": recommended, "service_s": {p.name: p.seconds for p in self.profile(w)},
                     "fence_token": self.election.leadership.token if self.election.leadership else None}
-            puts[f"{self.cfg.root}/capacity/{w}"] = json.dumps(body, sort_keys=True)
+            puts[self.keys.capacity(w)] = json.dumps(body, sort_keys=True)
         if puts:
             self.election.fenced_txn(puts)
 
@@ -275,8 +322,7 @@ class NodeManager:
         written in the same fenced transaction as the overrides it changes."""
         from engine.workflow import get_workflow
 
-        root = self.cfg.root
-        pending = self._read_prefix(root + "/actions/requests/")
+        pending = read_prefix(self.client, self.keys.action_requests())
         if not pending:
             return
         cluster = {
@@ -295,9 +341,9 @@ class NodeManager:
             verdict.update(id=rid, action=req.get("action"), args=req.get("args"), actor=req.get("actor"),
                            at=time.time(), fence_token=token)
             self.election.fenced_txn(
-                {root + "/overrides": new.to_json(), f"{root}/actions/results/{rid}": json.dumps(verdict),
-                 f"{root}/audit/{rid}": json.dumps(verdict)},
-                deletes=(f"{root}/actions/requests/{rid}",),
+                {self.keys.overrides(): new.to_json(), self.keys.action_result(rid): json.dumps(verdict),
+                 self.keys.audit(rid): json.dumps(verdict)},
+                deletes=(self.keys.action_request(rid),),
             )
             if verdict["ok"]:
                 self.overrides = new

@@ -10,7 +10,7 @@ has a spare node (without it, that set still has ``SPARE`` headroom); a lent
 node goes home once its host set no longer needs it. One move per tick, under
 the manager's cooldown.
 
-Keys (under the cluster root, ``/onepiece``)::
+Keys (under the cluster root; built by :mod:`engine.coord.keys`)::
 
     proxies/<set>/<name>     {"url", "set", "rps": {workflow: accepted/s}}    a Proxy, bound to its lease
     sets/nodes/<node>        "<set>"        the node's current set (fenced; absent: its home set)
@@ -27,6 +27,8 @@ import json
 import random
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from engine.coord.keys import keyspace, read_json
 
 DEFAULT = "default"
 SHORT = 0.9  # a set is short when arrival > SHORT x capacity for some workflow
@@ -78,7 +80,7 @@ def rebalance_sets(home: Mapping[str, str], current: Mapping[str, str],
     return None
 
 
-def which_proxy(client: Any, workflow: str | None, root: str = "/onepiece",
+def which_proxy(client: Any, workflow: str | None, root: str | None = None,
                 rng: Callable[[list[str]], str] = random.choice) -> str:
     """The URL of a Proxy of the least loaded set that serves ``workflow`` (arrival / capacity); with
     ``workflow`` None (a status or result look-up, which any Proxy answers), any registered Proxy."""
@@ -101,19 +103,18 @@ def which_proxy(client: Any, workflow: str | None, root: str = "/onepiece",
     return rng(sorted(state[best[1]]["proxies"]))
 
 
-def _state(client: Any, root: str) -> dict[str, Any]:
-    raw = client.get(f"{root}/sets/state")
-    return json.loads(raw[0]) if raw else {}
+def _state(client: Any, root: str | None) -> dict[str, Any]:
+    return read_json(client, keyspace(root).sets_state()) or {}
 
 
-def all_proxies(client: Any, root: str = "/onepiece", state: dict[str, Any] | None = None) -> list[str]:
+def all_proxies(client: Any, root: str | None = None, state: dict[str, Any] | None = None) -> list[str]:
     """Every registered Proxy's URL (for look-ups, which any Proxy answers: try them in turn)."""
     state = _state(client, root) if state is None else state
     return sorted({u for s in state.values() for u in s.get("proxies", [])})
 
 
 def register_proxy(client: Any, workflow_set: str, name: str, url: str, rps: Mapping[str, float],
-                   lease: Any, root: str = "/onepiece") -> None:
+                   lease: Any, root: str | None = None) -> None:
     """A Proxy's registration (refreshed with its accepted rates; gone with its lease)."""
     body = {"url": url, "set": workflow_set, "rps": dict(rps)}
-    client.put(f"{root}/proxies/{workflow_set}/{name}", json.dumps(body, sort_keys=True), lease=lease)
+    client.put(keyspace(root).proxy(workflow_set, name), json.dumps(body, sort_keys=True), lease=lease)

@@ -44,8 +44,9 @@ from typing import Any
 
 from engine import envs
 from engine.coord import etcd_client
+from engine.coord.keys import Keyspace
 from engine.worker.config import Assignment, InstanceSpec, StageTiming
-from engine.worker.routes import Route, assignment_key, node_key, publish_route, withdraw_route
+from engine.worker.routes import Route, publish_route, withdraw_route
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
 from engine.workflow import get_workflow
 
@@ -132,11 +133,12 @@ class TaskManager:
         from engine.store import JobStore
 
         self.client = etcd_client(self.s.etcd_url)
+        self.keys = Keyspace.from_env()
         self.store = JobStore.from_url(self.s.redis_url, ttl=self.s.result_ttl_s)
         self.lease = self.client.lease(self.s.lease_ttl_s)
         self._lease_refreshed = self.clock()
         if self.static is not None:
-            self.client.put(assignment_key(self.s.node), self.static.to_json())
+            self.client.put(self.keys.assignment(self.s.node), self.static.to_json())
         self._report(force=True)
 
     def run(self, should_stop: Callable[[], bool], interval: float = 0.2) -> None:
@@ -193,8 +195,8 @@ class TaskManager:
             for inst in self.instances.values():
                 self._try(withdraw_route, self.client, self._route(inst))
             if self.static is not None:
-                self._try(self.client.delete, assignment_key(self.s.node))
-            self._try(self.client.delete, node_key(self.s.node))
+                self._try(self.client.delete, self.keys.assignment(self.s.node))
+            self._try(self.client.delete, self.keys.node(self.s.node))
             if self.lease is not None:
                 self._try(self.lease.revoke)
         self.instances.clear()
@@ -205,7 +207,7 @@ class TaskManager:
     # -- reconciliation ----------------------------------------------------------------------------
     def _read_assignment(self) -> None:
         try:
-            values = self.client.get(assignment_key(self.s.node))
+            values = self.client.get(self.keys.assignment(self.s.node))
         except Exception:  # etcd unreachable: keep the last desired state
             log.warning("cannot read the assignment; keeping the last one")
             return
@@ -239,7 +241,7 @@ class TaskManager:
             inst.startup = dict(self._ready_info(inst), ready_s=round(now - inst.spawned, 3))
             self._log_move({"event": "ready", "instance": inst.spec.id, **inst.startup})
             if not inst.published:
-                publish_route(self.client, self._route(inst), self.lease)
+                publish_route(self.client, self._route(inst), self.lease, self.keys)
                 inst.published = True
             log.info("worker %s ready (pid %d)", inst.spec.id, inst.proc.pid)
 
@@ -333,7 +335,7 @@ class TaskManager:
             "draining": [i.spec.id for i in self.draining], "moves": self.moves,
             "devices": self._device_report(),
         }
-        self.client.put(node_key(self.s.node), json.dumps(report), lease=self.lease)
+        self.client.put(self.keys.node(self.s.node), json.dumps(report), lease=self.lease)
 
     def _device_report(self) -> list[dict[str, Any]]:
         """This host's devices (NVML, or CPU figures labelled as such in each sample's ``source``)."""

@@ -1,13 +1,12 @@
 """Instance routes in etcd: where each stage instance's inbox ring listens.
 
-Keys (values are JSON)::
+Read from (keys: :mod:`engine.coord.keys`)::
 
-    /onepiece/routes/<workflow>/<stage>/<instance>  {"address": "shm://...", "node": "...", "instance": "...",
-                                                     "generation": <int>}
-    /onepiece/assignments/<node>                     the node's desired instances (see engine.worker.config)
-    /onepiece/nodes/<node>                           the node's registration, bound to its lease
-    /onepiece/capacity/<workflow>                    {"rps": ..., "mode": ...}: capacity the Node Manager
-                                                     measured, and the workflow's scheduling mode
+    <root>/routes/<workflow>/<stage>/<instance>  {"address": "shm://...", "node": "...", "instance": "...",
+                                                  "generation": <int>, "collab": ..., "set": ...}
+    <root>/capacity/<workflow>                   {"rps": ..., "mode": ..., "service_s": ...}: capacity the
+                                                 Node Manager measured, and the workflow's scheduling mode
+    <root>/sets/capacity/<set>/<workflow>        one Workflow Set's capacity
 
 A TaskManager publishes a route once the instance's worker is ready and removes
 it when the instance is stopped; routes are bound to the node's lease, so a
@@ -20,36 +19,16 @@ request's path. Without the thread (tests, tools) the cache refreshes lazily.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-ROOT = "/onepiece"
+from engine.coord.keys import Keyspace, read_prefix
 
-
-def routes_prefix(workflow: str = "", stage: str = "") -> str:
-    parts = [p for p in (workflow, stage) if p]
-    return f"{ROOT}/routes/" + "".join(f"{p}/" for p in parts)
-
-
-def route_key(workflow: str, stage: str, instance: str) -> str:
-    return f"{routes_prefix(workflow, stage)}{instance}"
-
-
-def capacity_prefix() -> str:
-    """Where the Node Manager publishes each workflow's measured capacity (``<prefix><workflow>``)."""
-    return f"{ROOT}/capacity/"
-
-
-def assignment_key(node: str) -> str:
-    return f"{ROOT}/assignments/{node}"
-
-
-def node_key(node: str) -> str:
-    return f"{ROOT}/nodes/{node}"
-
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Route:
@@ -78,23 +57,20 @@ class Route:
                            "generation": self.generation, "collab": self.collab, "set": self.workflow_set})
 
 
-def publish_route(client: Any, route: Route, lease: Any = None) -> None:
-    client.put(route_key(route.workflow, route.stage, route.instance), route.to_json(), lease=lease)
+def publish_route(client: Any, route: Route, lease: Any = None, keys: Keyspace | None = None) -> None:
+    keys = keys or Keyspace.from_env()
+    client.put(keys.route(route.workflow, route.stage, route.instance), route.to_json(), lease=lease)
 
 
-def withdraw_route(client: Any, route: Route) -> None:
-    client.delete(route_key(route.workflow, route.stage, route.instance))
+def withdraw_route(client: Any, route: Route, keys: Keyspace | None = None) -> None:
+    keys = keys or Keyspace.from_env()
+    client.delete(keys.route(route.workflow, route.stage, route.instance))
 
 
-def live_nodes(client: Any) -> set[str]:
+def live_nodes(client: Any, keys: Keyspace | None = None) -> set[str]:
     """Names of the nodes registered now (each key lives as long as its node's lease). Raises when etcd
     cannot be read: an unknown membership must never be taken for an empty one."""
-    prefix = f"{ROOT}/nodes/"
-    out = set()
-    for _value, meta in client.get_prefix(prefix):
-        key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
-        out.add(key[len(prefix):])
-    return out
+    return set(read_prefix(client, (keys or Keyspace.from_env()).nodes(), as_json=False))
 
 
 class RouteTable:
@@ -107,8 +83,10 @@ class RouteTable:
     """
 
     def __init__(self, client: Any, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 workflow_set: str | None = None) -> None:
+                 workflow_set: str | None = None, keys: Keyspace | None = None) -> None:
         self.client = client
+        self.keys = keys or Keyspace.from_env()
+        self._failing = False  # the last refresh failed (logged once per outage)
         self.workflow_set = workflow_set  # a set's Proxy or worker sees only that set's routes (None: all)
         self.refresh_s = refresh_s
         self.clock = clock
@@ -142,21 +120,22 @@ class RouteTable:
     def _try_refresh(self) -> None:
         try:
             self.refresh()
-        except Exception:  # etcd down or slow: keep serving from the cache
-            pass
+        except Exception as exc:  # etcd down or slow: keep serving from the cache
+            if not self._failing:
+                log.warning("routes: cannot read etcd (%s); serving the last known routes until it answers", exc)
+            self._failing = True
+        else:
+            if self._failing:
+                log.warning("routes: etcd answers again")
+            self._failing = False
 
     def refresh(self) -> None:
         found: dict[tuple[str, str], list[Route]] = {}
-        for value, meta in self.client.get_prefix(routes_prefix()):
-            key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
-            parts = key[len(routes_prefix()):].split("/")
-            if len(parts) != 3:
+        for name, data in read_prefix(self.client, self.keys.routes()).items():  # a malformed one is skipped
+            parts = name.split("/")
+            if len(parts) != 3 or not isinstance(data, dict):
                 continue
             workflow, stage, instance = parts
-            try:
-                data = json.loads(value)
-            except ValueError:
-                continue  # a malformed route is skipped, not fatal
             found.setdefault((workflow, stage), []).append(
                 Route(workflow, stage, instance, str(data["address"]), str(data.get("node", "")),
                       int(data.get("generation", 0)), str(data.get("collab", "")), str(data.get("set", "default"))))
@@ -167,22 +146,17 @@ class RouteTable:
         capacity: dict[str, float] = {}
         modes: dict[str, str] = {}
         service: dict[str, dict[str, float]] = {}
-        for value, meta in self.client.get_prefix(capacity_prefix()):
-            key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
+        for workflow, body in read_prefix(self.client, self.keys.capacities()).items():
             try:
-                body = json.loads(value)
-                capacity[key[len(capacity_prefix()):]] = float(body["rps"])
-                modes[key[len(capacity_prefix()):]] = str(body.get("mode", "individual"))
-                service[key[len(capacity_prefix()):]] = {str(k): float(v)
-                                                         for k, v in dict(body.get("service_s") or {}).items()}
-            except (ValueError, KeyError, TypeError):
+                capacity[workflow] = float(body["rps"])
+                modes[workflow] = str(body.get("mode", "individual"))
+                service[workflow] = {str(k): float(v) for k, v in dict(body.get("service_s") or {}).items()}
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         if self.workflow_set is not None:  # a set's own capacity, where the Node Manager published one
-            prefix = f"{ROOT}/sets/capacity/{self.workflow_set}/"
-            for value, meta in self.client.get_prefix(prefix):
-                key = meta["key"].decode() if isinstance(meta["key"], bytes) else meta["key"]
+            for workflow, body in read_prefix(self.client, self.keys.set_capacities(self.workflow_set)).items():
                 try:
-                    capacity[key[len(prefix):]] = float(json.loads(value)["rps"])
+                    capacity[workflow] = float(body["rps"])
                 except (ValueError, KeyError, TypeError):
                     continue
         with self._lock:

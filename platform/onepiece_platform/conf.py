@@ -48,10 +48,27 @@ DEFAULTS: dict[str, Any] = {
     "IMAGE_WAIT_S": 120.0,
     # Ledger rows of finished jobs are deleted by the clean-up task after this many days.
     "LEDGER_RETENTION_DAYS": 30,
-    # etcd key prefix of the cluster (engine.worker.routes.ROOT); tests use their own.
-    "ETCD_ROOT": "/onepiece",
+    # etcd key prefix of the cluster (engine.coord.keys): None is ONEPIECE_ETCD_ROOT, else /onepiece, as
+    # for the engine's processes; tests use their own.
+    "ETCD_ROOT": None,
     # Redis key prefix for the platform's own counters.
     "REDIS_PREFIX": "onepiece:web",
+    # Completion webhooks (onepiece_platform.webhooks). Private, loopback and link-local receivers are
+    # refused unless allowed (onepiece up's local settings allow them); production requires https.
+    "WEBHOOK_ALLOW_PRIVATE": False,
+    "WEBHOOK_REQUIRE_HTTPS": False,
+    # One attempt, connect to last byte; a slower receiver's attempt fails and is retried.
+    "WEBHOOK_TIMEOUT_S": 10.0,
+    # Waits after the 1st, 2nd, ... failed attempt (the last repeats), each stretched by up to JITTER,
+    # never past MAX_AGE_S after the event: the final attempt is made then, and the delivery fails.
+    "WEBHOOK_RETRY_DELAYS_S": (5, 30, 120, 600, 1800, 3600, 7200, 14400, 28800),
+    "WEBHOOK_RETRY_JITTER": 0.2,
+    "WEBHOOK_MAX_AGE_S": 86400.0,
+    # A claimed delivery is due again this long after its claim (its worker died): above TIMEOUT_S.
+    "WEBHOOK_LEASE_S": 60.0,
+    # The delivery worker looks for due rows this often when idle; attempts in flight per worker.
+    "WEBHOOK_POLL_S": 1.0,
+    "WEBHOOK_CONCURRENCY": 8,
 }
 
 

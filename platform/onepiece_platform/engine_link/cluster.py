@@ -8,7 +8,6 @@ publishes (nodes, routes, assignments in etcd; in-flight work in Redis).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
@@ -16,18 +15,19 @@ from typing import Any
 from django.conf import settings
 
 from engine.coord import etcd_client
+from engine.coord.keys import Keyspace, keyspace, read_json, read_prefix
 from engine.manager import actions
 from engine.store import keys
-from engine.worker.routes import ROOT
 from engine.workflow import workflows
 from onepiece_platform import conf
 from onepiece_platform.redis_conn import get_redis
 
 
 class ClusterClient:
-    def __init__(self, etcd_url: str, root: str = ROOT) -> None:
+    def __init__(self, etcd_url: str, root: str | None = None) -> None:
         self.etcd = etcd_client(etcd_url, timeout=3.0)
-        self.root = root
+        self.keys: Keyspace = keyspace(root)
+        self.root = self.keys.root
 
     def submit_action(self, action: str, args: dict[str, Any], actor: str) -> str:
         """Queue a scaling action for the leading Node Manager; returns its id. Raises ActionRefused."""
@@ -41,20 +41,10 @@ class ClusterClient:
         """The leader's verdict (``{"ok": bool, "error"?: str, ...}``), or None while none has come."""
         return actions.result(self.etcd, self.root, action_id, timeout)
 
-    def _prefix(self, prefix: str) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for value, meta in self.etcd.get_prefix(self.root + prefix):
-            key = meta["key"].decode() if isinstance(meta["key"], bytes) else str(meta["key"])
-            try:
-                out[key[len(self.root + prefix):]] = json.loads(value)
-            except ValueError:
-                out[key[len(self.root + prefix):]] = value.decode() if isinstance(value, bytes) else value
-        return out
-
     def snapshot(self) -> dict[str, Any]:
         """Nodes (instances, devices), routes, overrides, in-flight work and capacity per workflow, as of now."""
         routes: dict[str, list[str]] = {}
-        for path, r in self._prefix("/routes/").items():
+        for path, r in read_prefix(self.etcd, self.keys.routes()).items():
             wf_stage = path.rsplit("/", 1)[0]
             routes.setdefault(wf_stage, []).append(r.get("instance", path) if isinstance(r, dict) else path)
         r = get_redis()
@@ -62,15 +52,15 @@ class ClusterClient:
         for name in sorted(workflows()):
             entries = r.zrange(keys.inflight_key(name), 0, -1, withscores=True)
             inflight[name] = {"jobs": len(entries), "gpu_s": round(sum(s for _, s in entries), 3)}
-        overrides = self.etcd.get(self.root + "/overrides")
+        overrides = read_json(self.etcd, self.keys.overrides())
         # capacity: the leader's view per workflow (rps, bottleneck, instances it counts, Theorem 1's
         # recommended counts, the stage times it used); empty while no Node Manager leads. assignments:
         # the instance ids the leader placed on each node (what an operator can move)
-        return {"ts": time.time(), "nodes": self._prefix("/nodes/"), "routes": routes,
-                "overrides": json.loads(overrides[0]) if overrides else {}, "inflight": inflight,
-                "capacity": self._prefix("/capacity/"), "assignments": {
+        return {"ts": time.time(), "nodes": read_prefix(self.etcd, self.keys.nodes()), "routes": routes,
+                "overrides": overrides or {}, "inflight": inflight,
+                "capacity": read_prefix(self.etcd, self.keys.capacities()), "assignments": {
                     node: [i.get("id") for i in body.get("instances", [])] if isinstance(body, dict) else []
-                    for node, body in self._prefix("/assignments/").items()}}
+                    for node, body in read_prefix(self.etcd, self.keys.assignments()).items()}}
 
     def close(self) -> None:
         session = getattr(self.etcd, "session", None)

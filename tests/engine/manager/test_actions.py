@@ -9,7 +9,9 @@ import pytest
 
 from engine.manager import actions as act
 from engine.manager.election import Election, connect
-from engine.manager.node_manager import ASSIGNMENTS, NODES, ManagerConfig, NodeManager
+from engine.manager.node_manager import ManagerConfig, NodeManager
+
+ASSIGNMENTS, NODES = "/assignments/", "/nodes/"  # under the test's own root (engine.coord.keys)
 
 WF = "sd-t2i"
 TIMES = {"text_encode": 0.01, "denoise": 0.3, "vae_decode": 0.05, "image_encode": 0.01}

@@ -9,7 +9,9 @@ import pytest
 
 from engine.manager.allocator import for_budget
 from engine.manager.election import Election, connect
-from engine.manager.node_manager import ASSIGNMENTS, NODES, ManagerConfig, NodeManager
+from engine.manager.node_manager import ManagerConfig, NodeManager
+
+ASSIGNMENTS, NODES = "/assignments/", "/nodes/"  # under the test's own root (engine.coord.keys)
 
 WF = "sd-t2i"
 

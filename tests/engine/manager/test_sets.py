@@ -9,7 +9,9 @@ import pytest
 
 from engine.manager import sets
 from engine.manager.election import Election, connect
-from engine.manager.node_manager import NODES, ManagerConfig, NodeManager
+from engine.manager.node_manager import ManagerConfig, NodeManager
+
+NODES = "/nodes/"  # under the test's own root (engine.coord.keys)
 
 WF = "sd-t2i"
 ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]

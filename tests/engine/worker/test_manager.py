@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from engine.coord import etcd_client
+from engine.coord.keys import Keyspace
 from engine.transport.ring import attach_producer
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
-from engine.worker.routes import assignment_key, node_key, routes_prefix
+
+KEYS = Keyspace()
 
 ID = "sd-t2i.image_encode.0"  # a torch-free stage with no model components: starts in a second
 
@@ -29,7 +31,7 @@ def _until(tm: TaskManager, cond: Callable[[], bool], timeout: float = 90) -> No
 
 
 def _routes(etcd: Any) -> list[str]:
-    return [m["key"].decode() for _, m in etcd.get_prefix(routes_prefix())]
+    return [m["key"].decode() for _, m in etcd.get_prefix(KEYS.routes())]
 
 
 def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path: Path) -> None:
@@ -37,7 +39,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
     etcd.delete_prefix("/onepiece/")
     prefix = f"test-{os.getpid()}-tm-"
     ring = Path("/dev/shm", f"onepiece-{prefix}{ID}")
-    etcd.put(assignment_key("n1"), Assignment((InstanceSpec(ID, "sd-t2i", "image_encode", "cpu"),),
+    etcd.put(KEYS.assignment("n1"), Assignment((InstanceSpec(ID, "sd-t2i", "image_encode", "cpu"),),
                                               {"sd-t2i": str(tmp_path)}).to_json())
     tm = TaskManager(NodeSettings("n1", etcd_server.url, redis_server.url, tmp_path / "run", ring_prefix=prefix,
                                   ring_slots=16, ring_bytes=1 << 20))
@@ -58,7 +60,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         second = tm.instances[ID].proc
         assert second is not None and second.pid != first.pid
         tm._report(force=True)
-        report = json.loads(etcd.get(node_key("n1"))[0])
+        report = json.loads(etcd.get(KEYS.node("n1"))[0])
         assert report["instances"][ID]["pid"] == second.pid and report["instances"][ID]["restarts"] == 1
         # device telemetry rides on the node report; without NVML it is CPU figures, labelled as such
         dev = report["devices"][0]
@@ -83,7 +85,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
             _send(producer, uid)
         producer.close()
         producer.region.close()
-        etcd.put(assignment_key("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
+        etcd.put(KEYS.assignment("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
         tm.tick()
         assert ID not in tm.instances and _routes(etcd) == [] and [d.spec.id for d in tm.draining] == [ID]
         _until(tm, lambda: not tm.draining, timeout=60)
@@ -94,7 +96,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         assert drained[-1]["instance"] == ID and drained[-1]["exit"] == 0 and drained[-1]["drain_s"] > 0
     finally:
         tm.shutdown()
-    assert not etcd.get(node_key("n1"))  # the lease went with the node
+    assert not etcd.get(KEYS.node("n1"))  # the lease went with the node
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
     etcd.delete_prefix("/onepiece/")
 
@@ -107,16 +109,16 @@ def test_a_deposed_leaders_assignment_is_ignored(redis_server: Any, etcd_server:
     tm.client = etcd
     one = {"instances": [{"id": ID, "workflow": "sd-t2i", "stage": "image_encode"}],
            "model_dirs": {"sd-t2i": str(tmp_path)}}
-    etcd.put(assignment_key("n2"), json.dumps({**one, "fence_token": 7}))
+    etcd.put(KEYS.assignment("n2"), json.dumps({**one, "fence_token": 7}))
     tm._read_assignment()
     assert [i.id for i in tm.desired.instances] == [ID] and tm.fence_token == 7
-    etcd.put(assignment_key("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 5}))
+    etcd.put(KEYS.assignment("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 5}))
     tm._read_assignment()
     assert [i.id for i in tm.desired.instances] == [ID]  # the older leader's write is refused
-    etcd.put(assignment_key("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 9}))
+    etcd.put(KEYS.assignment("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 9}))
     tm._read_assignment()
     assert tm.desired.instances == () and tm.fence_token == 9
-    etcd.put(assignment_key("n2"), "{not json")
+    etcd.put(KEYS.assignment("n2"), "{not json")
     tm._read_assignment()
     assert tm.fence_token == 9  # malformed: ignored, last desired state kept
     etcd.delete_prefix("/onepiece/")

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from engine.coord import etcd_client
+from engine.coord.keys import Keyspace
 from engine.worker import threads
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
-from engine.worker.routes import assignment_key, node_key
 from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
+
+KEYS = Keyspace()
 
 
 def test_budget_shares_the_cores_among_the_instances() -> None:
@@ -56,7 +58,7 @@ def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, 
     etcd = etcd_client(etcd_server.url)
     node = f"threads-{explicit}"
     ids = ("sd-t2i.text_encode.0", "sd-t2i.vae_decode.0")
-    etcd.put(assignment_key(node), Assignment(
+    etcd.put(KEYS.assignment(node), Assignment(
         tuple(InstanceSpec(i, "sd-t2i", i.split(".")[1], "cpu") for i in ids),
         {"sd-t2i": str(tiny_models["sd-t2i"])}).to_json())
     tm = TaskManager(NodeSettings(node, etcd_server.url, redis_server.url, tmp_path / "run",
@@ -71,7 +73,7 @@ def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, 
             tm.tick()
             time.sleep(0.1)
         tm._report(force=True)
-        report = json.loads(etcd.get(node_key(node))[0])
+        report = json.loads(etcd.get(KEYS.node(node))[0])
         for iid in ids:
             inst = tm.instances[iid]
             assert inst.proc is not None

@@ -10,12 +10,14 @@ import pytest
 from django.test import Client
 
 from engine.manager.election import Election, connect
-from engine.manager.node_manager import NODES, ManagerConfig, NodeManager
+from engine.manager.node_manager import ManagerConfig, NodeManager
 from engine.store import keys
 from onepiece_platform.accounts.models import AuditEntry
 from onepiece_platform.engine_link.models import OperatorAction
 from onepiece_platform.jobs.models import Job
 from tests.web.conftest import png, sd_body
+
+NODES = "/nodes/"  # under the test's own root (engine.coord.keys)
 
 pytestmark = pytest.mark.django_db
 WF = "sd-t2i"
