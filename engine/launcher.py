@@ -284,8 +284,8 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     """Start ``onepiece node`` (static assignment) and ``onepiece proxy``, wait until every instance serves,
     then start ``onepiece manager`` and wait until it leads."""
     from engine.coord import etcd_client
+    from engine.coord.keys import Keyspace, read_prefix
     from engine.worker.config import default_assignment
-    from engine.worker.routes import routes_prefix
 
     models = _ensure_models(args, env, state)
     assignment = default_assignment(models)
@@ -311,10 +311,11 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     proxy_url = f"http://{host}:{proxy_port}"
     _wait_http(proxy_url + "/livez", 60, procs["proxy"], "proxy")
     etcd = etcd_client(env["ONEPIECE_ETCD_URL"])
+    keys = Keyspace.from_env()
     want = {i.id for i in assignment.instances}
     deadline = time.monotonic() + 600
     while True:
-        published = {m["key"].decode().rsplit("/", 1)[1] for _, m in etcd.get_prefix(routes_prefix())}
+        published = {name.rsplit("/", 1)[1] for name in read_prefix(etcd, keys.routes())}
         if want <= published and _proxy_sees_routes(proxy_url, set(models)):
             break
         if procs["node"].poll() is not None:
@@ -332,7 +333,7 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True)
     stack.callback(_terminate, procs["manager"], 15.0)
-    while not etcd.get("/onepiece/manager/leader"):
+    while not etcd.get(keys.leader()):
         if procs["manager"].poll() is not None:
             raise ServiceError(f"manager exited with {procs['manager'].returncode}; see {logs / 'manager.log'}")
         if time.monotonic() > deadline:
