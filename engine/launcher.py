@@ -177,6 +177,12 @@ def run(args: argparse.Namespace) -> int:
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True)
             stack.callback(_terminate, reconciler)
+            # sends the completion webhooks from the ledger's outbox (retries for up to 24 h)
+            with open(logs / "webhooks.log", "ab") as hook_log:
+                deliverer = subprocess.Popen([*manage, "deliver_webhooks"], env=env, cwd=REPO_ROOT, stdout=hook_log,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
+            stack.callback(_terminate, deliverer)
         except (ServiceError, subprocess.CalledProcessError) as exc:
             _say(f"error: {exc}")
             return 1

@@ -12,6 +12,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/v1/", include("onepiece_platform.accounts.urls")),
     path("api/v1/", include("onepiece_platform.jobs.urls")),
+    path("api/v1/", include("onepiece_platform.webhooks.urls")),
     path("v1/", include("onepiece_platform.jobs.openai_urls")),
     path("dashboard/", include("onepiece_platform.dashboard.urls")),
     path("admin/login/", throttled_login),  # admin.site.login with failed sign-ins limited

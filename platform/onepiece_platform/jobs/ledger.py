@@ -15,7 +15,9 @@ Contract:
     run of an already finished job (its event arrived after the terminal one),
     each time under the job row's lock so no stage run is missed; each new
     charge bumps ``charge_version`` and the quota counters are settled to it
-    after the commit (:func:`settle`, idempotent).
+    after the commit (:func:`settle`, idempotent);
+  * the terminal transition writes the job's completion webhooks into the
+    outbox in the same transaction (:mod:`onepiece_platform.webhooks.outbox`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from onepiece_platform.jobs.models import (
 )
 from onepiece_platform.jobs.push import push_job
 from onepiece_platform.quotas import counters
+from onepiece_platform.webhooks import outbox
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,8 @@ def finish(uid: str, state: str, detail: str = "", stage: str | None = None) -> 
             return False
         job = Job.objects.get(uid=uid)
         _set_charge(job, state)
+        # the completion webhooks' outbox rows commit with the terminal state, or neither does
+        outbox.enqueue(job)
     settle(job)
     from onepiece_platform.ops import metrics
 

@@ -32,6 +32,10 @@ class Job(models.Model):
     workflow = models.CharField(max_length=64, db_index=True)
     params = models.JSONField(default=dict)
     api = models.CharField(max_length=16, default="native", help_text="native or openai")
+    # who submitted it: its endpoint gets the job's completion webhook (onepiece_platform.webhooks)
+    api_key = models.ForeignKey("accounts.ApiKey", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+", editable=False)
+    webhook_url = models.CharField(max_length=2000, blank=True, help_text="the native API's per-request webhook")
     state = models.CharField(max_length=16, choices=[(s, s) for s in STATES], default=QUEUED, db_index=True)
     stage = models.CharField(max_length=64, blank=True)
     progress = models.PositiveSmallIntegerField(default=0)

@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "onepiece_platform.engine_link",
     "onepiece_platform.dashboard",
     "onepiece_platform.videos",
+    "onepiece_platform.webhooks",
 ]
 
 MIDDLEWARE = [

@@ -12,3 +12,5 @@ from onepiece_platform.settings.base import *  # noqa: F403
 DEBUG = os.environ.get("ONEPIECE_DEBUG", "").lower() in ("1", "true", "yes")
 # No collectstatic step on one machine: WhiteNoise serves the dashboard's files from the finders.
 WHITENOISE_USE_FINDERS = True
+# Webhook receivers on this machine or its network are what a local set-up calls (production refuses them).
+ONEPIECE = {**ONEPIECE, "WEBHOOK_ALLOW_PRIVATE": True}  # noqa: F405

@@ -23,7 +23,10 @@ DATABASES = {
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # ...and appends the client's address to X-Forwarded-For (used to rate-limit failed authentications).
 ONEPIECE = {**ONEPIECE, "TRUSTED_PROXY_HOPS": int(os.environ.get("ONEPIECE_TRUSTED_PROXY_HOPS", "1")),  # noqa: F405
-            "STRICT_SECRETS": True}
+            "STRICT_SECRETS": True,
+            # webhooks: https only (ONEPIECE_WEBHOOK_REQUIRE_HTTPS=0 allows http), never a private address
+            "WEBHOOK_REQUIRE_HTTPS": os.environ.get("ONEPIECE_WEBHOOK_REQUIRE_HTTPS", "1") != "0",
+            "WEBHOOK_ALLOW_PRIVATE": False}
 SECURE_SSL_REDIRECT = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True

@@ -22,9 +22,10 @@ from tests.web.openai_compat.conftest import Workers
 
 MAX_EXAMPLES = 6
 # Submissions whose validity depends on content the schema cannot state (an input must decode as an
-# image; Wan's frames = 4k + 1 and pixel budget across width x height): schema-valid data may get a
-# 400 there, so positive_data_acceptance is not run on these two. Every other check runs on them.
-CONTENT_DEPENDENT = {"POST /api/v1/jobs", "POST /v1/videos"}
+# image; Wan's frames = 4k + 1 and pixel budget across width x height; a webhook URL's host must resolve
+# to an address the platform may call): schema-valid data may get a 400 there, so
+# positive_data_acceptance is not run on these. Every other check runs on them.
+CONTENT_DEPENDENT = {"POST /api/v1/jobs", "POST /v1/videos", "POST /api/v1/webhooks", "PATCH /api/v1/webhooks/{id}"}
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
@@ -52,6 +53,7 @@ def test_every_operation_conforms_to_the_schema(db: None, web_redis: str, settin
 
     # schemathesis sends bad credentials on purpose (ignored_auth): the failure limit is raised here
     settings.ONEPIECE = {**settings.ONEPIECE, "IMAGE_WAIT_S": 10.0, "AUTH_FAILURES_LIMIT": 10**6,
+                         "WEBHOOK_ALLOW_PRIVATE": True,
                          "DEFAULT_QUOTA": {"max_concurrent_jobs": 1000, "gpu_seconds_per_day": 1e9,
                                            "max_pixels": 1280 * 1280, "max_frames": 129, "max_steps": 1000}}
     schema = schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application())
@@ -71,6 +73,12 @@ def test_every_operation_conforms_to_the_schema(db: None, web_redis: str, settin
             r = by_label["POST /api/v1/jobs"].Case(body=body, media_type="application/json").call_and_validate(
                 headers=auth)
             assert r.status_code == 202
+        # a webhook endpoint whose URL may be called (a fresh key: the fuzzing may have given the first one)
+        _, hook_key = make_user("fuzz-hooks")
+        r = by_label["POST /api/v1/webhooks"].Case(body={"url": "http://127.0.0.1:9/hook"},
+                                                   media_type="application/json").call_and_validate(
+            headers={"Authorization": f"Bearer {hook_key}"})
+        assert r.status_code == 201
     finally:
         workers.close()
     assert not failures, "\n\n".join(failures)

@@ -19,6 +19,10 @@ class SubmitSerializer(RefuseUnknownFields):
     inputs = serializers.DictField(child=serializers.CharField(), required=False, default=dict,
                                    help_text="input name -> base64 bytes (e.g. image for image-to-video)")
     deadline_s = serializers.FloatField(required=False, min_value=1.0, max_value=86400.0)
+    webhook_url = serializers.CharField(required=False, max_length=2000,
+                                        help_text="also send the job's terminal event (job.completed, job.failed, "
+                                                  "job.cancelled, job.expired) here, signed with the secret of "
+                                                  "this API key's webhook endpoint")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -55,7 +59,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
                   "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "created_at", "started_at",
-                  "finished_at", "cancel_requested", "links"]
+                  "finished_at", "cancel_requested", "webhook_url", "links"]
         read_only_fields = fields
 
     def get_queue_position(self, job: Job) -> int | None:

@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
+from onepiece_platform.accounts.models import ApiKey
 from onepiece_platform.api_errors import error
 from onepiece_platform.api_schema import native_errors
 from onepiece_platform.jobs import control, services
@@ -54,6 +55,11 @@ def check_body_size(request: Request) -> None:
     limit = conf.get("MAX_UPLOAD_BYTES") * 4 // 3 + 64 * 1024
     if length > limit:
         raise services.Invalid("body", f"request body of {length} bytes is over the limit of {limit}", 413)
+
+
+def api_key_of(request: Request) -> ApiKey | None:
+    """The API key a request authenticated with (None for a signed-in session): the job's webhook owner."""
+    return request.auth if isinstance(request.auth, ApiKey) else None
 
 
 def own_job(request: Request, uid: str) -> Job:
@@ -105,8 +111,14 @@ class JobListCreateView(APIView):
         key = request.headers.get("Idempotency-Key", "")
         if len(key) > 200:
             raise services.Invalid("Idempotency-Key", "Idempotency-Key is longer than 200 characters")
+        hook = s.validated_data.get("webhook_url", "")
+        if hook:
+            from onepiece_platform.webhooks.per_request import vet_webhook_url
+
+            hook = vet_webhook_url(request.auth, hook)
         done = services.submit(request.user, s.validated_data["workflow"], dict(s.validated_data["params"]),
-                               inputs, key, "native", s.validated_data.get("deadline_s"))
+                               inputs, key, "native", s.validated_data.get("deadline_s"),
+                               api_key=api_key_of(request), webhook_url=hook)
         body = JobSerializer(done.job).data
         return Response(body, status=status.HTTP_202_ACCEPTED,
                         headers={"Location": body["links"]["self"]})
@@ -126,7 +138,10 @@ class JobListCreateView(APIView):
             params = strict_loads(request.data.get("params") or "{}")
         except ValueError:
             raise services.Invalid("params", "params must be a JSON object") from None
-        return {"workflow": request.data.get("workflow"), "params": params}, inputs
+        doc = {"workflow": request.data.get("workflow"), "params": params}
+        if request.data.get("webhook_url") is not None:
+            doc["webhook_url"] = request.data.get("webhook_url")
+        return doc, inputs
 
 
 class JobDetailView(APIView):
