@@ -72,4 +72,7 @@ def register_collectors() -> None:
     if not _registered:
         REGISTRY.register(JobStateCollector())
         REGISTRY.register(LedgerCollector())
+        from onepiece_platform.webhooks.metrics import WebhookCollector
+
+        REGISTRY.register(WebhookCollector())
         _registered = True

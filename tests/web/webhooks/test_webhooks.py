@@ -123,6 +123,11 @@ def test_500_twice_then_200_is_three_attempts_with_one_webhook_id(alice: Any, ho
     assert row["attempts"][0]["error"].startswith("HTTP 500") and row["attempts"][2]["error"] == ""
     assert all(a["latency_ms"] >= 0 and a["address"] == "127.0.0.1" for a in row["attempts"])
     assert client.get(f"/api/v1/webhooks/{d.endpoint_id}/deliveries?state=pending").json()["count"] == 0
+    from django.test import Client
+
+    text = Client().get("/metrics", HTTP_ACCEPT="text/plain;version=0.0.4").content.decode()
+    assert 'onepiece_webhook_deliveries{state="delivered"} 1.0' in text
+    assert "onepiece_webhook_oldest_pending_seconds 0.0" in text
 
 
 def test_backoff_schedule_then_failed_after_24_hours(alice: Any, settings: Any) -> None:
