@@ -276,14 +276,20 @@ class JobStore:
         if after == "$":  # from what is the end now: a concrete id, so nothing written meanwhile is skipped
             last = self.r.xrevrange(keys.EVENTS, count=1)
             after = (last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]) if last else "0-0"
+        entries = self.read_entries(after, block_ms, count)
+        return (entries[-1][0] if entries else after), [fields for _, fields in entries]
+
+    def read_entries(self, after: str, block_ms: int | None, count: int = 1000) -> list[tuple[str, dict[str, str]]]:
+        """The events written after the stream id ``after``, with their ids (a reader that keeps its own
+        cursor, like the platform's reconciler); waits up to ``block_ms`` for the first (None: not at all)."""
         resp = self.r.xread({keys.EVENTS: after}, count=count, block=block_ms)
-        out: list[dict[str, str]] = []
+        out: list[tuple[str, dict[str, str]]] = []
         for _, entries in resp or ():
             for eid, fields in entries:
-                after = eid.decode() if isinstance(eid, bytes) else eid
-                out.append({(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                            for k, v in fields.items()})
-        return after, out
+                out.append((eid.decode() if isinstance(eid, bytes) else eid,
+                            {(k.decode() if isinstance(k, bytes) else k):
+                             (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in fields.items()}))
+        return out
 
     def events(self, uid: str | None = None, count: int = 10_000) -> list[dict[str, str]]:
         """Events in stream order (all jobs, or one UID's); a convenience for tests and tools."""
@@ -310,6 +316,10 @@ class JobStore:
 
     def result(self, uid: str) -> bytes | None:
         return self.r.get(keys.result_key(uid))
+
+    def drop_results(self, uids: list[str]) -> int:
+        """Delete these jobs' result bytes now instead of at their TTL; returns how many existed."""
+        return int(self.r.delete(*(keys.result_key(u) for u in uids))) if uids else 0
 
     def request_cancel(self, uid: str) -> None:
         """Flag ``uid`` so that the worker running it stops at its next step check."""

@@ -1,7 +1,11 @@
-"""The one interface through which the web layer reaches the engine.
+"""The one interface through which the web layer acts on the engine.
 
-The web layer never touches rings, workers or the engine's Redis keys
-directly: it calls an :class:`EngineClient`, chosen in settings by dotted path
+The rule (docs/seams.md): the web layer *acts* on jobs (submit, status, wait,
+cancel, result) only through an :class:`EngineClient`; it *reads* the engine's
+shared state (the event stream, in-flight counts, the cluster's etcd keys) only
+through the engine's public readers (:class:`engine.store.JobStore`,
+:mod:`engine.coord.keys`), never by building a Redis or etcd key itself. It
+never touches rings or workers. The client is chosen in settings by dotted path
 (``ONEPIECE['ENGINE_CLIENT']``) like Django's cache backends:
 
 * :class:`onepiece_platform.engine_link.proxy.ProxyEngineClient`: the Proxy's
@@ -15,11 +19,13 @@ from __future__ import annotations
 
 import abc
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from django.utils.module_loading import import_string
 
+from engine.store.keys import TERMINAL
 from onepiece_platform import conf
 
 
@@ -84,6 +90,21 @@ class EngineClient(abc.ABC):
     @abc.abstractmethod
     def result(self, uid: str) -> bytes | None:
         """The result bytes of a completed job, or None (not completed, expired or lost)."""
+
+    def wait(self, uid: str, timeout: float) -> EngineStatus | None:
+        """The job's status once it is finished or ``timeout`` seconds have passed (None: unknown).
+
+        This default asks :meth:`status` with a growing pause (20 ms to 0.5 s); an engine that can
+        answer when the job ends (the Proxy's long poll) overrides it."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        pause = 0.02
+        while True:
+            st = self.status(uid)
+            left = deadline - time.monotonic()
+            if st is None or st.state in TERMINAL or left <= 0:
+                return st
+            time.sleep(min(pause, left))
+            pause = min(0.5, pause * 2)
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections (optional)."""

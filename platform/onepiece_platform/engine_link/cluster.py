@@ -17,7 +17,7 @@ from django.conf import settings
 from engine.coord import etcd_client
 from engine.coord.keys import Keyspace, keyspace, read_json, read_prefix
 from engine.manager import actions
-from engine.store import keys
+from engine.store import JobStore
 from engine.workflow import workflows
 from onepiece_platform import conf
 from onepiece_platform.redis_conn import get_redis
@@ -47,11 +47,11 @@ class ClusterClient:
         for path, r in read_prefix(self.etcd, self.keys.routes()).items():
             wf_stage = path.rsplit("/", 1)[0]
             routes.setdefault(wf_stage, []).append(r.get("instance", path) if isinstance(r, dict) else path)
-        r = get_redis()
+        store = JobStore(get_redis())
         inflight = {}
         for name in sorted(workflows()):
-            entries = r.zrange(keys.inflight_key(name), 0, -1, withscores=True)
-            inflight[name] = {"jobs": len(entries), "gpu_s": round(sum(s for _, s in entries), 3)}
+            jobs, gpu_s = store.inflight(name)
+            inflight[name] = {"jobs": jobs, "gpu_s": round(gpu_s, 3)}
         overrides = read_json(self.etcd, self.keys.overrides())
         # capacity: the leader's view per workflow (rps, bottleneck, instances it counts, Theorem 1's
         # recommended counts, the stage times it used); empty while no Node Manager leads. assignments:

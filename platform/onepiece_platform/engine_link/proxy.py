@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
+from engine.store.keys import TERMINAL
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import (
     Accepted,
@@ -134,8 +136,9 @@ class ProxyEngineClient(EngineClient):
                                  int(retry) if retry and retry.isdigit() else None)
         raise EngineError(f"proxy answered {code}: {doc}")
 
-    def status(self, uid: str) -> EngineStatus | None:
-        code, raw, _ = self._call("GET", f"/v1/requests/{uid}")
+    def status(self, uid: str, wait_s: float | None = None) -> EngineStatus | None:
+        query = "" if wait_s is None else f"?wait={wait_s:.3f}"
+        code, raw, _ = self._call("GET", f"/v1/requests/{uid}{query}")
         if code == 404:
             return None
         if code != 200:
@@ -143,6 +146,16 @@ class ProxyEngineClient(EngineClient):
         d = self._json(raw)
         return EngineStatus(uid, d["state"], d.get("workflow", ""), d.get("stage", ""), int(d.get("progress", 0)),
                             d.get("detail", ""))
+
+    def wait(self, uid: str, timeout: float) -> EngineStatus | None:
+        """The Proxy's long poll (``?wait=S``, woken by the job's terminal event), in rounds of at most its
+        60 s cap and within this client's HTTP timeout."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            left = deadline - time.monotonic()
+            st = self.status(uid, max(0.0, min(left, 60.0, self.timeout - 1.0)))
+            if st is None or st.state in TERMINAL or deadline - time.monotonic() <= 0:
+                return st
 
     def cancel(self, uid: str) -> bool:
         code, _, _ = self._call("DELETE", f"/v1/requests/{uid}")

@@ -112,14 +112,13 @@ class Reconciler:
             return 0
         self.retry_held()
         last_id = cursor["last_id"]
+        from engine.store import JobStore
         from onepiece_platform.redis_conn import get_redis
 
-        resp = get_redis().xread({keys.EVENTS: last_id}, count=self.count, block=self.block_ms or None)
-        if not resp:
+        entries = JobStore(get_redis()).read_entries(last_id, self.block_ms or None, self.count)
+        if not entries:
             return 0
-        entries = resp[0][1]
-        for entry_id, raw in entries:
-            eid, f = entry_id.decode(), {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+        for eid, f in entries:
             if not self._until_done(lambda _, e=eid, f=f: self._one(e, f)):
                 break  # stopping: the cursor is at the last event dealt with
         return len(entries)

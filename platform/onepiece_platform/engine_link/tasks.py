@@ -13,7 +13,7 @@ from typing import Any
 from celery import shared_task
 from django.utils import timezone
 
-from engine.store import keys
+from engine.store import JobStore, keys
 from engine.workflow import get_workflow
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
@@ -53,14 +53,12 @@ def warm_up(workflows: list[str], nodes: list[str], per_instance: int = 1, timeo
         done = 0
         deadline = time.monotonic() + timeout_s
         pending = set(uids)
-        while pending and time.monotonic() < deadline:
-            for uid in list(pending):
-                st = engine.status(uid)
-                if st is None or st.state in keys.TERMINAL:
-                    pending.discard(uid)
-                    done += st is not None and st.state == keys.COMPLETED
-                    failed += st is None or st.state != keys.COMPLETED
-            time.sleep(0.2)
+        for uid in uids:  # one long poll each (EngineClient.wait), all within the one deadline
+            st = engine.wait(uid, max(0.0, deadline - time.monotonic()))
+            if st is None or st.state in keys.TERMINAL:
+                pending.discard(uid)
+                done += st is not None and st.state == keys.COMPLETED
+                failed += st is None or st.state != keys.COMPLETED
         report[wf] = {"sent": len(uids), "completed": done, "failed": failed + len(pending),
                       "seconds": round(time.monotonic() - t0, 3)}
     return report
@@ -81,8 +79,7 @@ def clean_up(retention_days: int | None = None) -> dict[str, int]:
     old = Job.objects.filter(state__in=TERMINAL, finished_at__lt=cutoff)
     hidden = list(Job.objects.filter(hidden=True, uid__isnull=False).values_list("uid", flat=True))
     gone = list(old.values_list("uid", flat=True))
-    r = get_redis()
-    results = sum(r.delete(keys.result_key(u)) for u in {*hidden, *gone} if u)
+    results = JobStore(get_redis()).drop_results(sorted(u for u in {*hidden, *gone} if u))
     rows, _ = old.delete()
     # a row whose web process died mid-submit and that the engine never spoke of (the reconciler's sweep
     # failed it as lost; an event from the engine would have cleared ``submitting``)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -26,6 +27,23 @@ def test_submit_status_cancel_result(proxy_url, store) -> None:
     store.finish(acc.uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png!")
     assert c.result(acc.uid) == b"png!" and c.cancel(acc.uid)  # cancel of a finished job: fine
     assert c.status("0" * 32) is None and not c.cancel("0" * 32)
+
+
+def test_wait_is_the_proxys_long_poll_in_rounds_within_the_http_timeout(proxy_url, store) -> None:
+    """EngineClient.wait answers when the job ends, not at its timeout, even past one HTTP timeout."""
+    c = ProxyEngineClient(proxy_url, timeout=2.5)  # rounds of 1.5 s
+    uid = c.submit("sd-t2i", SD, {}).uid
+    st = c.wait(uid, 0.2)
+    assert st is not None and st.state == "queued"  # not finished: the status at the timeout
+    finisher = threading.Timer(4.0, store.finish, (uid, "sd-t2i", keys.COMPLETED, "image_encode"),
+                               {"result": b"png!"})
+    finisher.start()
+    try:
+        st = c.wait(uid, 60)
+    finally:
+        finisher.join()
+    assert st is not None and st.state == "completed"
+    assert c.wait("0" * 32, 5) is None
 
 
 def test_invalid_is_400_with_field(proxy_url) -> None:

@@ -20,6 +20,7 @@ native API. OpenAI's statuses have no cancelled/expired: those show as
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from typing import Any
 
@@ -39,12 +40,15 @@ from engine import envs
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
 from onepiece_platform.api_errors import ApiError
+from onepiece_platform.engine_link.client import EngineError, get_engine
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
 from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.strict import StrictJSONParser as JSONParser
+
+log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
@@ -319,12 +323,18 @@ class VideoRemixView(OpenAIView):
 
 
 def _wait(jobs: list[Job], timeout: float) -> list[Job]:
+    """Each job once it has finished or ``timeout`` (for them all) has passed: one engine long poll per job
+    (EngineClient.wait), then the row brought up to date through the ledger."""
     deadline = time.monotonic() + timeout
-    while True:
-        jobs = [control.refresh(j) for j in jobs]
-        if all(j.terminal for j in jobs) or time.monotonic() > deadline:
-            return jobs
-        time.sleep(0.05)
+    out = []
+    for j in jobs:
+        if not j.terminal and j.uid:
+            try:
+                get_engine().wait(j.uid, max(0.0, deadline - time.monotonic()))
+            except EngineError:
+                log.warning("engine unreachable while waiting for %s", j.uid)
+        out.append(control.refresh(j))
+    return out
 
 
 class ImageGenerationView(OpenAIView):
@@ -350,7 +360,10 @@ class ImageGenerationView(OpenAIView):
         jobs: list[Job] = []
         try:
             for i in range(d["n"]):
+                # the engine refuses at once (503) what it could not finish within the wait, instead of
+                # accepting work this call would cancel at the end of it
                 jobs.append(services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai",
+                                            deadline_s=float(conf.get("IMAGE_WAIT_S")),
                                             api_key=api_key_of(request)).job)
         except Exception:
             # all n or none: a request refused part-way (quota, engine busy) must not leave its first
@@ -382,8 +395,6 @@ class ImageGenerationView(OpenAIView):
 
 
 def _result(job: Job) -> bytes:
-    from onepiece_platform.engine_link.client import get_engine
-
     data = get_engine().result(job.uid or "")
     if data is None:
         raise ApiError(502, "the result was lost before it could be returned")
