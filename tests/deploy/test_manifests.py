@@ -112,7 +112,7 @@ def test_compose_file_validates_against_the_compose_spec() -> None:
 def test_systemd_units_are_complete() -> None:
     units = sorted((DEPLOY / "systemd").glob("*.service"))
     assert {u.stem for u in units} == {"onepiece-node", "onepiece-proxy", "onepiece-manager", "onepiece-web",
-                                       "onepiece-celery", "onepiece-reconciler"}
+                                       "onepiece-celery", "onepiece-reconciler", "onepiece-webhooks"}
     for unit in units:
         cp = configparser.ConfigParser(strict=False, interpolation=None)
         cp.read_string(unit.read_text())
@@ -188,7 +188,7 @@ def test_network_policies_admit_only_each_services_clients() -> None:
     assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
     platform = {"onepiece-web", "onepiece-celery", "onepiece-reconciler"}
     assert _admitted("onepiece-proxy") == platform
-    assert _admitted("postgres") == platform
+    assert _admitted("postgres") == platform | {"onepiece-webhooks"}
     assert _admitted("etcd") == {"onepiece-manager", "onepiece-proxy", "onepiece-web", "onepiece-celery", "etcd",
                                  "onepiece-etcd-auth", "ipBlock"}
     assert _admitted("redis") == platform | {"onepiece-proxy", "redis", "ipBlock"}
@@ -197,6 +197,29 @@ def test_network_policies_admit_only_each_services_clients() -> None:
         app = d["spec"]["template"]["metadata"]["labels"]["app"]
         if app != "onepiece-web":
             assert "any" not in _admitted(app), name
+
+
+def test_the_webhook_worker_reaches_only_the_ledger_dns_and_public_addresses() -> None:
+    """It calls URLs that clients chose: its egress excludes the private, link-local (cloud metadata),
+    shared and loopback ranges, and the Deployment, compose service and systemd unit run it (issue 17)."""
+    import ipaddress
+
+    by = {d["metadata"]["name"]: d for _, d in _workloads()}
+    (c,) = by["onepiece-webhooks"]["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["python", "manage.py", "deliver_webhooks"]
+    (pol,) = [d for _, d in DOCS if d["kind"] == "NetworkPolicy"
+              and d["spec"]["podSelector"].get("matchLabels") == {"app": "onepiece-webhooks"}]
+    assert "Egress" in pol["spec"]["policyTypes"]
+    blocks = [p["ipBlock"] for rule in pol["spec"]["egress"] for p in rule["to"] if "ipBlock" in p]
+    for addr in ("10.1.2.3", "172.20.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "127.0.0.1",
+                 "fd00::1", "fe80::1", "::1"):
+        ip = ipaddress.ip_address(addr)
+        assert not any(ip in ipaddress.ip_network(b["cidr"]) and not any(
+            ip in ipaddress.ip_network(x) for x in b.get("except", [])) for b in blocks), addr
+    assert any(ipaddress.ip_address("93.184.216.34") in ipaddress.ip_network(b["cidr"]) for b in blocks)
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    assert compose["services"]["webhooks"]["command"] == ["python", "manage.py", "deliver_webhooks"]
+    assert "deliver_webhooks" in (DEPLOY / "systemd" / "onepiece-webhooks.service").read_text()
 
 
 def test_every_caller_of_the_proxy_holds_its_secret_and_nothing_binds_everywhere() -> None:
