@@ -109,6 +109,7 @@ class TaskManager:
     def __init__(self, settings: NodeSettings, static: Assignment | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.s = settings
+        self.keys = Keyspace.from_env()  # where its assignment, report and routes live in etcd
         self.static = static
         self.clock = clock
         self.prefix = settings.ring_prefix or f"{settings.node}-"
@@ -133,7 +134,6 @@ class TaskManager:
         from engine.store import JobStore
 
         self.client = etcd_client(self.s.etcd_url)
-        self.keys = Keyspace.from_env()
         self.store = JobStore.from_url(self.s.redis_url, ttl=self.s.result_ttl_s)
         self.lease = self.client.lease(self.s.lease_ttl_s)
         self._lease_refreshed = self.clock()
@@ -208,8 +208,8 @@ class TaskManager:
     def _read_assignment(self) -> None:
         try:
             values = self.client.get(self.keys.assignment(self.s.node))
-        except Exception:  # etcd unreachable: keep the last desired state
-            log.warning("cannot read the assignment; keeping the last one")
+        except Exception as exc:  # etcd unreachable: keep the last desired state
+            log.warning("cannot read the assignment (%s); keeping the last one", exc)
             return
         if not values:
             self.desired = Assignment()
