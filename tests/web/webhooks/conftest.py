@@ -3,6 +3,7 @@ helpers for endpoints and finished jobs."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections import deque
@@ -47,7 +48,8 @@ class Receiver:
         self.script.extend(answers)
         return self
 
-    def start(self) -> Receiver:
+    def start(self, tls: ssl.SSLContext | None = None) -> Receiver:
+        """Serve (over TLS with ``tls``, a server context)."""
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -71,6 +73,8 @@ class Receiver:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="webhook-receiver", daemon=True)
         self._thread.start()

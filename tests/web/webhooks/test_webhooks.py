@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import socket
 import time
 import urllib.request
 from typing import Any
@@ -270,3 +271,91 @@ def test_private_addresses_refused_in_production_settings(alice: Any, settings: 
     attempt = WebhookDelivery.objects.get().attempts.get()
     assert attempt.status_code is None and attempt.error.startswith("refused:") and "loopback" in attempt.error
     assert receiver.received == []
+
+
+def _ca_and_cert(tmp: Any, host: str) -> tuple[str, str, str]:
+    """(CA file, server cert file, server key file): a test CA and a certificate for ``host`` it signed."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("test CA")).issuer_name(name("test CA"))
+          .public_key(ca_key.public_key()).serial_number(1).not_valid_before(now - dt.timedelta(hours=1))
+          .not_valid_after(now + dt.timedelta(hours=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(name(host)).issuer_name(ca.subject).public_key(key.public_key())
+            .serial_number(2).not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    files = []
+    for fname, data in (("ca.pem", ca.public_bytes(serialization.Encoding.PEM)),
+                        ("cert.pem", cert.public_bytes(serialization.Encoding.PEM)),
+                        ("key.pem", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))):
+        (tmp / fname).write_bytes(data)
+        files.append(str(tmp / fname))
+    return files[0], files[1], files[2]
+
+
+def test_https_to_the_vetted_address_with_the_names_certificate_and_dns_rebinding_refused(
+        alice: Any, settings: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """Production settings, a name that resolves to a public address at registration: the attempt connects to
+    the address that was vetted (the test's network routes it to a local TLS receiver) and checks the
+    certificate against the name; once the name resolves to a private address, nothing is sent."""
+    import ssl
+
+    from onepiece_platform.webhooks import sender
+
+    user, client, key = alice
+    settings.ONEPIECE = {**settings.ONEPIECE, "WEBHOOK_ALLOW_PRIVATE": False, "WEBHOOK_REQUIRE_HTTPS": True}
+    host, public = "hooks.example.test", "93.184.216.34"
+    ca, cert, pkey = _ca_and_cert(tmp_path, host)
+    answers = {host: public}
+    real_resolve, real_connect = socket.getaddrinfo, socket.create_connection
+    connected: list[str] = []
+
+    def resolve(name: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        return real_resolve(answers.get(name, name), port, *args, **kwargs)
+
+    def connect(addr: tuple[str, int], *args: Any, **kwargs: Any) -> Any:
+        connected.append(addr[0])  # only ever a vetted address, never the name (no second lookup)
+        return real_connect(("127.0.0.1" if addr[0] == public else addr[0], addr[1]), *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.setattr(socket, "create_connection", connect)
+    trusting_ca = ssl.create_default_context(cafile=ca)  # the test CA stands for the public ones
+    monkeypatch.setattr(sender, "tls_context", lambda: trusting_ca)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, pkey)
+    receiver = Receiver().start(tls)
+    try:
+        secret = add_endpoint(client, f"https://{host}:{receiver.port}/hooks")["secret"]
+        finished_job(user, key_prefix(key))
+        assert Deliverer().run_once() == [DELIVERED]
+        [got] = receiver.wait_for(1)
+        assert got.headers["host"] == f"{host}:{receiver.port}" and connected == [public]
+        _verify_both(secret, got)
+        attempt = WebhookDelivery.objects.get().attempts.get()
+        assert attempt.address == public and attempt.status_code == 200
+        # the name now resolves to loopback (DNS rebinding): refused before any connection
+        answers[host] = "127.0.0.1"
+        finished_job(user, key_prefix(key))
+        assert Deliverer().run_once() == [PENDING]
+        refused = WebhookDelivery.objects.get(state=PENDING).attempts.get()
+        assert refused.error.startswith("refused:") and "127.0.0.1" in refused.error
+        assert len(receiver.received) == 1 and connected == [public]
+        # a certificate for another name is refused by the TLS check (the name is what is verified)
+        answers[host] = public
+        WebhookEndpoint.objects.update(url=f"https://other.example.test:{receiver.port}/hooks")
+        answers["other.example.test"] = public
+        WebhookDelivery.objects.filter(state=PENDING).update(next_attempt_at=dt.datetime.now(dt.UTC))
+        assert Deliverer().run_once() == [PENDING]
+        assert "CERTIFICATE_VERIFY_FAILED" in WebhookDelivery.objects.get(state=PENDING).last_error
+    finally:
+        receiver.stop()
