@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from tests.fixtures import REPO_ROOT
-from tests.fixtures.services import PROXY_TOKEN
+from tests.fixtures import REPO_ROOT  # re-exported for test files written before the move
 
-pytest_plugins = ["tests.fixtures.services", "tests.fixtures.leaks"]
+pytest_plugins = [
+    "tests.fixtures.services",
+    "tests.fixtures.leaks",
+    "tests.fixtures.models",
+    "tests.fixtures.web",
+    "tests.fixtures.celery",
+    "tests.fixtures.workers",
+    "tests.fixtures.proxy",
+    "tests.fixtures.postgres",
+]
 
-__all__ = ["PROXY_TOKEN", "REPO_ROOT"]
+__all__ = ["REPO_ROOT"]

@@ -19,13 +19,10 @@ from typing import Any
 
 import pytest
 
-from tests.web import conftest as web_conftest
-from tests.web.dashboard.conftest import celery_broker  # noqa: F401 - the Celery client on the test Redis
+from tests.fixtures import REPO_ROOT
 
-web_redis = web_conftest.web_redis  # the platform on its own Redis database, as in the web tests
-store = web_conftest.store  # the engine's job store on that database (tests play the workers)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# web_redis, store (the platform on its own Redis database, tests playing the workers) and celery_broker
+# are plugins (tests.fixtures.web, tests.fixtures.celery)
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",

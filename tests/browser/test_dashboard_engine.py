@@ -25,9 +25,8 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import login, make_user, shot
-from tests.engine.runtime.conftest import NodeRun
-from tests.engine.runtime.conftest import engine as start_engine  # the fixture below is named engine
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - session fixture reused here
+from tests.fixtures.runtime import NodeRun
+from tests.fixtures.runtime import engine as start_engine  # the fixture below is named engine
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.models]
 WF = "sd-t2i"
@@ -45,7 +44,7 @@ class Engine:
 
 
 @pytest.fixture(scope="module")
-def engine(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],  # noqa: F811
+def engine(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     import redis
 

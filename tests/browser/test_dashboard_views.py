@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.browser.conftest import login, make_user, shot
-from tests.web.conftest import png
+from tests.fixtures.web import png
 
 pytestmark = pytest.mark.timeout(120)
 WF = "sd-t2i"

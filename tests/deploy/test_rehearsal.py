@@ -45,7 +45,6 @@ import pytest
 from engine.coord import etcd_client
 from engine.embedded.services import free_port
 from tests.deploy.etcdcluster import etcd_cluster
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
 from tests.netns import Hosts, hosts
 
 pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -164,7 +163,7 @@ def _leader(etcd: Any) -> tuple[str, int] | None:
 
 
 def test_three_host_rehearsal_survives_losing_the_leading_managers_host(
-        tiny_models: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+        tiny_models: dict[str, Path], tmp_path: Path) -> None:
     t_start = time.monotonic()
     with hosts(3) as net:
         print(f"\nrehearsal hosts: {net.kind} ({', '.join(h.address for h in net.hosts)}; gateway {net.gateway})")
@@ -194,7 +193,7 @@ def test_three_host_rehearsal_survives_losing_the_leading_managers_host(
                         assert p.returncode == 0, f"{name} exited with {p.returncode}:\n{tails[name]}"
 
 
-def _rehearse(r: Rehearsal, cluster: Any, tiny_models: dict[str, Path], t_start: float) -> None:  # noqa: F811
+def _rehearse(r: Rehearsal, cluster: Any, tiny_models: dict[str, Path], t_start: float) -> None:
     onepiece = str(BIN / "onepiece")
     model_dir = str(tiny_models["sd-t2i"])
     h0, h2 = r.addr(0), r.addr(2)

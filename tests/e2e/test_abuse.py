@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from tests.e2e.up import start_up, stop_up
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - the session's tiny models
 
 SD = {"prompt": "a lighthouse", "height": 64, "width": 64, "num_inference_steps": 2}
 
@@ -67,7 +66,7 @@ def _bodies(workflow_key: str) -> list[tuple[bytes, str]]:
 
 @pytest.mark.timeout(600)
 def test_abuse_leaves_the_service_serving_and_nothing_unfinished(tmp_path: Path,
-                                                                 tiny_models: dict[str, Path]) -> None:  # noqa: F811
+                                                                 tiny_models: dict[str, Path]) -> None:
     state = tmp_path / "state"
     models = next(iter(tiny_models.values())).parent
     proc, lines = start_up(state, "--models", str(models))

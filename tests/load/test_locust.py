@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from tests.e2e.up import start_up, stop_up
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - the session's tiny models
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = HERE.parents[1] / "test-artifacts"
@@ -47,7 +46,7 @@ def _ledger(web: str, key: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_locust_mixed_load_beside_a_cpu_hog(tmp_path: Path, tiny_models: dict[str, Path]) -> None:  # noqa: F811
+def test_locust_mixed_load_beside_a_cpu_hog(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     seconds = int(os.environ.get("ONEPIECE_LOCUST_SECONDS", "60"))
     bindir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEPIECE_", "DJANGO_"))}

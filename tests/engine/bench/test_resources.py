@@ -12,7 +12,6 @@ from engine.bench.resources_profile import Profile, Request, Stage, from_obj, lo
 from engine.bench.resources_sim import Scenario, simulate_monolithic, size
 from engine.manager.allocator import theorem1
 from engine.manager.simulate import poisson_arrivals
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
 
 WAN_PROFILE = Path(__file__).resolve().parents[3] / "benchmarks/resources/profiles/wan2.1-i2v-14b-480p-h200-published.json"
 
@@ -117,7 +116,7 @@ def test_cli_small_configuration_writes_table_json_and_png(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.models
-def test_simulation_tracks_the_real_engine(tiny_models: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+def test_simulation_tracks_the_real_engine(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     from engine.bench.resources_validate import ValidationConfig, run
 
     cfg = ValidationConfig(stage_seconds={"text_encode": 0.05, "denoise": 0.2, "vae_decode": 0.08,

@@ -28,8 +28,7 @@ from typing import Any
 import pytest
 
 from engine.embedded.services import EtcdServer, RedisServer
-from tests.engine.runtime.conftest import Cluster, NodeRun, _stop, engine
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
+from tests.fixtures.runtime import Cluster, NodeRun, engine, stop
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(900)]
 
@@ -100,7 +99,7 @@ class Live:
 
 
 @pytest.fixture  # function scope: the leak check after the test sees the engine stopped
-def live(tiny_models: dict[str, Path], tmp_path: Path) -> Iterator[Live]:  # noqa: F811
+def live(tiny_models: dict[str, Path], tmp_path: Path) -> Iterator[Live]:
     from engine.worker.config import Assignment, InstanceSpec
 
     tmp = tmp_path
@@ -124,7 +123,7 @@ def live(tiny_models: dict[str, Path], tmp_path: Path) -> Iterator[Live]:  # noq
                 time.sleep(1.0)  # nm-a leads
             yield Live(c, managers, etcd_srv.url)
             for p in managers.values():
-                _stop(p)
+                stop(p)
     finally:
         for p in managers.values():
             if p.poll() is None:

@@ -9,7 +9,7 @@ import pytest
 
 from engine.proxy.drain import DrainMeter
 from engine.proxy.monitor import Load, RequestMonitor
-from tests.conftest import REPO_ROOT
+from tests.fixtures import REPO_ROOT
 
 
 def test_admits_when_there_is_room() -> None:

@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 
 from engine.bench import e2e
-from tests.engine.stages.conftest import tiny_models  # noqa: F401
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Path]) -> None:  # noqa: F811
+def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Path]) -> None:
     r = e2e.run(cluster.proxy, str(tiny_models["sd-t2i"]), "sd-t2i", n=3, seconds=1.5, deadline_s=10.0,
                 hog=1, saturate_in_flight=6, loads=(1.0, 10.0))
     for name in ("staged_latency_p50_s", "staged_latency_p50_quiet_s", "hog_vs_quiet_p50", "one_call_latency_p50_s",

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.embedded.services import EtcdServer, RedisServer
-from tests.engine.runtime.conftest import Cluster, NodeRun, engine
-from tests.engine.stages.conftest import input_png, tiny_models  # noqa: F401 - fixtures reused here
+from tests.fixtures.runtime import Cluster, NodeRun, engine
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -25,7 +24,7 @@ WAN = dict(prompt="a cat on the moon", height=32, width=32, num_frames=5, num_in
 
 
 @pytest.fixture(scope="module")
-def collab(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+def collab(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Cluster]:
     from engine.worker.config import Assignment, InstanceSpec, default_assignment
 
@@ -64,8 +63,8 @@ def _halves(c: Cluster) -> int:
     return sum(int(c.store.instance_stats(f"{WF}.denoise.{k}").get("cfg_halves", 0)) for k in range(2))
 
 
-def test_collaboration_is_bit_identical_to_individual_mode(collab: Cluster, tiny_models: dict[str, Path],  # noqa: F811
-                                                         input_png: bytes) -> None:  # noqa: F811
+def test_collaboration_is_bit_identical_to_individual_mode(collab: Cluster, tiny_models: dict[str, Path],
+                                                         input_png: bytes) -> None:
     from engine.stages.runner import LocalRunner
     from engine.workflow import get_workflow
 
@@ -83,7 +82,7 @@ def test_collaboration_is_bit_identical_to_individual_mode(collab: Cluster, tiny
     assert together == bytes(reference.outputs["video"])
 
 
-def test_a_helper_killed_mid_request_costs_time_not_the_request(collab: Cluster, input_png: bytes) -> None:  # noqa: F811
+def test_a_helper_killed_mid_request_costs_time_not_the_request(collab: Cluster, input_png: bytes) -> None:
     _set_mode(collab, "individual")
     _, alone, _ = _run(collab, input_png)
     _set_mode(collab, "collaboration")

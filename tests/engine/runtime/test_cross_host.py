@@ -24,8 +24,7 @@ import numpy as np
 import pytest
 
 from engine.embedded.services import EtcdServer, RedisServer
-from tests.engine.runtime.conftest import Cluster, NodeRun, engine
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
+from tests.fixtures.runtime import Cluster, NodeRun, engine
 from tests.netns import Hosts, hosts
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
@@ -48,7 +47,7 @@ class TwoHosts:
 
 
 @pytest.fixture(scope="module")
-def two_hosts(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+def two_hosts(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[TwoHosts]:
     from engine.worker.config import Assignment, InstanceSpec
 
@@ -72,7 +71,7 @@ def two_hosts(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFac
             redis.stop()
 
 
-def _reference(tiny_models: dict[str, Path]) -> np.ndarray:  # noqa: F811
+def _reference(tiny_models: dict[str, Path]) -> np.ndarray:
     import torch
     from diffusers import StableDiffusionPipeline
 
@@ -103,7 +102,7 @@ def _submit_retrying(c: Cluster) -> str:
         time.sleep(min(float(headers["Retry-After"]), 1.0))
 
 
-def test_a_request_crosses_hosts_over_tcp(two_hosts: TwoHosts, tiny_models: dict[str, Path]) -> None:  # noqa: F811
+def test_a_request_crosses_hosts_over_tcp(two_hosts: TwoHosts, tiny_models: dict[str, Path]) -> None:
     c, net = two_hosts.cluster, two_hosts.hosts
     routes = {m["key"].decode().rsplit("/", 1)[1]: json.loads(v) for v, m in c.etcd.get_prefix("/onepiece/routes/")}
     for name, stages in ON.items():
@@ -118,7 +117,7 @@ def test_a_request_crosses_hosts_over_tcp(two_hosts: TwoHosts, tiny_models: dict
     assert all(finished[s] >= STAGE_TIME_S for s in ROUTE[:-1]), finished  # the stretch reached every worker
 
 
-def test_sigkill_of_each_stage_worker_in_turn(two_hosts: TwoHosts, tiny_models: dict[str, Path]) -> None:  # noqa: F811
+def test_sigkill_of_each_stage_worker_in_turn(two_hosts: TwoHosts, tiny_models: dict[str, Path]) -> None:
     """One request per stage; each stage's worker is killed while it runs its request. All complete, once."""
     c = two_hosts.cluster
     uids: list[str] = []

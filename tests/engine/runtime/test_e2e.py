@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.engine.runtime.conftest import Cluster, logs
+from tests.fixtures.runtime import Cluster, logs
 
 # the first test also starts the deployment (10 worker processes): allow for a loaded CI host
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]

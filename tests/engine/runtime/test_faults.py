@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.engine.runtime.conftest import SD_STEP_DELAY_S, Cluster
+from tests.fixtures.runtime import SD_STEP_DELAY_S, Cluster
 
 # the first test also starts the deployment (10 worker processes): allow for a loaded CI host
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from engine.embedded.services import EtcdServer, RedisServer
-from tests.engine.runtime.conftest import Cluster, NodeRun, engine
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
+from tests.fixtures.runtime import Cluster, NodeRun, engine
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -25,7 +24,7 @@ LEASE_TTL_S = 3
 
 
 @pytest.fixture
-def two_nodes(tiny_models: dict[str, Path], tmp_path: Path  # noqa: F811
+def two_nodes(tiny_models: dict[str, Path], tmp_path: Path
               ) -> Iterator[tuple[Cluster, dict[str, Any]]]:
     from engine.worker.config import Assignment, InstanceSpec
 

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.embedded.services import EtcdServer, RedisServer
-from tests.engine.runtime.conftest import NodeRun, _stop, engine
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
+from tests.fixtures.runtime import NodeRun, engine, stop
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -25,7 +24,7 @@ PARAMS = dict(prompt="a red kite", height=64, width=64, num_inference_steps=2)
 
 
 def test_requests_stay_in_their_set_and_clients_get_the_less_loaded_set(
-        tiny_models: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+        tiny_models: dict[str, Path], tmp_path: Path) -> None:
     from engine.manager.sets import which_proxy
     from engine.worker.config import Assignment, InstanceSpec
 
@@ -74,6 +73,6 @@ def test_requests_stay_in_their_set_and_clients_get_the_less_loaded_set(
             assert state["A"]["nodes"] == ["na"] and state["B"]["nodes"] == ["nb"]
     finally:
         if manager is not None:
-            _stop(manager)
+            stop(manager)
         etcd_srv.stop()
         redis.stop()

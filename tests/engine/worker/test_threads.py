@@ -15,7 +15,6 @@ from engine.coord.keys import Keyspace
 from engine.worker import threads
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
 
 KEYS = Keyspace()
 
@@ -52,7 +51,7 @@ def _environ(pid: int) -> dict[str, str]:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("explicit", [None, 2])
 def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, tmp_path: Path,
-                                           tiny_models: dict[str, Path], explicit: int | None) -> None:  # noqa: F811
+                                           tiny_models: dict[str, Path], explicit: int | None) -> None:
     """Two torch workers on one node: each process starts with the budget in its environment, torch's
     pool is sized to it (read back by the worker), and the node reports it for the dashboard."""
     etcd = etcd_client(etcd_server.url)

@@ -9,7 +9,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from onepiece_platform.accounts.models import ApiKey, hash_secret
-from tests.web.conftest import client_for, make_user
+from tests.fixtures.web import client_for, make_user
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.web.openai_compat.conftest import Workers
+from tests.fixtures.workers import Workers
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

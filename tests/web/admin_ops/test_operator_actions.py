@@ -15,7 +15,7 @@ from engine.store import keys
 from onepiece_platform.accounts.models import AuditEntry
 from onepiece_platform.engine_link.models import OperatorAction
 from onepiece_platform.jobs.models import Job
-from tests.web.conftest import png, sd_body
+from tests.fixtures.web import png, sd_body
 
 NODES = "/nodes/"  # under the test's own root (engine.coord.keys)
 
@@ -143,7 +143,7 @@ def test_warm_up_sends_one_small_request_per_instance(nm, store, workers_thread)
 
 @pytest.fixture
 def workers_thread(web_redis: str) -> Any:
-    from tests.web.openai_compat.conftest import Workers
+    from tests.fixtures.workers import Workers
 
     w = Workers(web_redis)
     yield w

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from tests.web.conftest import png, sd_body
+from tests.fixtures.web import png, sd_body
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.web.conftest import sd_body
-from tests.web.engine_link.conftest import proxy_url  # noqa: F401 - the real Proxy, with no workers
+from tests.fixtures.web import sd_body
 
 pytestmark = pytest.mark.django_db
 
@@ -23,7 +22,7 @@ def _staff() -> Client:
     return c
 
 
-def test_rejections_are_counted_by_reason_where_the_platform_answers(proxy_url, alice, settings) -> None:  # noqa: F811
+def test_rejections_are_counted_by_reason_where_the_platform_answers(proxy_url, alice, settings) -> None:
     from engine.embedded import free_port
     from onepiece_platform.engine_link.models import Rejection
     from onepiece_platform.quotas.models import Quota

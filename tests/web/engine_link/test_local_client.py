@@ -9,7 +9,7 @@ import pytest
 
 from onepiece_platform.engine_link.client import EngineRejected
 from onepiece_platform.engine_link.local import LocalEngineClient
-from tests.web.conftest import png
+from tests.fixtures.web import png
 
 WAN = {"prompt": "a cat", "height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2}
 SD = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}

@@ -10,7 +10,7 @@ import pytest
 from engine.store import keys
 from onepiece_platform.engine_link.client import EngineError, EngineRejected
 from onepiece_platform.engine_link.proxy import ProxyEngineClient
-from tests.web.conftest import sd_body
+from tests.fixtures.web import sd_body
 
 pytestmark = pytest.mark.django_db
 SD = sd_body()["params"]

@@ -10,7 +10,7 @@ from engine.store import keys
 from onepiece_platform.engine_link.models import StreamCursor
 from onepiece_platform.engine_link.reconciler import LOST, Reconciler
 from onepiece_platform.jobs.models import Job
-from tests.web.conftest import sd_body
+from tests.fixtures.web import sd_body
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.store import keys
 from onepiece_platform.jobs.models import Job
-from tests.web.conftest import png, sd_body, wan_body
+from tests.fixtures.web import png, sd_body, wan_body
 
 pytestmark = pytest.mark.django_db
 

@@ -1,104 +1,22 @@
 """The ledger's real processes: PostgreSQL, and the web platform plus the reconciler as ``onepiece up``
 starts them (uvicorn serving the ASGI app; ``manage.py reconcile``), over a real engine.
 
-PostgreSQL is Debian's (``postgresql``), started by :class:`PostgresServer` in a
-temporary folder on a free loopback port, as redis and etcd are; it refuses to
-run as root, so the server runs as the ``postgres`` system user the package
-creates.
+PostgreSQL is the ``postgres_server`` plugin (tests.fixtures.postgres).
 """
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from engine.embedded import free_port
-from tests.conftest import REPO_ROOT
-
-PG_USER = "postgres"
-
-
-def _pg_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    if not found:
-        pytest.fail("PostgreSQL is not installed: install the Debian package 'postgresql' (./quickstart does)")
-    return found[-1]
-
-
-class PostgresServer:
-    """initdb + postgres on 127.0.0.1:<free port>, trust authentication, one database ``onepiece``."""
-
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="onepiece-pg-"))
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._as: dict[str, Any] = {}
-        if os.geteuid() == 0:  # postgres refuses root; its package's system user runs it
-            pw = pwd.getpwnam(PG_USER)
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-            self._as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-
-    def _run(self, *argv: str) -> None:
-        subprocess.run(argv, check=True, capture_output=True, **self._as)
-
-    def start(self) -> PostgresServer:
-        data = self.dir / "data"
-        self._run(_pg_bin("initdb"), "-D", str(data), "-U", PG_USER, "--auth=trust", "-E", "UTF8", "--no-sync")
-        log = open(self.dir / "postgres.log", "ab")
-        self.proc = subprocess.Popen(
-            [_pg_bin("postgres"), "-D", str(data), "-p", str(self.port), "-k", str(self.dir),
-             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
-             "-c", "max_connections=200"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, **self._as)
-        log.close()
-        import psycopg
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
-                    conn.execute("CREATE DATABASE onepiece")
-                return self
-            except psycopg.OperationalError:
-                assert self.proc.poll() is None, (self.dir / "postgres.log").read_text()
-                assert time.monotonic() < deadline, "postgres did not start"
-                time.sleep(0.2)
-
-    def dsn(self, db: str = "onepiece") -> str:
-        return f"host=127.0.0.1 port={self.port} user={PG_USER} dbname={db}"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # fast shutdown
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def postgres_server() -> Iterator[PostgresServer]:
-    server = PostgresServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
+from tests.fixtures import REPO_ROOT
+from tests.fixtures.postgres import PostgresServer, postgres_server  # noqa: F401 - re-exported for older importers
 
 
 class Platform:

@@ -37,9 +37,8 @@ from typing import Any
 import pytest
 
 from engine.embedded import EtcdServer, RedisServer
-from tests.conftest import REPO_ROOT
-from tests.engine.runtime.conftest import Cluster, NodeRun, engine
-from tests.engine.stages.conftest import tiny_models  # noqa: F401 - fixture reused here
+from tests.fixtures import REPO_ROOT
+from tests.fixtures.runtime import Cluster, NodeRun, engine
 from tests.web.ledger.conftest import Platform
 
 pytestmark = [pytest.mark.slow, pytest.mark.models, pytest.mark.timeout(900)]
@@ -80,7 +79,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+def stack(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Stack]:
     """Its own Redis (the test restarts it) and etcd, and ``onepiece node`` + ``onepiece proxy``."""
     from engine.worker.config import default_assignment

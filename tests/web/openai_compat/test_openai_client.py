@@ -11,8 +11,8 @@ import pytest
 
 from onepiece_platform.jobs.models import Job
 from onepiece_platform.quotas.models import Quota
-from tests.web.conftest import png
-from tests.web.openai_compat.conftest import mp4
+from tests.fixtures.web import png
+from tests.fixtures.workers import mp4
 
 EXTRA = {"num_inference_steps": 2}
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")

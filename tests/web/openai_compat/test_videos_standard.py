@@ -16,8 +16,8 @@ from PIL import Image
 
 from engine import envs
 from onepiece_platform.jobs.models import Job
-from tests.web.conftest import make_user, png
-from tests.web.openai_compat.conftest import mp4
+from tests.fixtures.web import make_user, png
+from tests.fixtures.workers import mp4
 
 EXTRA = {"num_inference_steps": 2}
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.store import keys
 from onepiece_platform.jobs import ledger
 from onepiece_platform.quotas.models import Quota
-from tests.web.conftest import sd_body
+from tests.fixtures.web import sd_body
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from engine.store import keys
 from onepiece_platform.jobs.models import Job
 from onepiece_platform.quotas import counters
 from onepiece_platform.quotas.models import Limits, Quota
-from tests.web.conftest import sd_body, wan_body
+from tests.fixtures.web import sd_body, wan_body
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode, checks
 
-from tests.web.conftest import make_user, sd_body, wan_body
-from tests.web.openai_compat.conftest import Workers
+from tests.fixtures.web import make_user, sd_body, wan_body
+from tests.fixtures.workers import Workers
 
 MAX_EXAMPLES = 6
 # Submissions whose validity depends on content the schema cannot state (an input must decode as an

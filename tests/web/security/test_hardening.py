@@ -22,7 +22,7 @@ from django.test import Client
 
 from engine.store import keys
 from onepiece_platform.jobs.models import Job
-from tests.web.conftest import sd_body, wan_body
+from tests.fixtures.web import sd_body, wan_body
 
 pytestmark = pytest.mark.django_db
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -102,7 +102,7 @@ def test_an_idempotency_key_is_scoped_to_its_route(alice) -> None:
     assert c.post("/api/v1/jobs", sd_body(), format="json", HTTP_IDEMPOTENCY_KEY="k-1").json()["uid"] == r.json()["uid"]
     from django.core.files.uploadedfile import SimpleUploadedFile
 
-    from tests.web.conftest import png
+    from tests.fixtures.web import png
 
     v = c.post("/v1/videos", {"prompt": "a cat", "size": "64x64", "seconds": 1, "num_inference_steps": 2,
                               "input_reference": SimpleUploadedFile("first.png", png(), "image/png")},

@@ -15,7 +15,7 @@ from django.test import Client
 
 from engine.store import keys
 from onepiece_platform.jobs.models import Job
-from tests.web.conftest import png, sd_body, wan_body
+from tests.fixtures.web import png, sd_body, wan_body
 
 pytestmark = pytest.mark.django_db
 REPO_ROOT = Path(__file__).resolve().parents[3]

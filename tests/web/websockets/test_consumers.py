@@ -12,7 +12,7 @@ from django.test import Client
 
 from engine.store import keys
 from onepiece_platform.jobs import ledger
-from tests.web.conftest import sd_body
+from tests.fixtures.web import sd_body
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
