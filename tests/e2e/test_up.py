@@ -62,12 +62,27 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         # text-to-video end to end: the official client, no image, an mp4 back
         import openai
 
-        client = openai.OpenAI(base_url=lines["api"], api_key=lines["api key"], max_retries=0, timeout=60)
-        video = client.videos.create_and_poll(prompt="a cat on the moon", size="32x32", seconds="1",
-                                              poll_interval_ms=200, extra_body={"num_inference_steps": 2})
-        assert video.status == "completed" and video.model == "wan2.1-t2v", video
-        assert client.videos.download_content(video.id).content[4:8] == b"ftyp"
-        client.close()
+        from tests.web.webhooks.receiver import Receiver
+
+        receiver = Receiver().start()  # its completion webhook, from onepiece up's delivery worker
+        try:
+            req = urllib.request.Request(lines["web"] + "api/v1/webhooks", method="POST",
+                                         data=json.dumps({"url": receiver.url}).encode(),
+                                         headers={"Authorization": f"Bearer {lines['api key']}",
+                                                  "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                secret = json.loads(r.read())["secret"]
+            client = openai.OpenAI(base_url=lines["api"], api_key=lines["api key"], max_retries=0, timeout=60)
+            video = client.videos.create_and_poll(prompt="a cat on the moon", size="32x32", seconds="1",
+                                                  poll_interval_ms=200, extra_body={"num_inference_steps": 2})
+            assert video.status == "completed" and video.model == "wan2.1-t2v", video
+            assert client.videos.download_content(video.id).content[4:8] == b"ftyp"
+            [hook] = receiver.wait_for(1, timeout=30)
+            event = client.webhooks.unwrap(hook.body, hook.headers, secret=secret)
+            assert event.type == "video.completed" and event.data.id == video.id
+            client.close()
+        finally:
+            receiver.stop()
         assert sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")) == sorted(rings)
     finally:
         out = stop_up(proc)

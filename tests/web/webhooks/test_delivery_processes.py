@@ -27,7 +27,7 @@ from engine.embedded import free_port
 from tests.conftest import REPO_ROOT
 from tests.web.conftest import WEB_DB
 from tests.web.ledger.conftest import PostgresServer, postgres_server  # noqa: F401 - fixture reused here
-from tests.web.webhooks.conftest import Receiver
+from tests.web.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.timeout(180)
 
