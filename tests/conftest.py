@@ -7,6 +7,7 @@ from tests.fixtures import REPO_ROOT  # re-exported for test files written befor
 pytest_plugins = [
     "tests.fixtures.services",
     "tests.fixtures.leaks",
+    "tests.fixtures.markers",
     "tests.fixtures.models",
     "tests.fixtures.web",
     "tests.fixtures.celery",
