@@ -30,6 +30,7 @@ from pathlib import Path
 from engine import envs
 from engine.embedded import EtcdServer, RedisServer, ServiceError, free_port
 from engine.embedded.credentials import secret
+from engine.embedded.statelock import StateLock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     with ExitStack() as stack:
         try:
+            # one onepiece up per state folder: a second is refused at once, naming the first
+            stack.enter_context(StateLock(state))
             redis_url = envs.REDIS_URL
             if not redis_url:
                 r = RedisServer(envs.REDIS_SERVER_BIN, state / "redis", host,

@@ -38,3 +38,15 @@ def test_the_lock_goes_with_a_killed_holder(tmp_path: Path) -> None:
             holder.stdout.close()
     with StateLock(tmp_path):
         pass
+
+
+def test_onepiece_up_on_a_held_state_folder_says_so_and_starts_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    with StateLock(state):
+        r = subprocess.run([sys.executable, "-m", "engine.cli", "up", "--state-dir", str(state), "--web-port", "0",
+                            "--proxy-port", "0", "--exit-after-ready"], capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"another onepiece up (pid {os.getpid()})" in r.stdout, r.stdout
+    assert not (state / "redis").exists() and not (state / "etcd").exists()  # refused before starting anything
