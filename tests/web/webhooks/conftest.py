@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from tests.web.openai_compat.conftest import oa, workers  # noqa: F401 - fixtures reused here
 from tests.web.webhooks.receiver import Receiver
 
 

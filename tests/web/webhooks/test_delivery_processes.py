@@ -24,9 +24,9 @@ import pytest
 import standardwebhooks
 
 from engine.embedded import free_port
-from tests.conftest import REPO_ROOT
-from tests.web.conftest import WEB_DB
-from tests.web.ledger.conftest import PostgresServer, postgres_server  # noqa: F401 - fixture reused here
+from tests.fixtures import REPO_ROOT
+from tests.fixtures.postgres import PostgresServer
+from tests.fixtures.web import WEB_DB
 from tests.web.webhooks.receiver import Receiver
 
 pytestmark = pytest.mark.timeout(180)
@@ -175,8 +175,8 @@ def test_receiver_down_and_worker_killed_mid_send_nothing_lost(sqlite_deployment
 
 
 @pytest.fixture
-def pg_deployment(tmp_path: Path, redis_server: Any, postgres_server: PostgresServer  # noqa: F811
-                  ) -> Iterator[tuple[Deployment, PostgresServer]]:
+def pg_deployment(tmp_path: Path, redis_server: Any,
+                  postgres_server: PostgresServer) -> Iterator[tuple[Deployment, PostgresServer]]:
     dep = Deployment(tmp_path, _redis_url(redis_server), {"WEBHOOK_TEST_PG_PORT": str(postgres_server.port)},
                      {"WEBHOOK_RETRY_DELAYS_S": [0.2], "WEBHOOK_RETRY_JITTER": 0.5, "WEBHOOK_TIMEOUT_S": 2.0,
                       "WEBHOOK_LEASE_S": 30.0, "WEBHOOK_POLL_S": 0.1})

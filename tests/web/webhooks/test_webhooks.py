@@ -21,7 +21,7 @@ from onepiece_platform.webhooks import outbox
 from onepiece_platform.webhooks.delivery import Deliverer
 from onepiece_platform.webhooks.models import DELIVERED, FAILED, PENDING, WebhookDelivery, WebhookEndpoint
 from onepiece_platform.webhooks.sender import Outcome
-from tests.web.conftest import client_for, make_user, sd_body
+from tests.fixtures.web import client_for, make_user, sd_body
 from tests.web.webhooks.conftest import add_endpoint, finished_job, key_prefix
 from tests.web.webhooks.receiver import Receiver
 
