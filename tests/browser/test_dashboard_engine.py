@@ -199,9 +199,10 @@ def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_
         service = {s: float(t.split("service ", 1)[1].split(" s", 1)[0]) for s, t in page.evaluate(
             f"[...document.querySelectorAll('[data-workflow=\"{WF}\"] .stage')].map(e => [e.dataset.stage, e.innerText])")}
         assert service["text_encode"] >= TEXT_ENCODE_S - 0.05, service
-        # one instance each: the bottleneck is the slowest stage as measured (denoise or the stretched one)
-        slowest = max(service, key=lambda k: service[k])
-        assert page.inner_text(f'[data-workflow="{WF}"] .stage.bottleneck strong') == slowest, service
+        # no Node Manager runs here: the times are the instances' own, said to be measured, and the page
+        # names no bottleneck of its own (that is the leader's figure: tests/browser/test_dashboard.py)
+        assert "(measured)" in page.inner_text(te)
+        assert page.query_selector(f'[data-workflow="{WF}"] .stage.bottleneck') is None
         shot(page, "engine-cluster-after")
     finally:
         ctx.close()
