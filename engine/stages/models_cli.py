@@ -31,8 +31,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
+    from engine.stages.quiet import quiet_libraries
     from engine.stages.tiny import BUILDERS, make_tiny
 
+    quiet_libraries()  # one bar per workflow (ours), not the libraries' bar and warnings per file they write
     if args.workflow is not None and args.workflow not in BUILDERS:
         print(f"error: no tiny model for workflow {args.workflow!r}; known: {', '.join(BUILDERS)}", file=sys.stderr)
         return 2

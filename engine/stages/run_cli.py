@@ -119,9 +119,10 @@ def _execute(args: argparse.Namespace, workflow: str, params: dict[str, Any], in
 
     from tqdm import tqdm
 
+    from engine.stages.quiet import quiet_libraries
     from engine.stages.runner import LocalRunner
 
-    _quiet_libraries()
+    quiet_libraries()  # per-component "Loading weights" bars would drown our own progress bar
     t0 = time.perf_counter()
     print(f"loading {workflow} stages from {args.model_dir} ...", file=sys.stderr)
     runner = LocalRunner(workflow, args.model_dir, args.device)
@@ -141,14 +142,3 @@ def _execute(args: argparse.Namespace, workflow: str, params: dict[str, Any], in
               f"hands on {s.out_bytes:>10,d} B", file=sys.stderr)
     print(f"wrote {args.out} ({Path(args.out).stat().st_size:,d} bytes) in {time.perf_counter() - t0:.1f} s")
     return 0
-
-
-def _quiet_libraries() -> None:
-    # Per-component "Loading weights" bars would drown our own progress bar.
-    import diffusers
-    import transformers
-
-    diffusers.utils.logging.disable_progress_bar()
-    diffusers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()

@@ -57,3 +57,13 @@ def test_check_names_the_missing_component(
     assert main(["models", "check", str(broken), "--workflow", "wan2.1-i2v"]) == 2
     err = capsys.readouterr().err
     assert "'image_processor'" in err and str(broken / "image_processor" / "preprocessor_config.json") in err
+
+
+def test_make_tiny_shows_only_its_own_progress(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """What onepiece up shows on its first run: one bar per workflow, none of the libraries' per-file bars
+    ("Writing model shards") or warnings meant for their own users (a missing torchvision)."""
+    assert main(["models", "make-tiny", "--out", str(tmp_path / "wan"), "--workflow", "wan2.1-i2v"]) == 0
+    out, err = capfd.readouterr()
+    assert out.strip() == f"wan2.1-i2v: {tmp_path / 'wan'}"
+    assert "Writing model shards" not in err and "[transformers]" not in err and "torchvision" not in err, err
+    assert "component" in err  # our own bar
