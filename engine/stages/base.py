@@ -107,6 +107,20 @@ class StageExecutor(ABC):
         """Serve one request; see the class docstring."""
 
 
+class ModelFreeStage(StageExecutor):
+    """A stage without model components (pixels to png, frames to mp4): nothing to load, runs on the CPU."""
+
+    components: ClassVar[tuple[str, ...]] = ()
+
+    def load(self, model_dir: str | Path, device: str | None = None) -> None:
+        self.model_dir = Path(model_dir)
+
+    @staticmethod
+    def array(value: Any) -> Any:
+        """A numpy array of a uint8 tensor (or the array itself): what image and video encoders take."""
+        return value.numpy() if hasattr(value, "numpy") else value
+
+
 def resolve_device(device: str | None = None) -> str:
     """``cuda`` if asked for or (auto) if available, else ``cpu``; honours ONEPIECE_DEVICE."""
     want = (device or envs.DEVICE or "auto").lower()

@@ -263,18 +263,27 @@ def host_port_name(u: ParseResult, need_port: bool) -> tuple[str, int, str]:
     return u.hostname or "127.0.0.1", u.port or 0, name
 
 
-def create(u: ParseResult, size: int) -> TcpServedRegion:
-    host, port, name = host_port_name(u, need_port=False)
-    return TcpServedRegion(name, size, host, port)
+def served_backend(served: Callable[[str, int | None, str, int], MemoryRegion],
+                   peer: Callable[[str, int, str], MemoryRegion]) -> tuple[Callable[..., MemoryRegion], ...]:
+    """``create``, ``reopen`` and ``attach`` (engine.transport.region's backend functions) of a transport
+    whose owner serves its region at ``scheme://HOST:PORT/NAME``: ``served(name, size, host, port)`` owns
+    it (``size`` None: take over the segment a dead predecessor left), ``peer(host, port, name)`` reaches it."""
+
+    def create(u: ParseResult, size: int) -> MemoryRegion:
+        host, port, name = host_port_name(u, need_port=False)
+        return served(name, size, host, port)
+
+    def reopen(u: ParseResult) -> MemoryRegion:
+        host, port, name = host_port_name(u, need_port=False)
+        return served(name, None, host, port)
+
+    def attach(u: ParseResult) -> MemoryRegion:
+        host, port, name = host_port_name(u, need_port=True)
+        return peer(host, port, name)
+
+    return create, reopen, attach
 
 
-def reopen(u: ParseResult) -> TcpServedRegion:
-    """A restarted owner takes over the segment its predecessor left and serves it at the same address."""
-    host, port, name = host_port_name(u, need_port=False)
-    return TcpServedRegion(name, None, host, port)
-
-
-def attach(u: ParseResult) -> TcpRegion:
-    host, port, name = host_port_name(u, need_port=True)
-    return TcpRegion(host, port, name)
+# reopen: a restarted owner takes over the segment its predecessor left and serves it at the same address
+create, reopen, attach = served_backend(TcpServedRegion, TcpRegion)
 

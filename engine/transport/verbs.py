@@ -19,12 +19,17 @@ from __future__ import annotations
 import struct
 import threading
 from typing import Any
-from urllib.parse import ParseResult
 
 from engine import envs
 from engine.transport.errors import NoRdmaDevice, PeerUnavailable, RegionError
 from engine.transport.region import MemoryRegion
-from engine.transport.tcp import OP_NOTIFY, OP_WAIT, TcpRegion, TcpServedRegion, host_port_name
+from engine.transport.tcp import (
+    OP_NOTIFY,
+    OP_WAIT,
+    TcpRegion,
+    TcpServedRegion,
+    served_backend,
+)
 
 OP_VERBS_CONNECT = 32
 # qp_num, psn, lid, gid (16 bytes), [owner: addr, rkey, size]
@@ -268,17 +273,5 @@ class VerbsRegion(MemoryRegion):
         self._ctl.close()
 
 
-def create(u: ParseResult, size: int) -> VerbsServedRegion:
-    host, port, name = host_port_name(u, need_port=False)
-    return VerbsServedRegion(name, size, host, port)
-
-
-def reopen(u: ParseResult) -> VerbsServedRegion:
-    """A restarted owner re-registers the segment its predecessor left (new rkey; peers reconnect)."""
-    host, port, name = host_port_name(u, need_port=False)
-    return VerbsServedRegion(name, None, host, port)
-
-
-def attach(u: ParseResult) -> VerbsRegion:
-    host, port, name = host_port_name(u, need_port=True)
-    return VerbsRegion(host, port, name)
+# reopen: a restarted owner re-registers the segment its predecessor left (new rkey; peers reconnect)
+create, reopen, attach = served_backend(VerbsServedRegion, VerbsRegion)

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from engine.background import Background
 from engine.transport.ring import RingConsumer
 from engine.worker.deliver import Producers
 from engine.worker.routes import Route, RouteTable
@@ -127,21 +128,18 @@ class CfgService:
         self._replies: dict[tuple[str, int], Any] = {}
         self._waiting: set[str] = set()
         self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop_thread = Background(f"onepiece-cfg-{instance}", self._loop)
+        self._stop = self._loop_thread.stopping
         self._rr = itertools.count()
         self.helped_steps = 0
 
     # -- life cycle --------------------------------------------------------------------------------
     def start(self) -> CfgService:
-        self._thread = threading.Thread(target=self._loop, name=f"onepiece-cfg-{self.instance}", daemon=True)
-        self._thread.start()
+        self._loop_thread.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self._loop_thread.stop()
         with self._send_lock:
             self._producers.close()
         self.consumer.close()

@@ -6,9 +6,9 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from engine.stages.base import StageContext, StageExecutor
+from engine.stages.base import ModelFreeStage, StageContext
 
 
 def encode_mp4(frames: Any, fps: int) -> bytes:
@@ -31,15 +31,8 @@ def encode_mp4(frames: Any, fps: int) -> bytes:
         os.unlink(path)
 
 
-class WanVideoEncode(StageExecutor):
+class WanVideoEncode(ModelFreeStage):
     """``frames`` -> ``video`` mp4 bytes."""
 
-    components: ClassVar[tuple[str, ...]] = ()
-
-    def load(self, model_dir: str | Path, device: str | None = None) -> None:
-        self.model_dir = Path(model_dir)
-
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
-        frames = inputs["frames"]
-        array = frames.numpy() if hasattr(frames, "numpy") else frames
-        return {"video": encode_mp4(array, int(params.get("fps", 16)))}
+        return {"video": encode_mp4(self.array(inputs["frames"]), int(params.get("fps", 16)))}
