@@ -16,7 +16,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from onepiece_platform.jobs.consumers import refuse
+from onepiece_platform.jobs.consumers import refuse, signed_in
 
 log = logging.getLogger(__name__)
 PERIOD_S = 1.0
@@ -51,9 +51,8 @@ def _snapshot() -> dict[str, Any]:
 
 class ClusterConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await refuse(self, UNAUTHENTICATED)
+        user = await signed_in(self)
+        if user is None:
             return
         if not user.is_staff:
             await refuse(self, FORBIDDEN)

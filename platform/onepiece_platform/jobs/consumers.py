@@ -37,11 +37,19 @@ async def refuse(consumer: AsyncJsonWebsocketConsumer, code: int) -> None:
     await consumer.close(code=code)
 
 
+async def signed_in(consumer: AsyncJsonWebsocketConsumer) -> Any | None:
+    """The connecting user; None once an anonymous one is refused (4401)."""
+    user = consumer.scope.get("user")
+    if user is None or not user.is_authenticated:
+        await refuse(consumer, UNAUTHENTICATED)
+        return None
+    return user
+
+
 class JobConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await refuse(self, UNAUTHENTICATED)
+        user = await signed_in(self)
+        if user is None:
             return
         uid = self.scope["url_route"]["kwargs"]["uid"]
         job = await _own_job(user, uid)
