@@ -28,6 +28,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from engine import envs
+from engine.coord import redact
 from engine.embedded import EtcdServer, RedisServer, ServiceError, free_port
 from engine.embedded.credentials import secret
 from engine.embedded.statelock import StateLock
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                                 password=secret(keep, "redis-password")).start()
                 stack.callback(r.stop)
                 redis_url = r.url
-            _say(f"redis: {_redacted(redis_url)}")
+            _say(f"redis: {redact(redis_url)}")
             etcd_url = envs.ETCD_URL
             if not etcd_url:
                 # authentication on: only holders of the engine user's password read or write its keys
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                                root_password=secret(keep, "etcd-root-password")).start()
                 stack.callback(e.stop)
                 etcd_url = e.url
-            _say(f"etcd: {_redacted(etcd_url)}")
+            _say(f"etcd: {redact(etcd_url)}")
 
             env = dict(os.environ)
             env.update(
@@ -244,14 +245,6 @@ def _ensure_admin(manage: list[str], env: dict[str, str], state: Path) -> tuple[
     return "admin", password
 
 
-def _redacted(url: str) -> str:
-    """A service URL without its password (kept in the state folder's secrets/)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
 
 
 def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -> dict[str, str]:

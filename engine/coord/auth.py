@@ -29,9 +29,10 @@ import base64
 import os
 from typing import Any
 
+from engine.coord.keys import default_root
+
 ENGINE_USER = "onepiece"
 ENGINE_ROLE = "onepiece"
-PREFIX = "/onepiece"
 
 
 class EtcdAuthSetupError(RuntimeError):
@@ -89,7 +90,7 @@ class _Gateway:
 def auth_enabled(url: str, timeout: float = 5.0) -> bool:
     """Whether etcd at ``url`` refuses an anonymous read."""
     gw = _Gateway(url, timeout)
-    status, data = gw.call("probe", "kv/range", {"key": _b64(PREFIX + "/")})
+    status, data = gw.call("probe", "kv/range", {"key": _b64(default_root() + "/")})
     if status == 200:
         return False
     if status in (400, 401) and ("user name is empty" in str(data.get("error", ""))
@@ -99,9 +100,11 @@ def auth_enabled(url: str, timeout: float = 5.0) -> bool:
 
 
 def ensure_auth(url: str, root_password: str, password: str, *, user: str = ENGINE_USER,
-                prefix: str = PREFIX, timeout: float = 5.0) -> bool:
+                prefix: str | None = None, timeout: float = 5.0) -> bool:
     """Make etcd at ``url`` (one member is enough: users are cluster-wide) require authentication,
-    with ``user``/``password`` allowed to read and write ``prefix/`` and below.
+    with ``user``/``password`` allowed to read and write ``prefix/`` and below (default: the engine's
+    root, ``ONEPIECE_ETCD_ROOT`` or ``/onepiece``). While authentication is off, root's password is
+    set to ``root_password`` too (a root left by an aborted run keeps no stale password).
 
     Returns True when this call enabled authentication, False when it was already on (the user,
     its password and its role were brought up to date as root)."""
@@ -114,8 +117,11 @@ def ensure_auth(url: str, root_password: str, password: str, *, user: str = ENGI
         gw.token = str(data["token"])
     users = set(gw.must("list users", "auth/user/list", {}).get("users") or [])
     roles = set(gw.must("list roles", "auth/role/list", {}).get("roles") or [])
+    prefix = prefix or default_root()
     if "root" not in users:
         gw.must("add user root", "auth/user/add", {"name": "root", "password": root_password})
+    elif not was_on:
+        gw.must("set the password of root", "auth/user/changepw", {"name": "root", "password": root_password})
     if "root" not in roles:
         gw.must("add role root", "auth/role/add", {"name": "root"})
     gw.must("grant role root to root", "auth/user/grant", {"user": "root", "role": "root"})
@@ -146,7 +152,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-url", default=None,
                    help="one member's client URL, without credentials (default: ONEPIECE_ETCD_URL's first)")
     p.add_argument("--user", default=ENGINE_USER, help="the engine's etcd user (default: %(default)s)")
-    p.add_argument("--prefix", default=PREFIX, help="the engine's key prefix (default: %(default)s)")
+    p.add_argument("--prefix", default=None,
+                   help="the engine's key prefix (default: ONEPIECE_ETCD_ROOT, else /onepiece)")
     p.add_argument("--root-password-env", default="ETCD_ROOT_PASSWORD",
                    help="environment variable holding root's password (default: %(default)s)")
     p.add_argument("--password-env", default="ETCD_ONEPIECE_PASSWORD",
@@ -166,10 +173,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     url = Endpoint.parse(url).url
     try:
-        enabled = ensure_auth(url, root_pw, pw, user=args.user, prefix=args.prefix)
+        prefix = (args.prefix or default_root()).rstrip("/")
+        enabled = ensure_auth(url, root_pw, pw, user=args.user, prefix=prefix)
     except (EtcdAuthSetupError, OSError) as exc:
         print(f"onepiece etcd-auth: {exc}")
         return 1
     print(f"etcd {redact(url)}: authentication {'enabled' if enabled else 'already on; user updated'}; "
-          f"user {args.user} may read and write {args.prefix}/")
+          f"user {args.user} may read and write {prefix}/")
     return 0

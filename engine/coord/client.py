@@ -56,7 +56,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 1.0  # a dead host's SYNs go unanswered: give up on it quickly and try the next
 _AUTH_RETRIES = 5  # a call refused for a stale token or auth revision is sent again at most this often
 _OLD_AUTH_REVISION = b"revision of auth store is old"  # etcd's ErrAuthOldRevision (gRPC InvalidArgument)
+_AUTH_OFF = b"authentication is not enabled"  # ErrAuthNotEnabled: authenticate while auth is off
+_NO_USER = b"user name is empty"  # ErrUserEmpty: a call without a token while auth is on
 
 
 class EtcdAuthError(RuntimeError):
@@ -77,7 +79,7 @@ class Endpoint:
 
     url: str  # scheme://host:port, never with a password
     username: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)
 
     @classmethod
     def parse(cls, url: str) -> Endpoint:
@@ -106,16 +108,19 @@ def _session(endpoint: Endpoint, timeout: Any) -> Any:
     from etcd3gw import exceptions
 
     class TokenSession(requests.Session):
-        """Sends ``Authorization: <token>``; on 401 (token expired or revoked) authenticates again, once."""
+        """Sends ``Authorization: <token>``; authenticates again when etcd drops the token (401) or turns
+        authentication on after this client found it off; sends again a call refused for a stale auth
+        revision. Before authentication is enabled (a deployment whose ``onepiece etcd-auth`` has not run
+        yet) it sends no token, as etcd's own client does, instead of failing."""
 
         def __init__(self) -> None:
             super().__init__()
-            self._token = ""
+            self._token: str | None = None  # None: not asked yet; "": etcd has authentication off
             self._lock = threading.Lock()
 
-        def _authenticate(self, stale: str) -> str:
+        def _authenticate(self, stale: str | None) -> str:
             with self._lock:
-                if self._token and self._token != stale:
+                if self._token is not None and self._token != stale:
                     return self._token  # another thread already did it
                 try:
                     r = super().request("POST", endpoint.url + "/v3/auth/authenticate", timeout=timeout,
@@ -126,6 +131,9 @@ def _session(endpoint: Endpoint, timeout: Any) -> Any:
                     raise exceptions.ConnectionFailedError(str(e)) from e
                 if r.status_code in (503, 504):
                     raise exceptions.ConnectionFailedError(r.text, r.reason)
+                if r.status_code != 200 and _AUTH_OFF in r.content:
+                    self._token = ""
+                    return self._token
                 if r.status_code != 200 or "token" not in r.json():
                     raise EtcdAuthError(f"etcd at {endpoint.url} refused user {endpoint.username!r}: "
                                         f"{r.text.strip()[:200]}")
@@ -133,14 +141,19 @@ def _session(endpoint: Endpoint, timeout: Any) -> Any:
                 return self._token
 
         def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
-            token = self._token or self._authenticate("")
+            token = self._token if self._token is not None else self._authenticate(None)
             headers = dict(kwargs.pop("headers", None) or {})
             for attempt in range(_AUTH_RETRIES + 1):
-                headers["Authorization"] = token
+                if token:
+                    headers["Authorization"] = token
+                else:
+                    headers.pop("Authorization", None)
                 r = super().request(method, url, *args, headers=headers, **kwargs)
                 if attempt == _AUTH_RETRIES:
                     return r
-                if r.status_code == 401:  # the token expired or was dropped (a user changed): a new one
+                if r.status_code == 401 or (r.status_code == 400 and not token and _NO_USER in r.content):
+                    # the token expired or was dropped (a user changed), or authentication was turned on
+                    # since this client found it off: a new token
                     r.close()
                     token = self._authenticate(token)
                 elif r.status_code == 400 and _OLD_AUTH_REVISION in r.content:

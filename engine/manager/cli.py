@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from engine import envs
+    from engine.coord import redact
     from engine.coord.keys import keyspace
     from engine.manager.election import Election, connect
     from engine.manager.node_manager import ManagerConfig, NodeManager
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     nm.start(args.interval)
-    print(f"manager: {name} campaigning on {etcd}", flush=True)
+    print(f"manager: {name} campaigning on {redact(etcd)}", flush=True)
     stop.wait()
     nm.stop()
     print("stopped", flush=True)

@@ -246,7 +246,7 @@ class TaskManager:
             log.info("worker %s ready (pid %d)", inst.spec.id, inst.proc.pid)
 
     def _spawn(self, inst: _Instance) -> None:
-        from engine.worker.proc import config_to_json
+        from engine.worker.proc import CONFIG_ENV, config_to_json
         from engine.worker.taskworker import WorkerConfig
 
         ready = self._ready_file(inst)
@@ -265,9 +265,11 @@ class TaskManager:
             workflow_set=inst.spec.workflow_set, threads=inst.threads,
         )
         env = apply_env(dict(os.environ), inst.threads)  # before the worker loads torch
+        # its configuration holds the Redis and etcd passwords: in its environment, never on its command line
+        env[CONFIG_ENV] = config_to_json(cfg)
         with open(self.logs / f"{inst.spec.id}.log", "ab") as out:
             inst.proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.worker.proc", config_to_json(cfg)],
+                [sys.executable, "-m", "engine.worker.proc", inst.spec.id],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,  # Ctrl-C reaches the manager, which stops workers in order
             )

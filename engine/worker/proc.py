@@ -1,4 +1,9 @@
-"""The TaskWorker process shell: ``python -m engine.worker.proc CONFIG_JSON``.
+"""The TaskWorker process shell: ``python -m engine.worker.proc INSTANCE_ID`` with its configuration (JSON)
+in ``ONEPIECE_WORKER_CONFIG``, or ``python -m engine.worker.proc CONFIG_JSON`` by hand.
+
+The configuration holds the Redis and etcd URLs with their passwords, so its TaskManager passes it in
+the environment, which only the same user can read, never on the command line, which ``ps`` shows to
+everyone on the host; the command line names the instance only.
 
 Wraps :class:`engine.worker.taskworker.TaskWorker` with what a process needs:
 logging, signals (SIGTERM/SIGINT stop it after the current request; SIGUSR1
@@ -25,12 +30,20 @@ def config_to_json(config: WorkerConfig) -> str:
     return json.dumps(asdict(config), sort_keys=True)
 
 
+CONFIG_ENV = "ONEPIECE_WORKER_CONFIG"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m engine.worker.proc CONFIG_JSON", file=sys.stderr)
+        print(f"usage: python -m engine.worker.proc INSTANCE_ID (config in {CONFIG_ENV}) | CONFIG_JSON",
+              file=sys.stderr)
         return 2
-    config = WorkerConfig(**json.loads(args[0]))
+    raw = args[0] if args[0].lstrip().startswith("{") else os.environ.pop(CONFIG_ENV, "")
+    if not raw:
+        print(f"engine.worker.proc {args[0]}: no configuration in {CONFIG_ENV}", file=sys.stderr)
+        return 2
+    config = WorkerConfig(**json.loads(raw))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {config.instance} %(levelname)s %(message)s")
     log = logging.getLogger("onepiece.worker")

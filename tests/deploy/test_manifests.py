@@ -223,7 +223,7 @@ def test_the_webhook_worker_reaches_only_the_ledger_dns_and_public_addresses() -
 
 
 def test_every_caller_of_the_proxy_holds_its_secret_and_nothing_binds_everywhere() -> None:
-    secret = next(d for _, d in DOCS if d["kind"] == "Secret")
+    secret = next(d for _, d in DOCS if d["kind"] == "Secret" and d["metadata"]["name"] == "onepiece-secrets")
     assert "ONEPIECE_PROXY_TOKEN" in secret["stringData"]
     by = {d["metadata"]["name"]: d for _, d in _workloads()}
     for name in ("onepiece-proxy", "onepiece-web", "onepiece-celery", "onepiece-reconciler"):
@@ -248,8 +248,16 @@ def test_etcd_requires_credentials_everywhere_it_is_deployed() -> None:
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert c["command"][:2] == ["onepiece", "etcd-auth"]
     assert {"name": "onepiece-secrets"} in [e.get("secretRef") for e in c["envFrom"]]
-    secret = next(d for _, d in DOCS if d["kind"] == "Secret")["stringData"]
-    assert {"ETCD_ROOT_PASSWORD", "ETCD_ONEPIECE_PASSWORD", "ONEPIECE_ETCD_URL"} <= set(secret)
+    secrets = {d["metadata"]["name"]: d["stringData"] for _, d in DOCS if d["kind"] == "Secret"}
+    assert {"ETCD_ONEPIECE_PASSWORD", "ONEPIECE_ETCD_URL"} <= set(secrets["onepiece-secrets"])
+    # root's password is the Job's alone: no serving pod can read it
+    assert set(secrets["onepiece-etcd-root"]) == {"ETCD_ROOT_PASSWORD"}
+    assert not any("ETCD_ROOT_PASSWORD" in s for n, s in secrets.items() if n != "onepiece-etcd-root")
+    assert {"name": "onepiece-etcd-root"} in [e.get("secretRef") for e in c["envFrom"]]
+    for name, d in _workloads():
+        for c2 in d["spec"]["template"]["spec"]["containers"]:
+            refs = [e.get("secretRef") for e in c2.get("envFrom", [])]
+            assert ({"name": "onepiece-etcd-root"} in refs) == (d["metadata"]["name"] == "onepiece-etcd-auth"), name
     for name in ("onepiece-proxy", "onepiece-manager", "onepiece-node", "onepiece-web", "onepiece-celery",
                  "onepiece-reconciler"):
         for c in by[name]["spec"]["template"]["spec"]["containers"]:

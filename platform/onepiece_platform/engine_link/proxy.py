@@ -149,13 +149,22 @@ class ProxyEngineClient(EngineClient):
 
     def wait(self, uid: str, timeout: float) -> EngineStatus | None:
         """The Proxy's long poll (``?wait=S``, woken by the job's terminal event), in rounds of at most its
-        60 s cap and within this client's HTTP timeout."""
+        60 s cap and half this client's HTTP timeout (so a late answer is not an error). A round that fails
+        (a Proxy restarting) is tried again until the deadline; only then is the error raised."""
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            left = deadline - time.monotonic()
-            st = self.status(uid, max(0.0, min(left, 60.0, self.timeout - 1.0)))
+            rnd = max(0.0, min(deadline - time.monotonic(), 60.0, self.timeout / 2))
+            try:
+                st = self.status(uid, rnd)
+            except EngineError:
+                if deadline - time.monotonic() <= 0:
+                    raise
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
             if st is None or st.state in TERMINAL or deadline - time.monotonic() <= 0:
                 return st
+            if rnd < 0.05:  # a tiny HTTP timeout must not make this a busy loop
+                time.sleep(0.05)
 
     def cancel(self, uid: str) -> bool:
         code, _, _ = self._call("DELETE", f"/v1/requests/{uid}")

@@ -1,5 +1,5 @@
 """Endpoints (the secret never shown), and the outbox: every delivery with its attempts, read-only,
-with an action that sends failed or waiting deliveries again now."""
+with an action that sends failed deliveries again now."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from onepiece_platform import conf
-from onepiece_platform.webhooks.models import PENDING, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from onepiece_platform.webhooks.models import (
+    FAILED,
+    PENDING,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 
 
 @admin.register(WebhookEndpoint)
@@ -51,12 +57,17 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description="Send again now (same webhook-id; retried for another 24 h)")
+    @admin.action(description="Send failed deliveries again now (same webhook-id; retried for another 24 h)")
     def send_again(self, request: HttpRequest, queryset) -> None:  # type: ignore[no-untyped-def]
         from onepiece_platform.accounts.models import audit
 
         now = timezone.now()
         give_up = now + dt.timedelta(seconds=float(conf.get("WEBHOOK_MAX_AGE_S")))
-        n = queryset.update(state=PENDING, next_attempt_at=now, give_up_at=give_up, claim_token="")
+        # only failed ones: a delivered row would reach its receiver twice, and a pending one may be in a
+        # worker's hands right now (clearing its claim would let a second worker send it at the same time)
+        n = queryset.filter(state=FAILED).update(state=PENDING, next_attempt_at=now, give_up_at=give_up,
+                                                 claim_token="")
         audit(request.user, "webhook.send_again", "", count=n)
-        self.message_user(request, f"{n} deliveries queued")
+        skipped = queryset.count() - n
+        self.message_user(request, f"{n} failed deliveries queued" + (f"; {skipped} not failed, left as they are"
+                                                                     if skipped else ""))

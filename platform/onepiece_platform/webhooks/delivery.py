@@ -161,8 +161,11 @@ class Deliverer:
 
     # -- loops ------------------------------------------------------------------------------------------------
     def run_once(self, limit: int = 100) -> list[str]:
-        """Claim what is due and send it here, one by one; the states the rows were left in."""
-        return [self.record(c, *self.attempt(c)) for c in self.claim(limit)]
+        """Claim what is due and send it here, one by one; the states the rows were left in. At most as many
+        rows as can be sent, one after the other, within one claim's lease (so no other worker takes a row
+        this one still holds)."""
+        fits = int(float(conf.get("WEBHOOK_LEASE_S")) // max(0.001, float(conf.get("WEBHOOK_TIMEOUT_S")))) - 1
+        return [self.record(c, *self.attempt(c)) for c in self.claim(max(1, min(limit, fits)))]
 
     def run(self, stop: threading.Event, concurrency: int | None = None) -> None:
         """Until ``stop`` is set: keep up to ``concurrency`` attempts in flight on a thread pool (database work

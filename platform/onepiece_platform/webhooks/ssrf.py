@@ -45,8 +45,8 @@ def _why_refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | Non
                 why = _why_refused(inner)
                 if why:
                     return why
-    for name in ("loopback", "private", "link_local", "multicast", "reserved", "unspecified"):
-        if getattr(ip, f"is_{name}"):
+    for name in ("loopback", "private", "link_local", "multicast", "reserved", "unspecified", "site_local"):
+        if getattr(ip, f"is_{name}", False):  # site-local (fec0::/10, deprecated, still routed inside sites): IPv6
             return name.replace("_", "-")
     if not ip.is_global:
         return "not globally routable"

@@ -108,3 +108,44 @@ def test_the_etcd_auth_command_enables_once_then_updates(tmp_path: Path) -> None
         assert engine.get("/onepiece/ok") == [b"1"]
     finally:
         plain.stop()
+
+
+def test_a_client_started_before_auth_is_on_keeps_working_across_the_switch(tmp_path: Path) -> None:
+    """A deployment's processes may start before `onepiece etcd-auth` has run (nothing orders a Kubernetes
+    Job before the Deployments): they work without a token, then authenticate once etcd asks for one."""
+    plain = EtcdServer("etcd", tmp_path / "etcd").start()
+    try:
+        early = etcd_client(plain.url.replace("http://", "http://onepiece:engine-pw@"))
+        early.put("/onepiece/before", "1")
+        assert early.get("/onepiece/before") == [b"1"]
+        ensure_auth(plain.url, "r00t", "engine-pw")
+        early.put("/onepiece/after", "2")  # the same client: "user name is empty", then a token
+        assert early.get("/onepiece/after") == [b"2"]
+        with pytest.raises(Etcd3Exception):
+            etcd_client(plain.url).get("/onepiece/after")
+        assert "engine-pw" not in repr(early.clients[0].session.__dict__.get("_token"))
+    finally:
+        plain.stop()
+
+
+def test_a_custom_root_is_the_engine_users_prefix_and_a_stale_root_password_is_reset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONEPIECE_ETCD_ROOT", "/staging")
+    plain = EtcdServer("etcd", tmp_path / "etcd").start()
+    try:
+        anon = etcd_client(plain.url)
+        # an aborted earlier run left a root user with another password, auth still off
+        import requests
+
+        requests.post(plain.url + "/v3/auth/user/add", json={"name": "root", "password": "old"}, timeout=5)
+        assert ensure_auth(plain.url, "new-root", "engine-pw")  # enabled now
+        assert not ensure_auth(plain.url, "new-root", "engine-pw")  # root's password is the new one
+        engine = etcd_client(plain.url.replace("http://", "http://onepiece:engine-pw@"))
+        engine.put("/staging/routes/x", "1")
+        assert engine.get("/staging/routes/x") == [b"1"]
+        with pytest.raises(Etcd3Exception, match="Forbidden"):
+            engine.put("/onepiece/routes/x", "1")
+        with pytest.raises(Etcd3Exception):
+            anon.get("/staging/routes/x")
+    finally:
+        plain.stop()

@@ -80,6 +80,11 @@ def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, 
             assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(want)
             assert inst.startup["threads"] == want  # torch.get_num_threads() in the worker, after the budget
             assert report["instances"][iid]["threads"] == want
+            # its configuration (Redis and etcd URLs, passwords included) is not on its command line
+            with open(f"/proc/{inst.proc.pid}/cmdline", "rb") as f:
+                argv = f.read().decode().split("\0")
+            assert argv[-2:] == [iid, ""] and not any("redis://" in a or "password" in a for a in argv), argv
+            assert "redis://" in env["ONEPIECE_WORKER_CONFIG"]
     finally:
         tm.shutdown()
         etcd.delete_prefix("/onepiece/")

@@ -31,7 +31,7 @@ def test_submit_status_cancel_result(proxy_url, store) -> None:
 
 def test_wait_is_the_proxys_long_poll_in_rounds_within_the_http_timeout(proxy_url, store) -> None:
     """EngineClient.wait answers when the job ends, not at its timeout, even past one HTTP timeout."""
-    c = ProxyEngineClient(proxy_url, timeout=2.5)  # rounds of 1.5 s
+    c = ProxyEngineClient(proxy_url, timeout=3)  # rounds of 1.5 s
     uid = c.submit("sd-t2i", SD, {}).uid
     st = c.wait(uid, 0.2)
     assert st is not None and st.state == "queued"  # not finished: the status at the timeout

@@ -360,3 +360,31 @@ def test_https_to_the_vetted_address_with_the_names_certificate_and_dns_rebindin
         assert "CERTIFICATE_VERIFY_FAILED" in WebhookDelivery.objects.get(state=PENDING).last_error
     finally:
         receiver.stop()
+
+
+def test_the_admin_sends_again_only_failed_deliveries_and_a_run_claims_what_fits_in_a_lease(
+        alice: Any, hooks_settings: Any, rf: Any) -> None:
+    """A delivered row re-queued would reach its receiver twice, and a pending one may be in a worker's
+    hands: the admin's action re-queues failed rows only. run_once claims no more rows than it can send,
+    one by one, before its lease on them ends (else a second worker could send the same rows meanwhile)."""
+    from django.contrib.admin.sites import site
+    from django.contrib.messages.storage.fallback import FallbackStorage
+
+    user, client, key = alice
+    add_endpoint(client, "http://127.0.0.1:9/x")
+    rows = [WebhookDelivery.objects.get(job=finished_job(user, key_prefix(key))) for _ in range(3)]
+    for row, state in zip(rows, (DELIVERED, FAILED, PENDING), strict=True):
+        WebhookDelivery.objects.filter(pk=row.pk).update(state=state, claim_token="held" if state == PENDING else "")
+    request = rf.post("/admin/")
+    request.user = user
+    request.session = {}
+    request._messages = FallbackStorage(request)
+    site._registry[WebhookDelivery].send_again(request, WebhookDelivery.objects.filter(pk__in=[r.pk for r in rows]))
+    after = {r.pk: WebhookDelivery.objects.get(pk=r.pk) for r in rows}
+    assert after[rows[0].pk].state == DELIVERED
+    assert after[rows[1].pk].state == PENDING and after[rows[1].pk].claim_token == ""
+    assert after[rows[2].pk].claim_token == "held"  # a row in flight is left to its worker
+    hooks_settings.ONEPIECE = {**hooks_settings.ONEPIECE, "WEBHOOK_LEASE_S": 3.0, "WEBHOOK_TIMEOUT_S": 1.0}
+    for _ in range(5):
+        finished_job(user, key_prefix(key))
+    assert len(Deliverer().run_once()) == 2  # 3 s of lease, 1 s per attempt, one second to spare
