@@ -161,3 +161,4 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BEAT_SCHEDULE = {
     "clean-up": {"task": "onepiece.clean_up", "schedule": 3600.0},
 }
+DEFAULT_EXCEPTION_REPORTER_FILTER = "onepiece_platform.debug.RedactingReporterFilter"  # service URLs hold passwords
