@@ -143,6 +143,7 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 #endif
 
 #ifdef ONEPIECE_FAST
+#include <immintrin.h>
 #define UNIT 64ULL
 #define SLOT_MASK ((1ULL << 24) - 1)
 #define BYTE_MASK ((1ULL << 40) - 1)
@@ -155,6 +156,7 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 #define P_DELIVERED 32
 #define PRODUCER_ENTRY 64
 #define SLOT_ENTRY 64
+#define S_W2 16
 #define ST_FREE 0ULL
 #define ST_RESERVED 1ULL
 #define ST_COMMITTED 2ULL
@@ -162,10 +164,16 @@ static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 #define ST_ABANDON_ACKED 4ULL
 #define RECORD_MAGIC 0x3152504FU
 #define FLAG_SKIP 1
+#define FLAG_HEADER_ONLY 2     /* the checksum covers the header only (rings created with verify_payload=False) */
+#define KNOWN_FLAGS (FLAG_SKIP | FLAG_HEADER_ONLY)
 #define HEADER_COVERED 40
-#ifndef CHUNK
-#define CHUNK (128u << 10)
-#endif
+#define NOGIL_MIN (1u << 16)   /* release the GIL while copying or hashing at least this much */
+#define FUSE_MIN 1024          /* below this, hash a stack copy of header + payload in one call */
+
+/* Payloads of at least this many bytes are written with non-temporal stores: a copy that large
+ * evicts the caches anyway, and streaming stores skip the read-for-ownership of every line. Below
+ * it, ordinary stores leave the record in the shared cache, where the consumer reads it next. */
+static uint64_t stream_min = 1u << 20;
 
 #pragma pack(push, 1)
 typedef struct {
@@ -189,6 +197,146 @@ static inline int64_t slot_diff(uint64_t a, uint64_t b) {
     return d >= (1ULL << 23) ? (int64_t)d - (int64_t)(1ULL << 24) : (int64_t)d;
 }
 
+/* ---- one pass over the payload: xxh3-64 of (header[0:40] || payload), copying as it hashes ----
+ * The same function as XXH3_64bits() on the concatenation (the tests check it against the xxhash
+ * package), written out so that each 64-byte stripe is copied right after it is hashed, while it
+ * is in L1: memory sees one read and one write per byte, as for memcpy. Mode 0 hashes only (the
+ * consumer's verification), 1 copies with ordinary stores, 2 with non-temporal stores. */
+static inline __attribute__((always_inline)) void copy64(char *d, const char *s, int mode) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)s), b = _mm256_loadu_si256((const __m256i *)(s + 32));
+    if (mode == 2) {
+        _mm256_stream_si256((__m256i *)d, a); _mm256_stream_si256((__m256i *)(d + 32), b);
+    } else {
+        _mm256_storeu_si256((__m256i *)d, a); _mm256_storeu_si256((__m256i *)(d + 32), b);
+    }
+}
+
+static inline __attribute__((always_inline)) uint64_t
+hash_copy_long(char *dst, const char *src, size_t len, const void *hdr, int mode) {
+    const uint8_t *secret = XXH3_kSecret;
+    const size_t secret_size = sizeof(XXH3_kSecret);
+    const size_t per_block = (secret_size - XXH_STRIPE_LEN) / XXH_SECRET_CONSUME_RATE;
+    const size_t block_len = XXH_STRIPE_LEN * per_block;
+    const size_t total = HEADER_COVERED + len;  /* > 240, and len >= 64: XXH3's long-input path */
+    XXH_ALIGN(XXH_ACC_ALIGN) xxh_u64 acc[XXH_ACC_NB] = XXH3_INIT_ACC;
+    uint8_t first[XXH_STRIPE_LEN];  /* the one stripe that straddles header and payload */
+    memcpy(first, hdr, HEADER_COVERED);
+    memcpy(first + HEADER_COVERED, src, XXH_STRIPE_LEN - HEADER_COVERED);
+    const size_t nb_blocks = (total - 1) / block_len;
+    size_t v = 0;  /* offset in the virtual input header || payload */
+    /* after the stripe at v (> 0) is hashed, payload bytes [v - 64, v) are in L1: copy them */
+#define STRIPE(off) ((off) == 0 ? first : (const uint8_t *)src + (off) - HEADER_COVERED)
+#define COPY_AFTER(off) do { if (mode && (off)) copy64(dst + (off) - XXH_STRIPE_LEN, src + (off) - XXH_STRIPE_LEN, mode); } while (0)
+    for (size_t n = 0; n < nb_blocks; n++) {
+        for (size_t s = 0; s < per_block; s++, v += XXH_STRIPE_LEN) {
+            __builtin_prefetch(src + v + 512);
+            XXH3_accumulate_512(acc, STRIPE(v), secret + s * XXH_SECRET_CONSUME_RATE);
+            COPY_AFTER(v);
+        }
+        XXH3_scrambleAcc(acc, secret + secret_size - XXH_STRIPE_LEN);
+    }
+    const size_t nb_stripes = ((total - 1) - block_len * nb_blocks) / XXH_STRIPE_LEN;
+    for (size_t s = 0; s < nb_stripes; s++, v += XXH_STRIPE_LEN) {
+        XXH3_accumulate_512(acc, STRIPE(v), secret + s * XXH_SECRET_CONSUME_RATE);
+        COPY_AFTER(v);
+    }
+#undef STRIPE
+#undef COPY_AFTER
+    if (mode) {
+        size_t done = v ? v - XXH_STRIPE_LEN : 0;
+        if (mode == 2) _mm_sfence();  /* streamed lines are globally visible before the commit CAS */
+        memcpy(dst + done, src + done, len - done);
+    }
+    XXH3_accumulate_512(acc, (const uint8_t *)src + len - XXH_STRIPE_LEN,
+                        secret + secret_size - XXH_STRIPE_LEN - XXH_SECRET_LASTACC_START);
+    return XXH3_mergeAccs(acc, secret + XXH_SECRET_MERGEACCS_START, (xxh_u64)total * XXH_PRIME64_1);
+}
+
+static __attribute__((noinline)) uint64_t hash_only(const char *src, size_t len, const void *hdr) {
+    return hash_copy_long(NULL, src, len, hdr, 0);
+}
+static __attribute__((noinline)) uint64_t hash_copy_cached(char *dst, const char *src, size_t len, const void *hdr) {
+    return hash_copy_long(dst, src, len, hdr, 1);
+}
+static __attribute__((noinline)) uint64_t hash_copy_stream(char *dst, const char *src, size_t len, const void *hdr) {
+    return hash_copy_long(dst, src, len, hdr, 2);
+}
+
+static void copy_stream(char *dst, const char *src, size_t len) {
+    size_t i = 0;
+    for (; i + 64 <= len; i += 64) copy64(dst + i, src + i, 2);
+    _mm_sfence();
+    memcpy(dst + i, src + i, len - i);
+}
+
+/* Copy len payload bytes to dst (unless dst is NULL) and return the record's checksum:
+ * xxh3-64 over the 40 covered header bytes and, when `payload`, the payload. `stream`: 1 forces
+ * non-temporal stores, 0 decides by size. Call without the GIL for large lengths. */
+static uint64_t record_checksum(char *dst, const char *src, size_t len, const void *hdr, int payload, int stream) {
+    int nt = dst != NULL && ((uintptr_t)dst & 31) == 0 && (stream || len >= stream_min);
+    if (!payload) {
+        if (dst) {
+            if (nt) copy_stream(dst, src, len);
+            else memcpy(dst, src, len);
+        }
+        return XXH3_64bits(hdr, HEADER_COVERED);
+    }
+    if (len < FUSE_MIN) {
+        uint8_t tmp[HEADER_COVERED + FUSE_MIN];
+        memcpy(tmp, hdr, HEADER_COVERED);
+        memcpy(tmp + HEADER_COVERED, src, len);
+        if (dst) memcpy(dst, src, len);
+        return XXH3_64bits(tmp, HEADER_COVERED + len);
+    }
+    if (dst == NULL) return hash_only(src, len, hdr);
+    return nt ? hash_copy_stream(dst, src, len, hdr) : hash_copy_cached(dst, src, len, hdr);
+}
+
+/* record_checksum(header40, payload, out=None, stream=False) -> int: the checksum the ring writes,
+ * copying payload into `out` on the way (for the tests: it must equal xxh3_64(header40 + payload)). */
+static PyObject *py_record_checksum(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "record_checksum(header40, payload, out=None, stream=False, payload_covered=True)");
+        return NULL;
+    }
+    Py_buffer hdr, src, out = {0};
+    int have_out = nargs > 2 && args[2] != Py_None;
+    int stream = nargs > 3 ? PyObject_IsTrue(args[3]) : 0;
+    int covered = nargs > 4 ? PyObject_IsTrue(args[4]) : 1;
+    if (stream < 0 || covered < 0) return NULL;
+    if (PyObject_GetBuffer(args[0], &hdr, PyBUF_SIMPLE) < 0) return NULL;
+    if (hdr.len != HEADER_COVERED) {
+        PyBuffer_Release(&hdr);
+        PyErr_SetString(PyExc_ValueError, "the header must be 40 bytes");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &src, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&hdr); return NULL; }
+    if (have_out && PyObject_GetBuffer(args[2], &out, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&hdr); PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (have_out && out.len < src.len) {
+        PyBuffer_Release(&hdr); PyBuffer_Release(&src); PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "out is smaller than the payload");
+        return NULL;
+    }
+    uint64_t h;
+    Py_BEGIN_ALLOW_THREADS
+    h = record_checksum(have_out ? (char *)out.buf : NULL, (const char *)src.buf, (size_t)src.len, hdr.buf, covered, stream);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&hdr); PyBuffer_Release(&src);
+    if (have_out) PyBuffer_Release(&out);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+/* set_stream_min(bytes) -> previous: the size from which payloads are written with non-temporal stores */
+static PyObject *set_stream_min(PyObject *self, PyObject *arg) {
+    uint64_t v, prev = stream_min;
+    if (get_u64(arg, &v)) return NULL;
+    stream_min = v;
+    return PyLong_FromUnsignedLongLong(prev);
+}
+
 typedef struct { char *base; uint64_t b_off, s_off, p_off, slots, buf; } geom_t;
 
 static int parse_geom(PyObject *const *args, geom_t *g) {
@@ -197,6 +345,72 @@ static int parse_geom(PyObject *const *args, geom_t *g) {
         get_u64(args[3], &g->p_off) || get_u64(args[4], &g->slots) || get_u64(args[5], &g->buf)) return -1;
     g->base = (char *)(uintptr_t)base;
     return 0;
+}
+
+/* ---- producer: steps 1-7 of docs/ring-protocol.md for one message ---- */
+enum { SENT = 0, FULL = 1, FENCED = 2 };
+
+/* Called with the GIL held; releases it around large copies. */
+static int send_one(const geom_t *g, uint64_t producer, uint64_t epoch, uint64_t seq, uint64_t flags,
+                    const char *src, uint64_t len, uint64_t *slot_out, uint64_t *units_out, uint64_t *retries) {
+    char *b = g->base;
+    uint64_t need = (UNIT + len + UNIT - 1) / UNIT;
+    uint64_t tail, ts, tb, units, start, slot, phys;
+    for (;;) {                                                        /* [P1] + [P2] */
+        tail = ld(b, C_TAIL);
+        uint64_t head = ld(b, C_HEAD);
+        ts = tail >> 40; tb = tail & BYTE_MASK;
+        uint64_t hs = head >> 40, hb = head & BYTE_MASK;
+        uint64_t p = tb % g->buf;
+        units = (p + need * UNIT <= g->buf) ? need : need + (g->buf - p) / UNIT;
+        uint64_t used = (tb - hb) & BYTE_MASK;
+        if (((ts - hs) & SLOT_MASK) >= g->slots || used + units * UNIT > g->buf) return FULL;
+        uint64_t nt = (((ts + 1) & SLOT_MASK) << 40) | ((tb + units * UNIT) & BYTE_MASK);
+        if (cas(b, C_TAIL, tail, nt) == tail) break;
+        (*retries)++;
+    }
+    slot = ts; start = tb;
+    uint64_t so = g->s_off + (slot % g->slots) * SLOT_ENTRY;
+    uint64_t w1 = ld(b, so + 8);
+    for (;;) {                                                        /* [P3] */
+        if (slot_diff(w1 >> 40, slot) > 0) return FENCED;  /* zombie from an older lap */
+        uint64_t prev = cas(b, so + 8, w1, ((slot & SLOT_MASK) << 40) | (start & BYTE_MASK));
+        if (prev == w1) break;
+        w1 = prev;
+    }
+    uint64_t freew = w0(slot, ST_FREE, 0, 0), claimed = w0(slot, ST_RESERVED, producer, units);
+    if (cas(b, so, freew, claimed) != freew) return FENCED;           /* [P4] */
+    {                                                                 /* [P5] */
+        uint64_t p = start % g->buf;
+        phys = (p + units * UNIT > g->buf) ? 0 : p;
+        record_t *rec = (record_t *)(b + g->b_off + phys);
+        rec->magic = RECORD_MAGIC; rec->producer = (uint16_t)producer; rec->flags = (uint16_t)flags;
+        rec->epoch = (uint32_t)epoch; rec->hv = 1; rec->seq = seq; rec->length = len; rec->slot = slot & SLOT_MASK;
+        rec->checksum = 0;
+        char *dst = b + g->b_off + phys + UNIT;
+        int payload = !(flags & FLAG_HEADER_ONLY);
+        uint64_t h;
+        if (len >= NOGIL_MIN) {
+            Py_BEGIN_ALLOW_THREADS
+            h = record_checksum(dst, src, len, rec, payload, 0);
+            Py_END_ALLOW_THREADS
+        } else {
+            h = record_checksum(dst, src, len, rec, payload, 0);
+        }
+        rec->checksum = h;
+    }
+    if (cas(b, so, claimed, w0(slot, ST_COMMITTED, producer, units)) != claimed) {   /* [P6] */
+        uint64_t stolen = w0(slot, ST_ABANDONED, producer, units);
+        cas(b, so, stolen, w0(slot, ST_ABANDON_ACKED, producer, units));
+        return FENCED;
+    }
+    if (ld(b, C_CONSUMER_WAITING)) {                                  /* [P7] */
+        __atomic_fetch_add((uint32_t *)(b + C_DOORBELL), 1, __ATOMIC_ACQ_REL);
+        syscall(SYS_futex, (uint32_t *)(b + C_DOORBELL), FUTEX_WAKE, 1 << 30, NULL, NULL, 0);
+    }
+    *slot_out = slot;
+    *units_out = units;
+    return SENT;
 }
 
 /* ring_send(base, b_off, s_off, p_off, slots, buf, producer, epoch, seq, flags, data)
@@ -209,135 +423,290 @@ static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
         get_u64(args[8], &seq) || get_u64(args[9], &flags)) return NULL;
     Py_buffer data;
     if (PyObject_GetBuffer(args[10], &data, PyBUF_SIMPLE) < 0) return NULL;
-    char *b = g.base;
-    uint64_t len = (uint64_t)data.len;
-    uint64_t need = (UNIT + len + UNIT - 1) / UNIT;
-    uint64_t retries = 0, tail, ts, tb, units, start, slot, phys;
-    for (;;) {
-        tail = ld(b, C_TAIL);
-        uint64_t head = ld(b, C_HEAD);
-        ts = tail >> 40; tb = tail & BYTE_MASK;
-        uint64_t hs = head >> 40, hb = head & BYTE_MASK;
-        uint64_t p = tb % g.buf;
-        units = (p + need * UNIT <= g.buf) ? need : need + (g.buf - p) / UNIT;
-        uint64_t used = (tb - hb) & BYTE_MASK;
-        if (((ts - hs) & SLOT_MASK) >= g.slots || used + units * UNIT > g.buf) {
-            PyBuffer_Release(&data);
-            return Py_BuildValue("(iKKK)", 1, 0ULL, 0ULL, (unsigned long long)retries);
-        }
-        uint64_t nt = (((ts + 1) & SLOT_MASK) << 40) | ((tb + units * UNIT) & BYTE_MASK);
-        if (cas(b, C_TAIL, tail, nt) == tail) break;
-        retries++;
-    }
-    slot = ts; start = tb;
-    uint64_t so = g.s_off + (slot % g.slots) * SLOT_ENTRY;
-    uint64_t w1 = ld(b, so + 8);
-    for (;;) {
-        if (slot_diff(w1 >> 40, slot) > 0) goto fenced;  /* zombie from an older lap */
-        uint64_t prev = cas(b, so + 8, w1, ((slot & SLOT_MASK) << 40) | (start & BYTE_MASK));
-        if (prev == w1) break;
-        w1 = prev;
-    }
-    uint64_t freew = w0(slot, ST_FREE, 0, 0), claimed = w0(slot, ST_RESERVED, producer, units);
-    if (cas(b, so, freew, claimed) != freew) goto fenced;
-    {
-        uint64_t p = start % g.buf;
-        phys = (p + units * UNIT > g.buf) ? 0 : p;
-        record_t *rec = (record_t *)(b + g.b_off + phys);
-        rec->magic = RECORD_MAGIC; rec->producer = (uint16_t)producer; rec->flags = (uint16_t)flags;
-        rec->epoch = (uint32_t)epoch; rec->hv = 1; rec->seq = seq; rec->length = len; rec->slot = slot & SLOT_MASK;
-        rec->checksum = 0;
-        char *dst = b + g.b_off + phys + UNIT;
-        XXH3_state_t state;
-        XXH3_64bits_reset(&state);
-        XXH3_64bits_update(&state, rec, HEADER_COVERED);
-        const char *src = (const char *)data.buf;
-        if (len >= (1u << 16)) {
-            Py_BEGIN_ALLOW_THREADS
-            for (uint64_t a = 0; a < len; a += CHUNK) {  /* hash, then copy while still in cache */
-                uint64_t n = len - a < CHUNK ? len - a : CHUNK;
-                XXH3_64bits_update(&state, src + a, n);
-                memcpy(dst + a, src + a, n);
-            }
-            Py_END_ALLOW_THREADS
-        } else {
-            memcpy(dst, src, len);
-            XXH3_64bits_update(&state, src, len);
-        }
-        rec->checksum = XXH3_64bits_digest(&state);
-    }
+    uint64_t slot = 0, units = 0, retries = 0;
+    int status = send_one(&g, producer, epoch, seq, flags, (const char *)data.buf, (uint64_t)data.len, &slot, &units,
+                          &retries);
     PyBuffer_Release(&data);
-    if (cas(b, so, claimed, w0(slot, ST_COMMITTED, producer, units)) != claimed) {
-        uint64_t stolen = w0(slot, ST_ABANDONED, producer, units);
-        cas(b, so, stolen, w0(slot, ST_ABANDON_ACKED, producer, units));
-        return Py_BuildValue("(iKKK)", 2, (unsigned long long)slot, (unsigned long long)units,
-                             (unsigned long long)retries);
-    }
-    if (ld(b, C_CONSUMER_WAITING)) {
-        __atomic_fetch_add((uint32_t *)(b + C_DOORBELL), 1, __ATOMIC_ACQ_REL);
-        syscall(SYS_futex, (uint32_t *)(b + C_DOORBELL), FUTEX_WAKE, 1 << 30, NULL, NULL, 0);
-    }
-    return Py_BuildValue("(iKKK)", 0, (unsigned long long)slot, (unsigned long long)units,
+    return Py_BuildValue("(iKKK)", status, (unsigned long long)slot, (unsigned long long)units,
                          (unsigned long long)retries);
-fenced:
-    PyBuffer_Release(&data);
-    return Py_BuildValue("(iKKK)", 2, 0ULL, 0ULL, (unsigned long long)retries);
 }
 
-/* ring_take(base, b_off, s_off, p_off, slots, buf, cursor, cursor_bytes)
+/* ring_send_many(base, b_off, s_off, p_off, slots, buf, producer, epoch, first_seq, flags, messages, start)
+ *   -> (status, sent, slots, cas_retries): sends messages[start:] in order, message i with sequence
+ *   number first_seq + i - start, until one does not commit; `sent` committed, their slots listed;
+ *   status as for ring_send, of the message after the last sent one (0 when all were sent). */
+static PyObject *ring_send_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    geom_t g;
+    uint64_t producer, epoch, seq, flags, start;
+    if (nargs != 12) { PyErr_SetString(PyExc_TypeError, "ring_send_many takes 12 arguments"); return NULL; }
+    if (parse_geom(args, &g) || get_u64(args[6], &producer) || get_u64(args[7], &epoch) ||
+        get_u64(args[8], &seq) || get_u64(args[9], &flags) || get_u64(args[11], &start)) return NULL;
+    PyObject *seqobj = PySequence_Fast(args[10], "messages must be a sequence of buffers");
+    if (!seqobj) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seqobj);
+    PyObject **items = PySequence_Fast_ITEMS(seqobj);
+    PyObject *slots = PyList_New(0);
+    if (!slots) { Py_DECREF(seqobj); return NULL; }
+    uint64_t retries = 0;
+    int status = SENT;
+    for (Py_ssize_t i = (Py_ssize_t)start; i < n; i++) {
+        Py_buffer data;
+        if (PyObject_GetBuffer(items[i], &data, PyBUF_SIMPLE) < 0) goto error;
+        uint64_t slot = 0, units = 0;
+        status = send_one(&g, producer, epoch, seq, flags, (const char *)data.buf, (uint64_t)data.len, &slot, &units,
+                          &retries);
+        PyBuffer_Release(&data);
+        if (status != SENT) break;
+        seq++;
+        PyObject *s = PyLong_FromUnsignedLongLong(slot);
+        if (!s || PyList_Append(slots, s) < 0) { Py_XDECREF(s); goto error; }
+        Py_DECREF(s);
+    }
+    Py_DECREF(seqobj);
+    return Py_BuildValue("(inNK)", status, PyList_GET_SIZE(slots), slots, (unsigned long long)retries);
+error:
+    Py_DECREF(seqobj);
+    Py_DECREF(slots);
+    return NULL;
+}
+
+/* ---- consumer: the common case at the cursor ---- */
+enum { TAKEN = 0, EMPTY = 1, NOT_COMMITTED = 2, CORRUPT = 3, STALE = 4, DUPLICATE = 5, OUT_OF_ORDER = 6 };
+
+typedef struct { uint64_t producer, epoch, seq, flags, off, length, units; } take_t;
+
+/* Examine slot c whose span starts at logical byte cb. TAKEN updates DELIVERED[p] (not CURSOR);
+ * CORRUPT..OUT_OF_ORDER set t->units (the caller skips the slot). Releases the GIL for large
+ * payloads (call with it held). */
+static int take_one(const geom_t *g, uint64_t c, uint64_t cb, int header_only_ok, take_t *t) {
+    char *b = g->base;
+    if ((ld(b, C_TAIL) >> 40) == (c & SLOT_MASK)) return EMPTY;
+    uint64_t so = g->s_off + (c % g->slots) * SLOT_ENTRY;
+    uint64_t w = ld(b, so);
+    uint64_t wslot = w >> 40, state = (w >> 36) & 0xF, producer = (w >> 24) & 0xFFF, units = w & 0xFFFFFF;
+    if (wslot != (c & SLOT_MASK) || state != ST_COMMITTED) return NOT_COMMITTED;
+    t->units = units;
+    uint64_t p = cb % g->buf;
+    uint64_t phys = (p + units * UNIT > g->buf) ? 0 : p;
+    uint64_t span = units * UNIT;
+    record_t *rec = (record_t *)(b + g->b_off + phys);
+    if (span < UNIT || phys + span > g->buf || rec->magic != RECORD_MAGIC || rec->hv != 1 ||
+        rec->length > span - UNIT || (rec->flags & ~KNOWN_FLAGS) || rec->producer != producer ||
+        rec->slot != (c & SLOT_MASK) || ((rec->flags & FLAG_HEADER_ONLY) && !header_only_ok))
+        return CORRUPT;
+    uint64_t len = rec->length, h;
+    int payload = !(rec->flags & FLAG_HEADER_ONLY);
+    if (payload && len >= NOGIL_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        h = record_checksum(NULL, (char *)rec + UNIT, len, rec, 1, 0);
+        Py_END_ALLOW_THREADS
+    } else {
+        h = record_checksum(NULL, (char *)rec + UNIT, len, rec, payload, 0);
+    }
+    if (h != rec->checksum) return CORRUPT;
+    uint64_t po = g->p_off + producer * PRODUCER_ENTRY;
+    uint64_t owner_epoch = (ld(b, po + P_OWNER) >> 8) & 0xFFFFFF;
+    uint64_t epoch = rec->epoch, seq = rec->seq;
+    if (epoch != owner_epoch) return STALE;
+    uint64_t dw = ld(b, po + P_DELIVERED);
+    uint64_t nxt = ((dw >> 40) == epoch) ? (dw & BYTE_MASK) : 0;
+    if (seq != nxt) return seq < nxt ? DUPLICATE : OUT_OF_ORDER;
+    st(b, po + P_DELIVERED, ((epoch & 0xFFFFFF) << 40) | ((seq + 1) & BYTE_MASK));
+    t->producer = producer; t->epoch = epoch; t->seq = seq; t->flags = rec->flags;
+    t->off = g->b_off + phys + UNIT; t->length = len;
+    return TAKEN;
+}
+
+/* ring_take(base, b_off, s_off, p_off, slots, buf, cursor, cursor_bytes[, header_only_ok[, at_cursor]])
  *   -> (status, producer, epoch, seq, flags, payload_offset, length, units)
  * status: 0 delivered (DELIVERED and CURSOR updated), 1 empty, 2 not committed (Python decides:
  * wait, look ahead or steal), 3 corrupt, 4 stale epoch, 5 duplicate, 6 out of order. For 3-6 the
- * caller skips the slot. Only the common case lives here. */
+ * caller skips the slot. Only the common case lives here. With at_cursor 0 (look-ahead: a slot
+ * past the cursor, whose span start the caller read from its W1) CURSOR is left alone. */
 static PyObject *ring_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     geom_t g;
-    uint64_t c, cb;
-    if (nargs != 8) { PyErr_SetString(PyExc_TypeError, "ring_take takes 8 arguments"); return NULL; }
-    if (parse_geom(args, &g) || get_u64(args[6], &c) || get_u64(args[7], &cb)) return NULL;
-    char *b = g.base;
-    if ((ld(b, C_TAIL) >> 40) == c) return Py_BuildValue("(iiiKiKKK)", 1, 0, 0, 0ULL, 0, 0ULL, 0ULL, 0ULL);
-    uint64_t so = g.s_off + (c % g.slots) * SLOT_ENTRY;
-    uint64_t w = ld(b, so);
-    uint64_t wslot = w >> 40, state = (w >> 36) & 0xF, producer = (w >> 24) & 0xFFF, units = w & 0xFFFFFF;
-    if (wslot != (c & SLOT_MASK) || state != ST_COMMITTED)
-        return Py_BuildValue("(iiiKiKKK)", 2, 0, 0, 0ULL, 0, 0ULL, 0ULL, 0ULL);
-    uint64_t p = cb % g.buf;
-    uint64_t phys = (p + units * UNIT > g.buf) ? 0 : p;
-    uint64_t span = units * UNIT;
-    record_t *rec = (record_t *)(b + g.b_off + phys);
-    int status = 0;
-    if (span < UNIT || phys + span > g.buf || rec->magic != RECORD_MAGIC || rec->hv != 1 ||
-        rec->length > span - UNIT || (rec->flags & ~FLAG_SKIP) || rec->producer != producer ||
-        rec->slot != (c & SLOT_MASK)) {
-        status = 3;
-    } else {
-        XXH3_state_t st3;
-        XXH3_64bits_reset(&st3);
-        XXH3_64bits_update(&st3, rec, HEADER_COVERED);
-        uint64_t len = rec->length;
-        if (len >= (1u << 16)) {
-            Py_BEGIN_ALLOW_THREADS
-            XXH3_64bits_update(&st3, (char *)rec + UNIT, len);
-            Py_END_ALLOW_THREADS
-        } else {
-            XXH3_64bits_update(&st3, (char *)rec + UNIT, len);
-        }
-        if (XXH3_64bits_digest(&st3) != rec->checksum) status = 3;
+    uint64_t c, cb, hok = 0, at_cursor = 1;
+    if (nargs < 8 || nargs > 10) { PyErr_SetString(PyExc_TypeError, "ring_take takes 8 to 10 arguments"); return NULL; }
+    if (parse_geom(args, &g) || get_u64(args[6], &c) || get_u64(args[7], &cb) ||
+        (nargs >= 9 && get_u64(args[8], &hok)) || (nargs == 10 && get_u64(args[9], &at_cursor))) return NULL;
+    take_t t = {0};
+    int status = take_one(&g, c, cb, (int)hok, &t);
+    if (status == TAKEN) {
+        if (at_cursor) st(g.base, C_CURSOR, (c + 1) & SLOT_MASK);
+        return Py_BuildValue("(iiiKiKKK)", 0, (int)t.producer, (int)t.epoch, (unsigned long long)t.seq, (int)t.flags,
+                             (unsigned long long)t.off, (unsigned long long)t.length, (unsigned long long)t.units);
     }
-    if (status == 3) return Py_BuildValue("(iiiKiKKK)", 3, 0, 0, 0ULL, 0, 0ULL, 0ULL, (unsigned long long)units);
-    uint64_t po = g.p_off + producer * PRODUCER_ENTRY;
-    uint64_t owner_epoch = (ld(b, po + P_OWNER) >> 8) & 0xFFFFFF;
-    uint64_t epoch = rec->epoch, seq = rec->seq;
-    if (epoch != owner_epoch) return Py_BuildValue("(iiiKiKKK)", 4, 0, 0, 0ULL, 0, 0ULL, 0ULL, (unsigned long long)units);
-    uint64_t dw = ld(b, po + P_DELIVERED);
-    uint64_t nxt = ((dw >> 40) == epoch) ? (dw & BYTE_MASK) : 0;
-    if (seq != nxt)
-        return Py_BuildValue("(iiiKiKKK)", seq < nxt ? 5 : 6, 0, 0, 0ULL, 0, 0ULL, 0ULL, (unsigned long long)units);
-    st(b, po + P_DELIVERED, ((epoch & 0xFFFFFF) << 40) | ((seq + 1) & BYTE_MASK));
-    st(b, C_CURSOR, (c + 1) & SLOT_MASK);
-    return Py_BuildValue("(iiiKiKKK)", 0, (int)producer, (int)epoch, (unsigned long long)seq, (int)rec->flags,
-                         (unsigned long long)(g.b_off + phys + UNIT), (unsigned long long)rec->length,
-                         (unsigned long long)units);
+    return Py_BuildValue("(iiiKiKKK)", status, 0, 0, 0ULL, 0, 0ULL, 0ULL, (unsigned long long)t.units);
+}
+
+/* One slot of a run taken by ring_take_many (32 bytes; engine/transport/ring/consumer.py reads
+ * it with struct format RUN_ENTRY). */
+enum { RUN_DELIVERED = 0, RUN_SKIP_RECORD = 1, RUN_DROPPED = 2 };
+#pragma pack(push, 1)
+typedef struct {
+    uint8_t kind;      /* RUN_*: delivered (a view), a skip record (acknowledged, no view), dropped */
+    uint8_t why;       /* the take status of a dropped slot (3-6) */
+    uint16_t producer;
+    uint32_t epoch;
+    uint64_t seq;
+    uint32_t units;
+    uint32_t view;     /* index into the run's views (RUN_DELIVERED) */
+    uint64_t reserved;
+} run_entry_t;
+#pragma pack(pop)
+
+/* ring_take_many(base, b_off, s_off, p_off, slots, buf, cursor, cursor_bytes, max_n, header_only_ok, ro)
+ *   -> (n, stop, cursor_bytes, entries, views, counts)
+ * Takes up to max_n consecutive slots from the cursor, each as ring_take would: delivered records
+ * become read-only views (slices of `ro`, the region's read-only view), corrupt, stale, duplicate
+ * and out-of-order ones are dropped in place; stops at the first empty (stop 1) or uncommitted
+ * (stop 2) slot, or after max_n (stop 0). Publishes CURSOR once, past the n slots, and returns
+ * the logical byte where the next slot starts. `entries` holds n run_entry_t;
+ * counts = (delivered, skip records, corrupt, stale, duplicates, out of order). */
+static PyObject *ring_take_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    geom_t g;
+    uint64_t c, cb, max_n, hok;
+    if (nargs != 11) { PyErr_SetString(PyExc_TypeError, "ring_take_many takes 11 arguments"); return NULL; }
+    if (parse_geom(args, &g) || get_u64(args[6], &c) || get_u64(args[7], &cb) || get_u64(args[8], &max_n) ||
+        get_u64(args[9], &hok)) return NULL;
+    PyObject *ro = args[10];
+    if (max_n > (1u << 20)) max_n = 1u << 20;
+    PyObject *views = PyList_New(0);
+    if (!views) return NULL;
+    run_entry_t small[64];
+    run_entry_t *ent = max_n <= 64 ? small : PyMem_Malloc(max_n * sizeof(run_entry_t));
+    if (!ent) { Py_DECREF(views); return PyErr_NoMemory(); }
+    uint64_t counts[7] = {0};
+    uint64_t n = 0;
+    int stop = 0;
+    for (; n < max_n; n++) {
+        take_t t = {0};
+        int status = take_one(&g, c, cb, (int)hok, &t);
+        if (status == EMPTY || status == NOT_COMMITTED) { stop = status; break; }
+        run_entry_t *e = &ent[n];
+        memset(e, 0, sizeof *e);
+        e->units = (uint32_t)t.units;
+        if (status == TAKEN) {
+            e->producer = (uint16_t)t.producer; e->epoch = (uint32_t)t.epoch; e->seq = t.seq;
+            if (t.flags & FLAG_SKIP) {
+                e->kind = RUN_SKIP_RECORD;
+                counts[1]++;
+            } else {
+                e->kind = RUN_DELIVERED;
+                e->view = (uint32_t)PyList_GET_SIZE(views);
+                PyObject *lo = PyLong_FromUnsignedLongLong(t.off);
+                PyObject *hi = PyLong_FromUnsignedLongLong(t.off + t.length);
+                PyObject *sl = lo && hi ? PySlice_New(lo, hi, NULL) : NULL;
+                Py_XDECREF(lo); Py_XDECREF(hi);
+                PyObject *v = sl ? PyObject_GetItem(ro, sl) : NULL;
+                Py_XDECREF(sl);
+                if (!v || PyList_Append(views, v) < 0) {
+                    /* the record is taken (DELIVERED moved): publish the cursor past it regardless, so
+                     * the producer's go-back-N resends it; the error propagates */
+                    Py_XDECREF(v);
+                    st(g.base, C_CURSOR, (c + 1) & SLOT_MASK);
+                    if (ent != small) PyMem_Free(ent);
+                    Py_DECREF(views);
+                    return NULL;
+                }
+                Py_DECREF(v);
+                counts[0]++;
+            }
+        } else {
+            e->kind = RUN_DROPPED;
+            e->why = (uint8_t)status;
+            counts[status - 1]++;
+        }
+        c = (c + 1) & SLOT_MASK;
+        cb = (cb + t.units * UNIT) & BYTE_MASK;
+    }
+    if (n) st(g.base, C_CURSOR, c);
+    PyObject *entries = PyBytes_FromStringAndSize((const char *)ent, (Py_ssize_t)(n * sizeof(run_entry_t)));
+    if (ent != small) PyMem_Free(ent);
+    if (!entries) { Py_DECREF(views); return NULL; }
+    return Py_BuildValue("(KiKNN(KKKKKK))", (unsigned long long)n, stop, (unsigned long long)cb, entries, views,
+                         (unsigned long long)counts[0], (unsigned long long)counts[1], (unsigned long long)counts[2],
+                         (unsigned long long)counts[3], (unsigned long long)counts[4], (unsigned long long)counts[5]);
+}
+
+static int parse_run(PyObject *const *args, char **base, uint64_t *s_off, uint64_t *slots, Py_buffer *entries,
+                     uint64_t *first, uint64_t *i0, uint64_t *i1) {
+    uint64_t b;
+    if (get_u64(args[0], &b) || get_u64(args[1], s_off) || get_u64(args[2], slots) ||
+        get_u64(args[4], first) || get_u64(args[5], i0) || get_u64(args[6], i1)) return -1;
+    *base = (char *)(uintptr_t)b;
+    if (PyObject_GetBuffer(args[3], entries, PyBUF_SIMPLE) < 0) return -1;
+    if (*i0 > *i1 || *i1 * sizeof(run_entry_t) > (uint64_t)entries->len) {
+        PyBuffer_Release(entries);
+        PyErr_SetString(PyExc_ValueError, "run range out of bounds");
+        return -1;
+    }
+    return 0;
+}
+
+/* ring_run_mark(base, s_off, slots, entries, first_slot, i0, i1): the release marks (W2) of the
+ * delivered slots i0 <= i < i1 of a run (crash recovery skips what they mark). */
+static PyObject *ring_run_mark(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    char *b; uint64_t s_off, slots, first, i0, i1;
+    Py_buffer eb;
+    if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "ring_run_mark takes 7 arguments"); return NULL; }
+    if (parse_run(args, &b, &s_off, &slots, &eb, &first, &i0, &i1)) return NULL;
+    const run_entry_t *ent = (const run_entry_t *)eb.buf;
+    for (uint64_t i = i0; i < i1; i++) {
+        if (ent[i].kind != RUN_DELIVERED) continue;
+        uint64_t s = (first + i) & SLOT_MASK;
+        st(b, s_off + (s % slots) * SLOT_ENTRY + S_W2, (s << 40) | 1);
+    }
+    PyBuffer_Release(&eb);
+    Py_RETURN_NONE;
+}
+
+/* ring_run_free(base, s_off, slots, entries, first_slot, i0, i1) -> (bytes, acks)
+ * The HEAD advance over slots i0 <= i < i1 of a run: each W0 is reset to (slot + S, FREE) for the
+ * next lap; returns the bytes they span and, per producer, the (producer, epoch, next seq) that
+ * ACKED[producer] becomes (the caller publishes ACKED, then HEAD). */
+static PyObject *ring_run_free(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    char *b; uint64_t s_off, slots, first, i0, i1;
+    Py_buffer eb;
+    if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "ring_run_free takes 7 arguments"); return NULL; }
+    if (parse_run(args, &b, &s_off, &slots, &eb, &first, &i0, &i1)) return NULL;
+    const run_entry_t *ent = (const run_entry_t *)eb.buf;
+    uint64_t bytes = 0;
+    int np = 0;
+    struct { uint16_t p; uint32_t epoch; uint64_t next; } acks[16];
+    PyObject *extra = NULL;  /* more than 16 producers in one range: a dict */
+    for (uint64_t i = i0; i < i1; i++) {
+        uint64_t s = (first + i) & SLOT_MASK;
+        st(b, s_off + (s % slots) * SLOT_ENTRY, w0(s + slots, ST_FREE, 0, 0));
+        bytes += (uint64_t)ent[i].units * UNIT;
+        if (ent[i].kind == RUN_DROPPED) continue;
+        int k = 0;
+        while (k < np && acks[k].p != ent[i].producer) k++;
+        if (k == np) {
+            if (np == 16) {
+                if (!extra && !(extra = PyDict_New())) { PyBuffer_Release(&eb); return NULL; }
+                PyObject *key = PyLong_FromLong(ent[i].producer);
+                PyObject *val = Py_BuildValue("(kK)", (unsigned long)ent[i].epoch, (unsigned long long)(ent[i].seq + 1));
+                int rc = key && val ? PyDict_SetItem(extra, key, val) : -1;
+                Py_XDECREF(key); Py_XDECREF(val);
+                if (rc < 0) { Py_DECREF(extra); PyBuffer_Release(&eb); return NULL; }
+                continue;
+            }
+            np++;
+        }
+        acks[k].p = ent[i].producer; acks[k].epoch = ent[i].epoch; acks[k].next = ent[i].seq + 1;
+    }
+    PyBuffer_Release(&eb);
+    PyObject *out = extra ? extra : PyDict_New();
+    if (!out) return NULL;
+    for (int k = 0; k < np; k++) {
+        PyObject *key = PyLong_FromLong(acks[k].p);
+        PyObject *val = Py_BuildValue("(kK)", (unsigned long)acks[k].epoch, (unsigned long long)acks[k].next);
+        int rc = key && val ? PyDict_SetItem(out, key, val) : -1;
+        Py_XDECREF(key); Py_XDECREF(val);
+        if (rc < 0) { Py_DECREF(out); return NULL; }
+    }
+    return Py_BuildValue("(KN)", (unsigned long long)bytes, out);
 }
 #pragma GCC pop_options
 #endif /* ONEPIECE_FAST */
@@ -355,6 +724,12 @@ static PyMethodDef methods[] = {
 #ifdef ONEPIECE_FAST
     {"ring_send", (PyCFunction)(void (*)(void))ring_send, METH_FASTCALL, "the producer's steps 1-7 for a local region"},
     {"ring_take", (PyCFunction)(void (*)(void))ring_take, METH_FASTCALL, "the consumer's common case for a local region"},
+    {"ring_send_many", (PyCFunction)(void (*)(void))ring_send_many, METH_FASTCALL, "ring_send for each of a sequence of messages"},
+    {"ring_take_many", (PyCFunction)(void (*)(void))ring_take_many, METH_FASTCALL, "ring_take for a run of slots at the cursor"},
+    {"ring_run_mark", (PyCFunction)(void (*)(void))ring_run_mark, METH_FASTCALL, "release marks (W2) of a run's delivered slots"},
+    {"ring_run_free", (PyCFunction)(void (*)(void))ring_run_free, METH_FASTCALL, "the HEAD advance over part of a run"},
+    {"ring_record_checksum", (PyCFunction)(void (*)(void))py_record_checksum, METH_FASTCALL, "the ring's fused copy and checksum (tests)"},
+    {"ring_set_stream_min", set_stream_min, METH_O, "payload size from which copies use non-temporal stores"},
 #endif
     {NULL, NULL, 0, NULL},
 };
