@@ -26,6 +26,8 @@ C_CONSUMER_PID = 576
 C_CONSUMER_START = 584
 C_HEARTBEAT = 640
 C_CLOSED = 704
+C_OPTIONS = 768  # ring options, set by the consumer when it formats the ring (OPT_*)
+OPT_HEADER_ONLY = 1  # records may carry a checksum over the header only (RingConfig.verify_payload=False)
 
 PRODUCER_ENTRY = 64
 P_OWNER, P_PID, P_START, P_ACKED, P_DELIVERED = 0, 8, 16, 24, 32
@@ -47,6 +49,8 @@ BYTE_MASK = (1 << BYTE_BITS) - 1
 MAX_PRODUCERS = (1 << 12) - 1
 NOBODY = 0xFFF  # producer field of a slot stolen before anyone claimed it
 FLAG_SKIP = 1  # record flag: consume the sequence number, deliver nothing (aborted reservation)
+FLAG_HEADER_ONLY = 2  # record flag: the checksum covers the header only (accepted only by OPT_HEADER_ONLY rings)
+KNOWN_FLAGS = FLAG_SKIP | FLAG_HEADER_ONLY
 REMOTE = 1 << 63  # pid field flag: a remote producer identified by its connection
 MAX_UNITS = (1 << 24) - 1
 SEQ_BITS = 40
@@ -57,6 +61,11 @@ RECORD = struct.Struct("<IHHIIQQQQ")
 RECORD_MAGIC = 0x3152_504F  # "OPR1"
 RECORD_HEADER = UNIT  # header occupies one unit; payload starts 64-byte aligned
 CHECKSUM_COVERS = RECORD.size - 8  # checksum covers the header up to (not including) itself
+
+# One slot of a run taken natively by the consumer (engine/transport/_atomics.c, run_entry_t):
+# kind, why (take status of a dropped slot), producer, epoch, seq, units, view index, reserved.
+RUN_ENTRY = struct.Struct("<BBHIQIIQ")
+RUN_DELIVERED, RUN_SKIP_RECORD, RUN_DROPPED = 0, 1, 2
 
 
 def pack_pos(slot: int, nbytes: int) -> int:
@@ -141,6 +150,6 @@ def parse_record(buf: memoryview | bytes, offset: int, span: int) -> RecordHeade
         raise RecordError(f"unsupported record header version {hv}")
     if length > span - RECORD_HEADER:
         raise RecordError(f"record claims {length} payload bytes in a {span}-byte span")
-    if flags & ~FLAG_SKIP:
+    if flags & ~KNOWN_FLAGS:
         raise RecordError(f"unknown record flags {flags:#x}")
     return RecordHeader(producer, flags, epoch, seq, length, slot, checksum)

@@ -31,6 +31,9 @@ class MemoryRegion(abc.ABC):
 
     name: str
     size: int
+    # Whether every byte a producer writes arrives in the owner's memory as written, checked by the
+    # transport itself (not by the ring's checksum): what a ring needs for RingConfig.verify_payload=False.
+    payload_integrity: bool = False
 
     @abc.abstractmethod
     def read_into(self, offset: int, out: memoryview) -> None:

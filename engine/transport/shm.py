@@ -47,6 +47,9 @@ def process_start_time(pid: int) -> int:
 
 
 class ShmRegion(MemoryRegion):
+    # producers write the owner's pages with CPU stores: nothing travels but cache lines
+    payload_integrity = True
+
     def __init__(self, name: str, fd: int, size: int, owner: bool, path: str | None = None) -> None:
         """Map ``fd`` (-1: anonymous memory private to this process, used by the TCP agent)."""
         self.name = name

@@ -18,10 +18,11 @@ same code runs over shared memory, the TCP emulation and RDMA verbs.
 from __future__ import annotations
 
 from engine.transport.ring.base import RingConfig, RingStats
-from engine.transport.ring.consumer import Delivery, RingConsumer
+from engine.transport.ring.consumer import Batch, Delivery, RingConsumer
 from engine.transport.ring.producer import Reservation, RingProducer
 
 __all__ = [
+    "Batch",
     "Delivery",
     "Reservation",
     "RingConfig",

@@ -11,16 +11,20 @@ from engine.transport.errors import (
 )
 from engine.transport.region import MemoryRegion
 
-try:  # native fast paths; absent when the extension was built without xxhash.h
+try:  # native fast paths; absent when the extension was built without xxhash.h (or before batches)
+    from engine.transport._atomics import ring_run_free as _ring_run_free
+    from engine.transport._atomics import ring_run_mark as _ring_run_mark
     from engine.transport._atomics import ring_send as _ring_send
+    from engine.transport._atomics import ring_send_many as _ring_send_many
     from engine.transport._atomics import ring_take as _ring_take
-except ImportError:  # pragma: no cover - depends on the build
-    _ring_send = _ring_take = None
+    from engine.transport._atomics import ring_take_many as _ring_take_many
+except ImportError:  # pragma: no cover - depends on the build (all or none: the Python steps run)
+    _ring_send = _ring_take = _ring_send_many = _ring_take_many = _ring_run_mark = _ring_run_free = None
 
 Buffer = bytes | bytearray | memoryview
 Refill = Callable[[memoryview], None]
 
-_COPY_CHUNK = 256 << 10  # copy and hash in L2-sized chunks: one pass over memory
+_COPY_CHUNK = 256 << 10  # the Python steps copy and hash in L2-sized chunks: one pass over memory
 LOOKAHEAD = 64  # how far past a stalled slot the consumer looks for committed records
 POLL_EVERY = 32  # a producer checks acknowledgements every this many sends (or 1 ms)
 FREE_BATCH = 16  # the consumer frees space (and acknowledges) every this many finished slots
@@ -55,6 +59,12 @@ class RingConfig:
     buffer_bytes: int = 64 << 20
     max_producers: int = 64
     lock_timeout: float = 0.5  # seconds a slot may stay claimed-but-uncommitted before it is stolen
+    # False: records carry a checksum over their header only and the consumer does not read the payload
+    # before delivering it (one pass over the bytes fewer for bulk messages). The payload is then only as
+    # intact as the transport keeps it: no check catches a bit flipped in the ring's memory or on the way.
+    # Torn and late writes are still excluded (by the commit CAS and quarantine, not by the checksum).
+    # Only for regions whose transport guarantees integrity end to end (see docs/ring-protocol.md).
+    verify_payload: bool = True
 
     def __post_init__(self) -> None:
         if not 2 <= self.slots <= (1 << 22):
@@ -99,6 +109,7 @@ class _RingBase:
             )
         self.p_off, self.s_off, self.b_off = p_off, s_off, b_off
         self.max_message = L.max_payload(self.buffer_bytes)
+        self.header_only = bool(r.load(L.C_OPTIONS) & L.OPT_HEADER_ONLY)
 
     def _slot_off(self, slot: int) -> int:
         return self.s_off + (slot % self.slots) * L.SLOT_ENTRY

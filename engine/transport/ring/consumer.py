@@ -6,7 +6,9 @@ import collections
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import xxhash
 
@@ -17,7 +19,18 @@ from engine.transport.errors import (
     RegionMismatch,
 )
 from engine.transport.region import MemoryRegion
-from engine.transport.ring.base import FREE_BATCH, LOOKAHEAD, RingConfig, _ring_take, _RingBase
+from engine.transport.ring.base import (
+    FREE_BATCH,
+    LOOKAHEAD,
+    RingConfig,
+    _ring_run_free,
+    _ring_run_mark,
+    _ring_take,
+    _ring_take_many,
+    _RingBase,
+)
+
+_T = TypeVar("_T")
 
 # ----------------------------------------------------------------------------------------------
 # consumer
@@ -32,7 +45,8 @@ class Delivery:
     seq: int
     view: memoryview
     _consumer: RingConsumer = field(repr=False)
-    _entry: _Pending = field(repr=False)
+    _entry: _Pending | _Run = field(repr=False)
+    _index: int = field(default=-1, repr=False)  # its slot's index in a _Run (recv_many), else -1
 
     def release(self) -> None:
         """Give the space back (and acknowledge the message to its producer)."""
@@ -59,6 +73,66 @@ class _Pending:
     sized: bool = True  # False while a stolen, never-published span's size is unknown
 
 
+class _Run:
+    """Consecutive slots [slot, slot + n) taken from the cursor by one native call (recv_many).
+
+    One bookkeeping object for the whole run instead of one per message: ``entries`` is the packed
+    per-slot record of the take (layout.RUN_ENTRY), ``released`` a byte per slot (non-zero once the
+    slot is finished: released, or dropped / a skip record at take time), ``freed`` how many leading
+    slots HEAD has passed and ``head_bytes`` where the first not-yet-freed one starts.
+    """
+
+    __slots__ = ("entries", "freed", "head_bytes", "n", "released", "slot", "views")
+    kind = "run"
+
+    def __init__(self, slot: int, n: int, start: int, entries: bytes, views: list[memoryview]) -> None:
+        self.slot, self.n, self.entries, self.views = slot, n, entries, views
+        self.released = bytearray(entries[::L.RUN_ENTRY.size])  # the kind byte: 0 (delivered) is unfinished
+        self.freed = 0
+        self.head_bytes = start
+
+    def deliveries(self, consumer: RingConsumer) -> Iterator[Delivery]:
+        for i in range(self.n):
+            kind, _why, producer, epoch, seq, _units, view, _ = L.RUN_ENTRY.unpack_from(self.entries, i * L.RUN_ENTRY.size)
+            if kind == L.RUN_DELIVERED:
+                yield Delivery(producer, epoch, seq, self.views[view], consumer, self, i)
+
+
+class Batch:
+    """Messages taken together by :meth:`RingConsumer.recv_many`, in ring order.
+
+    :attr:`views` are their payloads (read-only, valid until released). Iterating yields a
+    :class:`Delivery` per message, which can be released on its own; :meth:`release` gives
+    back every message of the batch not yet released, in one call. An empty batch is false.
+    """
+
+    __slots__ = ("_consumer", "_parts", "views")
+
+    def __init__(self, consumer: RingConsumer, parts: list[_Run | Delivery], views: list[memoryview]) -> None:
+        self._consumer, self._parts, self.views = consumer, parts, views
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __iter__(self) -> Iterator[Delivery]:
+        for part in self._parts:
+            if type(part) is _Run:
+                yield from part.deliveries(self._consumer)
+            else:
+                yield part  # type: ignore[misc]
+
+    def release(self) -> None:
+        """Give back every message of the batch (those released one by one already are skipped)."""
+        if self._parts:
+            self._consumer._release_batch(self._parts)
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class RingConsumer(_RingBase):
     """The single consumer; it owns the region (creates it, or re-attaches after a crash)."""
 
@@ -68,9 +142,15 @@ class RingConsumer(_RingBase):
         if recover:
             self._read_geometry()
             self.config = RingConfig(self.slots, self.buffer_bytes, self.max_producers,
-                                     (config or RingConfig()).lock_timeout)
+                                     (config or RingConfig()).lock_timeout, verify_payload=not self.header_only)
         else:
             self.config = config or RingConfig()
+            if not self.config.verify_payload and not region.payload_integrity:
+                region.close()
+                raise ValueError(
+                    f"region {region.name!r} ({type(region).__name__}): its transport does not guarantee the "
+                    f"integrity of what producers write, so the ring must verify payloads (verify_payload=True)"
+                )
             self._format()
             self._read_geometry()
         view = region.local_view()
@@ -93,6 +173,7 @@ class RingConsumer(_RingBase):
         self._fast = _ring_take is not None and hasattr(region, "base")
         if self._fast:
             self._geom = (region.base, self.b_off, self.s_off, self.p_off, self.slots, self.buffer_bytes)  # type: ignore[attr-defined]
+            self._run_geom = (region.base, self.s_off, self.slots)  # type: ignore[attr-defined]
         if recover:
             self._recover()
         self._stalled_since: tuple[int, float] | None = None
@@ -117,8 +198,10 @@ class RingConsumer(_RingBase):
         for i in range(c.slots):
             r.store(s_off + i * L.SLOT_ENTRY + L.S_W0, L.pack_w0(i, L.FREE))
             r.store(s_off + i * L.SLOT_ENTRY + L.S_W1, L.pack_w1((i - c.slots) & L.SLOT_MASK, 0))
+        options = 0 if c.verify_payload else L.OPT_HEADER_ONLY
         for k, v in ((L.C_VERSION, L.VERSION), (L.C_SLOTS, c.slots), (L.C_BUF_BYTES, c.buffer_bytes),
-                     (L.C_MAX_PRODUCERS, c.max_producers), (L.C_TOTAL, need), (L.C_BUF_OFFSET, b_off)):
+                     (L.C_MAX_PRODUCERS, c.max_producers), (L.C_TOTAL, need), (L.C_BUF_OFFSET, b_off),
+                     (L.C_OPTIONS, options)):
             r.store(k, v)
         r.store(L.C_MAGIC, L.MAGIC)  # last: an attacher sees a complete header or none
 
@@ -168,14 +251,31 @@ class RingConsumer(_RingBase):
     # public API ---------------------------------------------------------------------------------
     def recv(self, timeout: float | None = None) -> Delivery | None:
         """The next message, or None when ``timeout`` passes first (None waits forever)."""
+        return self._wait(self._step, timeout)
+
+    def recv_many(self, max_n: int = 64, timeout: float | None = None) -> Batch:
+        """Up to ``max_n`` messages that are ready, in ring order, as one :class:`Batch`.
+
+        Waits (like :meth:`recv`) only while none is ready; an empty batch when ``timeout``
+        passes first. Runs of committed records at the cursor are taken, verified and turned
+        into views by one native call each; stalled, stolen and quarantined slots are handled
+        exactly as by :meth:`recv`, so a batch may hold messages from before and after them.
+        """
+        if max_n < 1:
+            raise ValueError(f"max_n must be at least 1, got {max_n}")
+        batch = self._wait(lambda: self._collect(max_n), timeout)
+        return batch if batch is not None else Batch(self, [], [])
+
+    def _wait(self, attempt: Callable[[], _T | None], timeout: float | None) -> _T | None:
+        """Call ``attempt`` until it returns something, spinning briefly, then sleeping on the doorbell."""
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
         spin_until = now + self.spin
         r = self.region
         while True:
-            d = self._step()
-            if d is not None:
-                return d
+            got = attempt()
+            if got is not None:
+                return got
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return None
@@ -215,7 +315,10 @@ class RingConsumer(_RingBase):
             pass
         self._ro.release()
         for p in [*self._pending, *self._ahead.values()]:
-            if p.view is not None:
+            if type(p) is _Run:
+                for v in p.views:
+                    v.release()
+            elif p.view is not None:
                 p.view.release()
         self._pending.clear()
         self._ahead.clear()
@@ -230,11 +333,60 @@ class RingConsumer(_RingBase):
     @property
     def held(self) -> int:
         """Slots between HEAD and the cursor (delivered-unreleased, quarantined or finished-not-freed)."""
-        return len(self._pending) + len(self._ahead)
+        return sum(e.n - e.freed if type(e) is _Run else 1 for e in self._pending) + len(self._ahead)
 
     # the step: examine the slot at the cursor ----------------------------------------------------
     def _quarantine_waiting(self) -> bool:
         return bool(self._pending) and self._pending[0].kind == "quarantine"
+
+    def _collect(self, max_n: int) -> Batch | None:
+        """What recv_many hands out now: up to max_n ready messages, or None when none is ready."""
+        parts: list[_Run | Delivery] = []
+        views: list[memoryview] = []
+        r = self.region
+        while len(views) < max_n:
+            if self._fast and not self._unsized:
+                if self._pending and (self._unfreed >= self._free_batch or r.load(L.C_SPACE_WAITERS)):
+                    self._advance_head()
+                c = self._cursor
+                while self._ahead and c in self._ahead:  # taken out of order earlier: walk over it
+                    e = self._ahead.pop(c)
+                    self._pending.append(e)
+                    c = self._advance_cursor(c, e.units)
+                limit = max_n - len(views)
+                if self._ahead:  # the run must stop before a slot look-ahead already took
+                    limit = min(limit, min(L.slot_diff(k, c) for k in self._ahead))
+                n, stop, end, entries, vs, counts = _ring_take_many(
+                    *self._geom, c, self._cursor_bytes, limit, self.header_only, self._ro)
+                if n:
+                    run = _Run(c, n, self._cursor_bytes, entries, vs)
+                    self._pending.append(run)
+                    self._cursor, self._cursor_bytes = (c + n) & L.SLOT_MASK, end
+                    self._stalled_since = None
+                    self._unfreed += n - counts[0]  # dropped slots and skip records are finished already
+                    st = self.stats
+                    st.delivered += counts[0]
+                    st.corrupt += counts[2]
+                    st.stale_epoch += counts[3]
+                    st.duplicates += counts[4]
+                    st.out_of_order += counts[5]
+                    if vs:
+                        parts.append(run)
+                        views += vs
+                if stop == 0:
+                    continue
+                if stop == 1:
+                    break
+            # a slot that is not committed (or stolen spans to size): the Python step decides
+            # whether to wait, look ahead or steal
+            before = (self._cursor, len(self._ahead))
+            d = self._step()
+            if d is not None:
+                parts.append(d)
+                views.append(d.view)
+            elif (self._cursor, len(self._ahead)) == before:
+                break
+        return Batch(self, parts, views) if views else None
 
     def _step(self) -> Delivery | None:
         r = self.region
@@ -248,7 +400,8 @@ class RingConsumer(_RingBase):
         if self._unsized and not self._resolve_unsized(c):
             return self._step_unsized(c)
         if self._fast:
-            status, producer, epoch, seq, flags, off, length, units = _ring_take(*self._geom, c, self._cursor_bytes)
+            status, producer, epoch, seq, flags, off, length, units = _ring_take(
+                *self._geom, c, self._cursor_bytes, self.header_only)
             if status == 0:  # the common case, verified and ordered natively (CURSOR already published)
                 self._stalled_since = None
                 start = self._cursor_bytes
@@ -333,8 +486,29 @@ class RingConsumer(_RingBase):
             w1 = r.load(self._slot_off(k) + L.S_W1)
             if w1 >> L.BYTE_BITS != k:
                 continue
+            if self._fast:
+                return self._take_ahead_fast(k, w1 & L.BYTE_MASK)
             return self._take(k, w1 & L.BYTE_MASK, producer, units, ahead=True)
         return None
+
+    def _take_ahead_fast(self, k: int, start: int) -> Delivery | None:
+        """_take(ahead=True) in one native call: verified and ordered as at the cursor, CURSOR left alone."""
+        status, producer, epoch, seq, flags, off, length, units = _ring_take(
+            *self._geom, k, start, self.header_only, 0)
+        if status == 2:
+            return None  # changed under us (it cannot while COMMITTED: only we reset it)
+        if status >= 3:
+            self._count_skip(status)
+            self._ahead[k] = _Pending(k, start, units, "skip", released=True)
+            return None
+        skip = bool(flags & L.FLAG_SKIP)
+        payload = None if skip else self._ro[off : off + length]
+        entry = _Pending(k, start, units, "delivered", producer, epoch, seq, released=skip, view=payload)
+        self._ahead[k] = entry
+        if skip:
+            return None
+        self.stats.delivered += 1
+        return Delivery(producer, epoch, seq, payload, self, entry)  # type: ignore[arg-type]
 
     def _advance_cursor(self, c: int, units: int) -> int:
         self._cursor = c = (c + 1) & L.SLOT_MASK
@@ -424,10 +598,12 @@ class RingConsumer(_RingBase):
         ok = False
         try:
             rec = L.parse_record(view, base, units * L.UNIT)
-            if rec.producer == producer and rec.slot == c & L.SLOT_MASK:
+            header_only = bool(rec.flags & L.FLAG_HEADER_ONLY)
+            if rec.producer == producer and rec.slot == c & L.SLOT_MASK and (self.header_only or not header_only):
                 payload = view[base + L.RECORD_HEADER : base + L.RECORD_HEADER + rec.length]
                 h = xxhash.xxh3_64(view[base : base + L.CHECKSUM_COVERS])
-                h.update(payload)
+                if not header_only:
+                    h.update(payload)
                 ok = h.intdigest() == rec.checksum
         except RecordError:
             ok = False
@@ -465,20 +641,57 @@ class RingConsumer(_RingBase):
 
     # freeing space ---------------------------------------------------------------------------------
     def _release(self, d: Delivery) -> None:
+        if self._mark_released(d):
+            self._unfreed += 1
+            self._maybe_free()
+
+    def _mark_released(self, d: Delivery) -> bool:
+        """Mark one delivered message released; False if it already was."""
         e = d._entry
-        if e.released:
-            return
-        e.released = True
+        if type(e) is _Run:
+            i = d._index
+            if e.released[i]:
+                return False
+            e.released[i] = 1
+            slot = (e.slot + i) & L.SLOT_MASK
+            d.view.release()
+        else:
+            if e.released:
+                return False
+            e.released = True
+            slot = e.slot
+            if e.view is not None:
+                e.view.release()
+                e.view = None
         self.stats.released += 1
         # mark it in the slot, so a consumer that recovers after our crash never delivers it again
-        self.region.store(self._slot_off(e.slot) + L.S_W2, L.pack_w1(e.slot, 1))
-        if e.view is not None:
-            e.view.release()
-            e.view = None
+        self.region.store(self._slot_off(slot) + L.S_W2, L.pack_w1(slot, 1))
+        return True
+
+    def _release_batch(self, parts: list[_Run | Delivery]) -> None:
+        """Release every message of a batch: per run, one native call marks them all (W2)."""
+        n = 0
+        for part in parts:
+            if type(part) is _Run:
+                left = part.released.count(0)
+                if not left:
+                    continue
+                _ring_run_mark(*self._run_geom, part.entries, part.slot, 0, part.n)
+                part.released[:] = b"\x01" * part.n
+                for v in part.views:
+                    v.release()
+                self.stats.released += left
+                n += left
+            elif self._mark_released(part):  # type: ignore[arg-type]
+                n += 1
+        if n:
+            self._unfreed += n
+            self._maybe_free()
+
+    def _maybe_free(self) -> None:
         # Freeing is batched while more messages are already waiting for us (a burst):
         # producers learn of free space and acknowledgements every FREE_BATCH releases, at
         # once when one of them waits for space, and immediately when we are caught up.
-        self._unfreed += 1
         r = self.region
         if (
             self._unfreed >= self._free_batch
@@ -503,6 +716,22 @@ class RingConsumer(_RingBase):
         acked: dict[int, tuple[int, int]] = {}
         while self._pending:
             e = self._pending[0]
+            if type(e) is _Run:
+                j = e.released.find(0, e.freed)  # the run is finished up to its first unreleased slot
+                if j < 0:
+                    j = e.n
+                if j > e.freed:
+                    nbytes, run_acks = _ring_run_free(*self._run_geom, e.entries, e.slot, e.freed, j)
+                    acked.update(run_acks)
+                    e.freed = j
+                    e.head_bytes = (e.head_bytes + nbytes) & L.BYTE_MASK
+                    self._head_slot = (e.slot + j) & L.SLOT_MASK
+                    self._head_bytes = e.head_bytes
+                    moved = True
+                if j < e.n:
+                    break
+                self._pending.popleft()
+                continue
             if not e.sized:
                 break
             if e.kind == "quarantine":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import xxhash
@@ -14,6 +14,7 @@ from engine.transport.errors import (
     ConsumerGone,
     MessageTooLarge,
     RingFull,
+    TransportError,
 )
 from engine.transport.region import MemoryRegion
 from engine.transport.ring.base import (
@@ -22,6 +23,7 @@ from engine.transport.ring.base import (
     Buffer,
     Refill,
     _ring_send,
+    _ring_send_many,
     _RingBase,
 )
 
@@ -88,7 +90,12 @@ class RingProducer(_RingBase):
         self.consumer_timeout = consumer_timeout
         self._view = region.local_view()
         self._fast = self._view is not None and _ring_send is not None and hasattr(region, "base")
+        # records of a ring created with verify_payload=False carry a checksum over their header only
+        self._hdr_flag = L.FLAG_HEADER_ONLY if self.header_only else 0
         self.producer_id, self.epoch = self._register(producer_id)
+        if self._fast:
+            self._geom = (region.base, self.b_off, self.s_off, self.p_off, self.slots, self.buffer_bytes,  # type: ignore[attr-defined]
+                          self.producer_id, self.epoch)
         self._next_seq = 0
         self._unacked: collections.deque[_Outgoing] = collections.deque()
         self._to_resend = 0  # kept messages whose copy in the ring was dropped
@@ -176,6 +183,58 @@ class RingProducer(_RingBase):
             self._unaccept(out)
             raise
         return out.seq
+
+    def send_many(self, messages: Sequence[Buffer], *, timeout: float | None = None) -> list[int]:
+        """Send each message in order, as :meth:`send` would; returns their (consecutive) sequence numbers.
+
+        On a local region one native call commits as many as fit. ``timeout`` bounds each wait for
+        space, as in :meth:`send`. If this raises (:class:`RingFull`, :class:`ConsumerGone`), the
+        exception's ``accepted`` attribute says how many messages, from the first, were accepted
+        (they will be delivered); the others were not.
+        """
+        msgs = messages if isinstance(messages, list | tuple) else list(messages)
+        sizes = [m.nbytes if isinstance(m, memoryview) else len(m) for m in msgs]
+        if sizes:
+            self._check_size(max(sizes))
+        first = self._next_seq
+        try:
+            if self.region.load(L.C_CLOSED):
+                raise ConsumerGone(f"ring {self.region.name!r}: the consumer closed the ring")
+            if not (self._fast and self.fault_hook is None):
+                for m in msgs:
+                    self.send(m, timeout=timeout)
+            else:
+                self.poll()
+                self._resend_pending(timeout)
+                self._send_many_fast(msgs, sizes, timeout)
+        except TransportError as exc:
+            exc.accepted = self._next_seq - first  # type: ignore[attr-defined]
+            raise
+        return list(range(first, first + len(msgs)))
+
+    def _send_many_fast(self, msgs: Sequence[Buffer], sizes: list[int], timeout: float | None) -> None:
+        r, deadline, unacked, stats = self.region, None, self._unacked, self.stats
+        i, n = 0, len(msgs)
+        while i < n:
+            status, k, slots, retries = _ring_send_many(*self._geom, self._next_seq, self._hdr_flag, msgs, i)
+            stats.cas_attempts += k + (status != 0)
+            stats.cas_retries += retries
+            if k:
+                seq = self._next_seq
+                for j, slot in enumerate(slots):
+                    unacked.append(_Outgoing(seq + j, sizes[i + j], msgs[i + j], None, slot))
+                self._next_seq += k
+                stats.sent += k
+                i += k
+                self._sends_since_poll += k
+            if status == 1:
+                stats.cas_retries += 1
+                self.poll()  # acknowledgements free our kept copies; losses are resent first
+                deadline = self._wait_for_space(r.load(L.C_HEAD), deadline, timeout, L.units_for(sizes[i]))
+            elif status == 2:
+                stats.fenced += 1
+        if self._sends_since_poll >= POLL_EVERY:
+            self.poll()
 
     def reserve(self, size: int, *, timeout: float | None = None) -> Reservation:
         """Reserve ``size`` payload bytes and return a writable view into the ring (zero-copy)."""
@@ -347,8 +406,7 @@ class RingProducer(_RingBase):
     def _transmit_fast(self, out: _Outgoing, timeout: float | None) -> None:
         """Steps 1-7 in one native call (local regions only; same protocol as the Python steps)."""
         r, deadline = self.region, None
-        args = (self.region.base, self.b_off, self.s_off, self.p_off, self.slots, self.buffer_bytes,  # type: ignore[attr-defined]
-                self.producer_id, self.epoch, out.seq, out.flags)
+        args = (*self._geom, out.seq, out.flags | self._hdr_flag)
         data = out.data
         while True:
             self.stats.cas_attempts += 1
@@ -411,7 +469,7 @@ class RingProducer(_RingBase):
 
     def _header(self, out: _Outgoing, slot: int, checksum: int = 0) -> bytes:
         return L.RECORD.pack(
-            L.RECORD_MAGIC, self.producer_id, out.flags, self.epoch, 1, out.seq, out.length,
+            L.RECORD_MAGIC, self.producer_id, out.flags | self._hdr_flag, self.epoch, 1, out.seq, out.length,
             slot & L.SLOT_MASK, checksum,
         )
 
@@ -419,6 +477,8 @@ class RingProducer(_RingBase):
         header = self._header(out, slot)
         h = xxhash.xxh3_64()
         h.update(header[: L.CHECKSUM_COVERS])
+        if self._hdr_flag:
+            h = _NoPayloadHash(h)
         src = data if isinstance(data, memoryview) else memoryview(data)
         if src.ndim != 1 or src.itemsize != 1:
             src = src.cast("B")
@@ -445,7 +505,8 @@ class RingProducer(_RingBase):
         header = self._header(out, slot)
         h = xxhash.xxh3_64()
         h.update(header[: L.CHECKSUM_COVERS])
-        h.update(view)
+        if not self._hdr_flag:
+            h.update(view)
         if self._view is None:
             self.region.write(self.b_off + phys + L.RECORD_HEADER, view)
         return h.intdigest()
@@ -507,3 +568,16 @@ class RingProducer(_RingBase):
             )
 
 
+class _NoPayloadHash:
+    """The checksum of a header-only record (FLAG_HEADER_ONLY): payload updates are ignored."""
+
+    __slots__ = ("_h",)
+
+    def __init__(self, h: xxhash.xxh3_64) -> None:
+        self._h = h
+
+    def update(self, _data: object) -> None:
+        pass
+
+    def intdigest(self) -> int:
+        return self._h.intdigest()

@@ -20,7 +20,8 @@ _names = itertools.count()
 
 
 class RingVsReference(RuleBasedStateMachine):
-    """Random sends, receives, releases, bit flips and polls; the reference is a FIFO per producer.
+    """Random sends, receives (one or a batch), releases (one, or a batch at once), bit flips and polls;
+    the reference is a FIFO per producer.
 
     The ring may reorder producers among themselves (after a flip, a resend comes
     later) but never a producer's own messages, and at the end every message sent
@@ -47,10 +48,20 @@ class RingVsReference(RuleBasedStateMachine):
         if len(msg) > self.ps[p].max_message:
             return
         try:
-            self.ps[p].send(msg)
+            self.ps[p].send(msg, timeout=0.0)  # full: refused at once (nobody drains while it waits)
         except RingFull:
             return  # refused, not accepted: the reference does not record it
         self.sent[p].append(msg)
+
+    @rule(p=st.integers(0, NPROD - 1), sizes=st.lists(st.integers(0, 700), min_size=1, max_size=5))
+    def send_many(self, p: int, sizes: list[int]) -> None:
+        base = len(self.sent[p])
+        msgs = [(struct.pack("<II", p, base + i) + self.rng.randbytes(n))[: max(n, 8)] for i, n in enumerate(sizes)]
+        try:
+            self.ps[p].send_many(msgs, timeout=0.0)  # full: refused at once
+        except RingFull as exc:
+            msgs = msgs[: exc.accepted]  # type: ignore[attr-defined]
+        self.sent[p].extend(msgs)
 
     @rule()
     def recv(self) -> None:
@@ -58,6 +69,18 @@ class RingVsReference(RuleBasedStateMachine):
         if d is not None:
             self.delivered[d.producer].append(bytes(d.view))
             self.held.append(d)
+
+    @rule(n=st.integers(1, 8), whole=st.booleans())
+    def recv_many(self, n: int, whole: bool) -> None:
+        b = self.c.recv_many(n, 0)
+        assert len(b) <= n
+        items = list(b)
+        for d in items:
+            self.delivered[d.producer].append(bytes(d.view))
+        if whole:
+            self.held.append(b)  # released together
+        else:
+            self.held.extend(items)  # released one by one, in any order
 
     # No precondition on what is held: whether a receive delivered depends on timing (lock and send
     # timeouts), and a precondition that reads it makes hypothesis's replays draw differently (flaky).
