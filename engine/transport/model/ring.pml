@@ -20,8 +20,14 @@
  *  - the consumer advances HEAD in the same step as the release / skip /
  *    steal that finished a slot (a separate step when a quarantine clears);
  *    the application may keep at most MAXHOLD delivered views across other
- *    steps, every other view is released right after delivery (still a
- *    separate step from the checksum verification);
+ *    steps, at most MAXBATCH at a time, and releases the views it keeps all
+ *    together in one step (a batch release: Batch.release); every other view
+ *    is released right after delivery (still a separate step from the
+ *    checksum verification);
+ *  - a run (recv_many's native take) verifies up to MAXRUN consecutive
+ *    slots, one step each, and publishes CURSOR and advances HEAD only when
+ *    it ends: producers read the published CURSOR (pcursor), which lags the
+ *    consumer's own while a run is in progress;
  *  - epochs (producer re-registration) and consumer crash/re-attach are not
  *    modelled; "dead" detection of a crashed producer is immediate; sends
  *    never give up with RingFull (a wait that never ends is a deadlock).
@@ -37,10 +43,17 @@
  *  - nothing corrupt delivered: when the application releases a delivered
  *    view every unit still carries the record's (p, seq) stamp;
  *  - quarantine: a producer only ever writes units its own reservation owns
- *    (ghost `own`; -DNO_WRITE_MONITOR drops this check);
+ *    (ghost `own`), and HEAD passes a stolen RESERVED slot only once its
+ *    producer acknowledged the fence or died (ghost `stolen_p`);
+ *    -DNO_WRITE_MONITOR drops both checks;
  *  - lap-specific words: the consumer never sees a W0/W1 of another lap;
  *  - no loss: at the end every message of every non-crashed producer was
  *    delivered; no invalid end state (deadlock): pan's end-state check.
+ *
+ * -DHEADER_ONLY: the consumer checks the header unit only (a ring created
+ * with verify_payload=False); bit flips then stand for flips in the header.
+ * The invariants above must still hold: torn and late writes are excluded by
+ * the commit CAS and quarantine, not by the payload checksum.
  *
  * Mutants (spin -D...): each must make the verifier report an error.
  *  BUG_NO_QUARANTINE  a stolen RESERVED slot's span is reusable at once
@@ -50,6 +63,9 @@
  *  BUG_STEAL_FREE_WAITS_FOR_END  a FREE slot is stolen only once its span
  *                     end (next W1 or TAIL) is known -- instead of stealing
  *                     at once and keeping HEAD's bytes until it is known
+ *  BUG_BATCH_FREES_RUN  a batch release finishes every slot from its first
+ *                     view to its last, a stolen (quarantined) one between
+ *                     them included: release by range, not by view
  */
 
 #ifndef NPROD
@@ -75,6 +91,12 @@
 #endif
 #ifndef MAXCORRUPT
 #define MAXCORRUPT 1     /* checksum failures (bit flips) */
+#endif
+#ifndef MAXBATCH
+#define MAXBATCH 1       /* delivered views the app keeps at once (released together) */
+#endif
+#ifndef MAXRUN
+#define MAXRUN 1         /* slots one run verifies before publishing CURSOR (recv_many) */
 #endif
 
 /* message k of producer p is 1 or 2 units long (alternating) */
@@ -105,7 +127,8 @@ byte  buf[NBUF];             /* buffer region: stamp of the last writer of each 
 
 byte tail_s, tail_b;         /* TAIL = (slot | bytes) */
 byte head_s, head_b;         /* HEAD = (slot | bytes), written by the consumer only */
-byte cursor;                 /* CURSOR: next slot the consumer examines */
+byte cursor;                 /* the next slot the consumer examines (its own) */
+byte pcursor;                /* CURSOR as published: what producers read */
 byte acked[NPROD];           /* ACKED[p]: released messages of p, in order */
 bool dead[NPROD];            /* producer p is known dead (pid gone / conn closed) */
 
@@ -116,6 +139,7 @@ bool crash_req[NPROD];
 /* ghosts (not part of the protocol, only used by assertions / fairness) */
 byte resv[NSLOT];            /* who reserved the slot in its current lap */
 byte own[NBUF];              /* slot whose record currently owns each unit */
+byte stolen_p[NSLOT];        /* producer + 1 of a RESERVED slot stolen in this lap, else 0 */
 byte dlv[NPROD];             /* messages of p delivered so far */
 byte nfin;                   /* producer processes that have terminated */
 
@@ -211,7 +235,7 @@ send:	skip;
 #ifndef BUG_NO_GOBACKN
 	/* go-back-N: CURSOR passed the slot of the oldest unacked message and
 	 * ACKED[p] did not: it was dropped; resend it and everything after it. */
-	:: d_step { acked[p] < nxt && cursor > sl[acked[p]] -> nxt = acked[p] }
+	:: d_step { acked[p] < nxt && pcursor > sl[acked[p]] -> nxt = acked[p] }
 #endif
 	:: acked[p] == NMSG -> break      /* flushed: every message acknowledged */
 	od
@@ -281,6 +305,12 @@ inline advance_head()
 		:: who[y] != 0 -> acked[who[y] - 1]++
 		:: else -> skip
 		fi;
+#ifndef NO_WRITE_MONITOR
+		/* quarantine: HEAD passes a stolen RESERVED span only once its producer
+		 * acknowledged the fence or died (it may still write there otherwise) */
+		assert(stolen_p[y] == 0 || w0[y].st == ABANDON_ACKED || dead[stolen_p[y] - 1]);
+#endif
+		stolen_p[y] = 0;
 		w0[y].lap = head_s + NSLOT; w0[y].st = FREE; w0[y].p = 0; w0[y].u = 0;
 		fin[y] = F_NONE; cu[y] = 0; who[y] = 0; qown[y] = 0; resv[y] = 0;
 		head_s++;
@@ -293,21 +323,36 @@ inline advance_head()
 	y = 0
 }
 
-/* The application releases the delivered view: its data must still be
- * exactly the record that was verified and delivered. */
-inline release_view()
+/* The application releases the views it holds, all together (a batch
+ * release): the data of each must still be exactly the record that was
+ * verified and delivered. */
+inline release_views()
 {
+#ifdef BUG_BATCH_FREES_RUN
+	/* release by range: every slot from the first view to the last is finished */
 	if
-	:: held != NONE ->
+	:: nheld > 1 ->
+		j = hslot[0];
+		do
+		:: j < hslot[nheld - 1] -> fin[j % NSLOT] = F_RELEASED; j++
+		:: else -> break
+		od
+	:: else -> skip
+	fi;
+#endif
+	j = 0;
+	do
+	:: j < nheld ->
 		i = 0;
 		do
-		:: i < hu -> assert(buf[(hrs + i) % NBUF] == hstamp); i++   /* nothing corrupt delivered */
+		:: i < hu[j] -> assert(buf[(hrs[j] + i) % NBUF] == hstamp[j]); i++   /* nothing corrupt delivered */
 		:: else -> break
 		od;
-		fin[held % NSLOT] = F_RELEASED;
-		held = NONE; hrs = 0; hu = 0; hstamp = 0; i = 0
-	:: else -> skip
-	fi
+		fin[hslot[j] % NSLOT] = F_RELEASED;
+		hslot[j] = 0; hrs[j] = 0; hu[j] = 0; hstamp[j] = 0; j++
+	:: else -> break
+	od;
+	nheld = 0; i = 0; j = 0
 }
 
 #ifdef BUG_STEAL_FREE_WAITS_FOR_END
@@ -326,15 +371,16 @@ active proctype Consumer()
 	byte cu[NSLOT];          /* units the consumer learned from W0 (0 = unknown) */
 	byte qown[NSLOT];        /* owner of a quarantined span */
 	byte who[NSLOT];         /* delivered producer + 1, 0 if none */
-	byte held = NONE;        /* slot of the view the application holds */
-	byte hrs, hu, hstamp;    /* that view: record start, units, stamp */
-	byte x, y, p, u, rs, stamp, i;
+	byte nheld;              /* views the application holds (a batch) */
+	byte hslot[MAXBATCH], hrs[MAXBATCH], hu[MAXBATCH], hstamp[MAXBATCH];  /* each: slot, start, units, stamp */
+	byte inrun;                /* slots verified by the run in progress (0: none) */
+	byte x, y, p, u, rs, stamp, i, j;
 	bool ok, hold;
 
 	do
 	/* [C] (c, COMMITTED, p, u): verify magic, lengths, producer id, checksum */
 	:: d_step {
-		cursor < tail_s && held == NONE && w0[cursor % NSLOT].st == COMMITTED ->
+		cursor < tail_s && nheld < MAXBATCH && w0[cursor % NSLOT].st == COMMITTED ->
 		x = cursor % NSLOT;
 		assert(w0[x].lap == cursor);              /* lap-specific words: no ABA */
 		assert(w1[x].lap == cursor);              /* [P3] precedes [P4] */
@@ -343,11 +389,13 @@ active proctype Consumer()
 		rs = w1[x].start + PAD(w1[x].start, u);
 		stamp = buf[rs % NBUF];
 		ok = (stamp != 0 && S_PROD(stamp) == p);
+#ifndef HEADER_ONLY
 		i = 1;
 		do
 		:: i < u -> ok = ok && buf[(rs + i) % NBUF] == stamp; i++
 		:: else -> break
 		od
+#endif
 	   };
 		if
 		:: ok && corrupts < MAXCORRUPT -> corrupts++; ok = false   /* fault:corrupt (bit flip) */
@@ -367,21 +415,35 @@ active proctype Consumer()
 				assert(S_SEQ(stamp) == dlv[p]);
 				dlv[p]++;
 				fin[x] = F_HELD; who[x] = p + 1;
-				held = cursor; hrs = rs; hu = u; hstamp = stamp
+				hslot[nheld] = cursor; hrs[nheld] = rs; hu[nheld] = u; hstamp[nheld] = stamp;
+				nheld++;
+				if
+				:: !hold && nheld == 1 -> release_views()   /* the app is done at once */
+				:: !hold && nheld > 1 ->                    /* done at once with this one only */
+					nheld--; i = 0;
+					do
+					:: i < u -> assert(buf[(rs + i) % NBUF] == stamp); i++
+					:: else -> break
+					od;
+					fin[x] = F_RELEASED;
+					hslot[nheld] = 0; hrs[nheld] = 0; hu[nheld] = 0; hstamp[nheld] = 0
+				:: else -> skip
+				fi
 			:: else -> fin[x] = F_SKIPPED          /* corrupt, duplicate or out of order */
 			fi;
 			cursor++;
-			x = 0; p = 0; u = 0; rs = 0; stamp = 0; i = 0; ok = false;
+			x = 0; p = 0; u = 0; rs = 0; stamp = 0; i = 0; ok = false; hold = false;
 			if
-			:: !hold -> release_view()             /* the app is done at once */
-			:: else -> hold = false
-			fi;
-			advance_head()
+			:: inrun + 1 < MAXRUN && cursor < tail_s -> inrun++   /* the run goes on: CURSOR not yet published */
+			:: else -> inrun = 0; pcursor = cursor; advance_head()
+			fi
 		}
+	/* a run ends before it reaches MAXRUN (max_n, or the next slot is not committed) */
+	:: d_step { inrun > 0 -> inrun = 0; pcursor = cursor; advance_head() }
 	/* [C] (c, FREE) with TAIL past c, or (c, RESERVED, ...): the lock timeout
 	 * fires -> steal: CAS(W0, seen, (c, ABANDONED, ...)) */
 	:: d_step {
-		cursor < tail_s &&
+		inrun == 0 && cursor < tail_s &&
 		(w0[cursor % NSLOT].st == FREE || w0[cursor % NSLOT].st == RESERVED) &&
 		END_KNOWN(cursor) &&
 		(steals < MAXSTEAL ||
@@ -393,7 +455,7 @@ active proctype Consumer()
 			/* never had a byte written; span = up to next W1 or TAIL */
 			p = resv[x]; fin[x] = F_SKIPPED; cu[x] = 0
 		:: else ->
-			p = w0[x].p; cu[x] = w0[x].u;
+			p = w0[x].p; cu[x] = w0[x].u; stolen_p[x] = p + 1;
 #ifdef BUG_NO_QUARANTINE
 			fin[x] = F_SKIPPED
 #else
@@ -405,25 +467,25 @@ active proctype Consumer()
 		:: else -> skip
 		fi;
 		w0[x].st = ABANDONED;
-		cursor++;
+		cursor++; pcursor = cursor;
 		x = 0; p = 0;
 		advance_head()
 	   }
-	/* the application releases the delivered view: its data must still be
-	 * exactly the record that was verified and delivered */
+	/* the application releases the views it holds (a batch release): their
+	 * data must still be exactly the records that were verified and delivered */
 	:: d_step {
-		held != NONE ->
-		release_view();
+		inrun == 0 && nheld > 0 ->
+		release_views();
 		advance_head()
 	   }
 	/* HEAD advance after a fenced producer acknowledged (ABANDON_ACKED) or
 	 * died: the consumer notices on its next poll */
 	:: d_step {
-		head_s < cursor && FINISHED(head_s % NSLOT) ->
+		inrun == 0 && head_s < cursor && FINISHED(head_s % NSLOT) ->
 		advance_head()
 	   }
 	/* all producers finished (flushed) or crashed */
-	:: nfin == NPROD && held == NONE -> break
+	:: inrun == 0 && nfin == NPROD && nheld == 0 -> break
 	od;
 
 	/* final check: no loss -- every message of every producer that did not
