@@ -2,7 +2,8 @@
 
 Run as a script: ``python ring_child.py produce ADDRESS PRODUCER COUNT SEED MAXSIZE [FAULT]``
 where FAULT is ``POINT:INDEX:ACTION`` (ACTION ``kill`` or ``stop``), or
-``python ring_child.py consume ADDRESS SLOTS BUFFER HOLD_AFTER``.
+``python ring_child.py consume ADDRESS SLOTS BUFFER HOLD_AFTER`` (``consume-batch``: the same with
+``recv_many`` batches of up to 4, each released at once).
 Messages are ``producer:u32, index:u32`` plus bytes derived from (seed, producer, index),
 so the receiver can check every byte without a side channel.
 """
@@ -82,10 +83,31 @@ def consume(address: str, slots: int, buffer_bytes: int, hold_after: int) -> Non
         n += 1
 
 
+def consume_batches(address: str, slots: int, buffer_bytes: int, hold_after: int) -> None:
+    """Take batches with recv_many and release each whole; once ``hold_after`` messages were released,
+    hold the next batch (printing its messages) and wait to be killed."""
+    c = RingConsumer.create(address, RingConfig(slots=slots, buffer_bytes=buffer_bytes, max_producers=8))
+    print("ready", flush=True)
+    n = 0
+    while True:
+        b = c.recv_many(4, 30)
+        if not b:
+            return
+        if n >= hold_after:
+            print("holding " + " ".join(f"{d.producer}:{d.seq}" for d in b), flush=True)
+            time.sleep(600)
+        b.release()
+        for d in b:
+            print(f"released {d.producer} {d.seq}", flush=True)
+        n += len(b)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "produce":
         produce(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
                 sys.argv[7] if len(sys.argv) > 7 else None)
+    elif mode == "consume-batch":
+        consume_batches(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     else:
         consume(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))

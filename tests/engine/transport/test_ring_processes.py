@@ -147,3 +147,39 @@ def test_sigkill_of_the_consumer_mid_read_then_recovery(children, ring_name, sch
             d.release()
         p.region.close()
     assert not os.path.exists(f"/dev/shm/onepiece-{ring_name}")
+
+
+def test_sigkill_of_a_batch_consumer_then_recovery(children, ring_name) -> None:
+    """Batches released whole are never delivered again after the consumer dies; the batch it held is."""
+    cfg = RingConfig(slots=64, buffer_bytes=1 << 20, max_producers=4)
+    address = f"shm://{ring_name}"
+    consumer = children.start("consume-batch", address, cfg.slots, cfg.buffer_bytes, 10)
+    assert consumer.stdout.readline().strip() == "ready"
+    p = attach_producer(address, 0, send_timeout=30)
+    sent = [f"message {i}".encode() for i in range(40)]
+    for m in sent:
+        p.send(m)
+    released, holding = [], []
+    for line in consumer.stdout:
+        kind, *rest = line.split()
+        if kind == "holding":
+            holding = [int(x.split(":")[1]) for x in rest]
+            break
+        released.append(int(rest[1]))
+    consumer.kill()  # SIGKILL while it holds a batch
+    consumer.wait(10)
+    assert released == list(range(len(released))) and len(released) >= 10
+    assert holding == list(range(len(released), len(released) + len(holding))) and holding
+    with RingConsumer.recover(address, cfg) as c:
+        after = []
+        while len(after) < 40 - len(released):
+            b = c.recv_many(8, 5)
+            assert b, f"lost messages after recovery; got {after}"
+            for d in b:
+                assert bytes(d.view) == sent[d.seq]
+                after.append(d.seq)
+            b.release()
+        assert after == list(range(len(released), 40))  # the held batch again, no released one twice
+        p.flush(10)
+        p.region.close()
+    assert not os.path.exists(f"/dev/shm/onepiece-{ring_name}")
