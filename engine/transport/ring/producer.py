@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -220,9 +221,9 @@ class RingProducer(_RingBase):
             stats.cas_attempts += k + (status != 0)
             stats.cas_retries += retries
             if k:
-                seq = self._next_seq
-                for j, slot in enumerate(slots):
-                    unacked.append(_Outgoing(seq + j, sizes[i + j], msgs[i + j], None, slot))
+                seq = self._next_seq  # kept until acknowledged, as send() keeps each message
+                unacked.extend(map(_Outgoing, range(seq, seq + k), sizes[i : i + k], msgs[i : i + k],
+                                   itertools.repeat(None, k), slots))
                 self._next_seq += k
                 stats.sent += k
                 i += k
