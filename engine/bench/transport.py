@@ -10,6 +10,12 @@ shared and noisy; absolute numbers from another run are not comparable.
 One-way throughput: the sender sends ``count`` messages back to back, the
 receiver takes each one (zero-copy for the ring and zmq), and reports when it
 has them all. Round trip: one message of the size out, 8 bytes back.
+
+Ring variants: ``ring`` sends and receives one message per call; ``ring-batch``
+sends with ``send_many`` and receives with ``recv_many`` (up to BATCH messages
+per call; no round trip, which is one message); ``ring-hdr`` is ``ring`` over a
+ring created with ``verify_payload=False`` (headers checked, payloads not read
+by the consumer: see docs/ring-protocol.md for the risk).
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
-TRANSPORTS = ["memcpy", "ring", "zmq-ipc", "mp-queue"]
+TRANSPORTS = ["memcpy", "ring", "ring-batch", "ring-hdr", "zmq-ipc", "mp-queue"]
+RINGS = ("ring", "ring-batch", "ring-hdr")
+BATCH = 64  # messages per send_many / recv_many call in ring-batch
 ACK = b"ack-ack!"
 
 
@@ -47,11 +55,12 @@ def _rtt_count(size: int) -> int:
     return max(6, min(2_000, (128 << 20) // size))
 
 
-def _ring_config(size: int):
+def _ring_config(size: int, transport: str = "ring"):
     from engine.transport.ring import RingConfig
 
     buf = max(8 << 20, 4 * (size + 4096))
-    return RingConfig(slots=4096, buffer_bytes=buf, max_producers=8, lock_timeout=2.0)
+    return RingConfig(slots=4096, buffer_bytes=buf, max_producers=8, lock_timeout=2.0,
+                      verify_payload=transport != "ring-hdr")
 
 
 # --------------------------------------------------------------------------------------------
@@ -59,13 +68,21 @@ def _ring_config(size: int):
 
 
 def _child(transport: str, mode: str, size: int, count: int, names: dict[str, str], ready: Any) -> None:
-    if transport == "ring":
+    if transport in RINGS:
         from engine.transport.ring import RingConsumer, attach_producer
 
-        inbox = RingConsumer.create(names["in"], _ring_config(size))
+        inbox = RingConsumer.create(names["in"], _ring_config(size, transport))
         ready.set()
         out = attach_producer(names["out"], 0)
-        if mode == "throughput":
+        if mode == "throughput" and transport == "ring-batch":
+            got = 0
+            while got < count:
+                b = inbox.recv_many(BATCH, 60)
+                assert b, "bench: ring receive timed out"
+                got += len(b)
+                b.release()
+            out.send(ACK)
+        elif mode == "throughput":
             for _ in range(count):
                 d = inbox.recv(60)
                 assert d is not None, "bench: ring receive timed out"
@@ -147,7 +164,7 @@ class _Run:
         ready = ctx.Event()
         names: dict[str, Any] = {}
         cleanup: list[Callable[[], None]] = []
-        if self.transport == "ring":
+        if self.transport in RINGS:
             from engine.transport.ring import RingConfig, RingConsumer, attach_producer
 
             names = {"in": f"shm://bench-{self.uid}-in", "out": f"shm://bench-{self.uid}-out"}
@@ -169,10 +186,11 @@ class _Run:
         try:
             if not ready.wait(60):
                 raise RuntimeError(f"bench peer for {self.transport} did not start")
-            if self.transport == "ring":
+            if self.transport in RINGS:
                 prod = attach_producer(names["in"], 0, send_timeout=60)
                 cleanup.insert(0, lambda: (prod.close(), prod.region.close()))
                 send = prod.send
+                send_many = prod.send_many
 
                 def wait_ack() -> None:
                     d = back.recv(60)
@@ -194,6 +212,15 @@ class _Run:
                     q_out.get()
 
             payload = self.payload
+            if mode == "throughput" and self.transport == "ring-batch":
+                batch = [payload] * min(BATCH, count)
+                t0 = time.perf_counter()
+                left = count
+                while left:
+                    send_many(batch if left >= len(batch) else batch[:left])
+                    left -= min(left, len(batch))
+                wait_ack()
+                return [time.perf_counter() - t0]
             if mode == "throughput":
                 t0 = time.perf_counter()
                 for _ in range(count):
@@ -275,8 +302,9 @@ def _cas_child(name: str, n: int, start: Any, out: Any) -> None:
     r.close()
 
 
-def multi_producer_rate(producers: int, size: int, total: int, nice: int = 0) -> float:
-    """Messages per second into one ring from ``producers`` processes (the parent consumes)."""
+def multi_producer_rate(producers: int, size: int, total: int, nice: int = 0, batch: bool = False) -> float:
+    """Messages per second into one ring from ``producers`` processes (the parent consumes, with
+    ``recv_many`` when ``batch``); each producer sends one message per call."""
     from engine.transport.ring import RingConsumer
 
     address = f"shm://bench-mp-{os.getpid()}-{producers}-{size}"
@@ -295,6 +323,12 @@ def multi_producer_rate(producers: int, size: int, total: int, nice: int = 0) ->
         go.set()
         t0 = time.perf_counter()
         while got < per * producers:
+            if batch:
+                b = c.recv_many(BATCH, 60)
+                assert b, "bench: multi-producer receive timed out"
+                got += len(b)
+                b.release()
+                continue
             d = c.recv(60)
             assert d is not None, "bench: multi-producer receive timed out"
             d.release()
@@ -328,6 +362,8 @@ def run_benchmark(
                 uid += 1
                 run = _Run(t, size, f"{os.getpid()}-{uid}")
                 slot["tput"].append(run.measure("throughput", count)[0] / count)
+                if t == "ring-batch":
+                    continue  # a round trip is one message: the same as ring's
                 uid += 1
                 run = _Run(t, size, f"{os.getpid()}-{uid}")
                 slot["rtt"].extend(run.measure("rtt", _rtt_count(size)))
@@ -414,6 +450,11 @@ def main(args: Any) -> int:
             four_n = statistics.median(multi_producer_rate(4, size, total, nice=10) for _ in range(args.repeat))
             records.append(Record("ring-4p-niced", size, four_n * size / 1e9, four_n, None, None,
                                   {"producers": 4, "vs_one_producer": four_n / one_n, "producer_nice": 10}))
+            # the consumer takes what is ready with recv_many (producers still send one at a time)
+            one_b = statistics.median(multi_producer_rate(1, size, total, batch=True) for _ in range(args.repeat))
+            four_b = statistics.median(multi_producer_rate(4, size, total, batch=True) for _ in range(args.repeat))
+            records.append(Record("ring-4p-batch", size, four_b * size / 1e9, four_b, None, None,
+                                  {"producers": 4, "vs_one_producer": four_b / one_b, "one_producer": one_b}))
     if quiet:
         print(json.dumps([{**{k: v for k, v in asdict(r).items() if k != "extra"}, **r.extra} for r in records],
                          indent=1))
@@ -423,7 +464,8 @@ def main(args: Any) -> int:
             if r.transport == "cas":
                 print(f"CAS from Python, {r.extra['contenders']} process(es): {r.msgs_per_s / 1e6:.2f} million/s")
             elif r.transport.startswith("ring-4p"):
-                how = " (producers niced)" if r.transport.endswith("niced") else ""
+                how = {"ring-4p-niced": " (producers niced)", "ring-4p-batch": " (consumer recv_many)"}.get(
+                    r.transport, "")
                 print(f"ring, 4 producers vs 1{how}, {_human(r.size_bytes)}: {r.msgs_per_s:.0f} vs "
                       f"{r.msgs_per_s / r.extra['vs_one_producer']:.0f} msgs/s = {r.extra['vs_one_producer']:.2f}x")
     return 0
