@@ -1,9 +1,5 @@
 """The shared fixtures are plugins in tests/fixtures/ (see its __init__), registered here for every test."""
 
-from __future__ import annotations
-
-from tests.fixtures import REPO_ROOT  # re-exported for test files written before the move
-
 pytest_plugins = [
     "tests.fixtures.services",
     "tests.fixtures.leaks",
@@ -15,5 +11,3 @@ pytest_plugins = [
     "tests.fixtures.proxy",
     "tests.fixtures.postgres",
 ]
-
-__all__ = ["REPO_ROOT"]

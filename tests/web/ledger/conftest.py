@@ -16,7 +16,6 @@ from pathlib import Path
 
 from engine.embedded import free_port
 from tests.fixtures import REPO_ROOT
-from tests.fixtures.postgres import PostgresServer, postgres_server  # noqa: F401 - re-exported for older importers
 
 
 class Platform:
