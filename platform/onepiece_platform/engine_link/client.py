@@ -18,7 +18,6 @@ never touches rings or workers. The client is chosen in settings by dotted path
 from __future__ import annotations
 
 import abc
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from django.utils.module_loading import import_string
 
 from engine.store.keys import TERMINAL
 from onepiece_platform import conf
+from onepiece_platform.keyed import Keyed
 
 
 @dataclass(frozen=True)
@@ -110,22 +110,13 @@ class EngineClient(abc.ABC):
         """Release connections (optional)."""
 
 
-_engines: dict[tuple[str, str], EngineClient] = {}
-_lock = threading.Lock()
+_engines: Keyed[EngineClient] = Keyed(lambda key: import_string(key[0])(), lambda e: e.close())
 
 
 def get_engine() -> EngineClient:
     """The configured client, one per (class, proxy URL)."""
-    path, url = conf.get("ENGINE_CLIENT"), conf.get("PROXY_URL")
-    with _lock:
-        engine = _engines.get((path, url))
-        if engine is None:
-            engine = _engines[(path, url)] = import_string(path)()
-        return engine
+    return _engines.get((conf.get("ENGINE_CLIENT"), conf.get("PROXY_URL")))
 
 
 def reset_engines() -> None:
-    with _lock:
-        for e in _engines.values():
-            e.close()
-        _engines.clear()
+    _engines.clear()

@@ -8,7 +8,6 @@ publishes (nodes, routes, assignments in etcd; in-flight work in Redis).
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ from engine.manager import actions
 from engine.store import JobStore
 from engine.workflow import workflows
 from onepiece_platform import conf
+from onepiece_platform.keyed import Keyed
 from onepiece_platform.redis_conn import get_redis
 
 
@@ -68,22 +68,13 @@ class ClusterClient:
             session.close()
 
 
-_clusters: dict[str, ClusterClient] = {}
-_lock = threading.Lock()
+_clusters: Keyed[ClusterClient] = Keyed(lambda key: ClusterClient(*key), lambda c: c.close())
 
 
 def get_cluster() -> ClusterClient:
     """The client for ``settings.ETCD_URL`` under ``ONEPIECE['ETCD_ROOT']``, one per (URL, root)."""
-    key = f"{settings.ETCD_URL}|{conf.get('ETCD_ROOT')}"
-    with _lock:
-        c = _clusters.get(key)
-        if c is None:
-            c = _clusters[key] = ClusterClient(settings.ETCD_URL, conf.get("ETCD_ROOT"))
-        return c
+    return _clusters.get((settings.ETCD_URL, conf.get("ETCD_ROOT")))
 
 
 def reset_clusters() -> None:
-    with _lock:
-        for c in _clusters.values():
-            c.close()
-        _clusters.clear()
+    _clusters.clear()
