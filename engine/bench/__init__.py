@@ -16,8 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--json", action="store_true", help="print a JSON list of records instead of a table")
     t.add_argument("--sizes", nargs="+", help="message sizes in bytes (default: 4 KiB, 64 KiB, 1, 16, 64 MiB)")
     t.add_argument("--transports", nargs="+",
-                   choices=["memcpy", "ring", "ring-batch", "ring-hdr", "zmq-ipc", "mp-queue"],
-                   help="ring-batch: send_many/recv_many; ring-hdr: a ring that checks record headers only")
+                   choices=["memcpy", "fused", "ring", "ring-batch", "ring-hdr", "zmq-ipc", "mp-queue"],
+                   help="fused: the producer's copy-and-checksum alone; ring-batch: send_many/recv_many; "
+                   "ring-hdr: a ring that checks record headers only")
     t.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per size (median reported)")
     t.add_argument("--budget-mib", type=int, default=512, help="bytes per throughput run, in MiB")
     t.add_argument("--skip-contention", action="store_true", help="skip the CAS and multi-producer figures")

@@ -11,6 +11,10 @@ One-way throughput: the sender sends ``count`` messages back to back, the
 receiver takes each one (zero-copy for the ring and zmq), and reports when it
 has them all. Round trip: one message of the size out, 8 bytes back.
 
+``fused`` is the ring producer's native copy-and-checksum alone (one process, no
+consumer), record after record through pre-faulted shared memory of the ring's
+size: what the producer's pass over the bytes costs by itself.
+
 Ring variants: ``ring`` sends and receives one message per call; ``ring-batch``
 sends with ``send_many`` and receives with ``recv_many`` (up to BATCH messages
 per call; no round trip, which is one message); ``ring-hdr`` is ``ring`` over a
@@ -30,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
-TRANSPORTS = ["memcpy", "ring", "ring-batch", "ring-hdr", "zmq-ipc", "mp-queue"]
+TRANSPORTS = ["memcpy", "fused", "ring", "ring-batch", "ring-hdr", "zmq-ipc", "mp-queue"]
 RINGS = ("ring", "ring-batch", "ring-hdr")
 BATCH = 64  # messages per send_many / recv_many call in ring-batch
 ACK = b"ack-ack!"
@@ -259,6 +263,37 @@ def _memcpy(size: int, count: int) -> float:
         region.close()
 
 
+def _fused(size: int, count: int) -> float:
+    """Seconds for ``count`` native copy-and-checksums of ``size`` bytes (what a producer's send does to the
+    payload), record after record through pre-faulted shared memory of the bench's ring size, as a producer
+    writes its ring (memcpy instead copies into the same bytes every time)."""
+    from engine.transport.region import create_region
+    from engine.transport.ring.base import _ring_send
+
+    if _ring_send is None:
+        raise RuntimeError("the native fast paths are not built for this CPU")
+    from engine.transport._atomics import ring_record_checksum
+
+    buf = _ring_config(size).buffer_bytes
+    span = (64 + size + 63) // 64 * 64
+    region = create_region(f"shm://bench-fused-{os.getpid()}-{size}", buf)
+    try:
+        ring = region.local_view()
+        ring[:] = bytes(buf)  # fault the pages in, as the ring's pages are after its first lap
+        places = [ring[k * span + 64 : k * span + 64 + size] for k in range(buf // span)]
+        src = memoryview(os.urandom(size))
+        header = os.urandom(40)
+        t0 = time.perf_counter()
+        for i in range(count):
+            ring_record_checksum(header, src, places[i % len(places)])
+        elapsed = time.perf_counter() - t0
+        for v in places:
+            v.release()
+        return elapsed
+    finally:
+        region.close()
+
+
 def cas_rate(contenders: int, n: int = 300_000) -> float:
     """CAS operations per second on one shared word, summed over ``contenders`` processes."""
     from engine.transport.region import create_region
@@ -358,6 +393,9 @@ def run_benchmark(
                 slot = results.setdefault((t, size), {"tput": [], "rtt": []})
                 if t == "memcpy":
                     slot["tput"].append(_memcpy(size, count) / count)
+                    continue
+                if t == "fused":
+                    slot["tput"].append(_fused(size, count) / count)
                     continue
                 uid += 1
                 run = _Run(t, size, f"{os.getpid()}-{uid}")
