@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,30 @@ DEFAULT_ROOT = "/onepiece"
 def default_root() -> str:
     """``ONEPIECE_ETCD_ROOT`` when set, else ``/onepiece``."""
     return (os.environ.get("ONEPIECE_ETCD_ROOT") or DEFAULT_ROOT).rstrip("/") or DEFAULT_ROOT
+
+
+def _family(path: str) -> tuple[Callable[[Keyspace], str], Callable[[Keyspace, str], str]]:
+    """The two methods of a flat family of keys under ``<root>/<path>/``: the prefix, and one key.
+
+    ``nodes, node = _family("nodes")`` in :class:`Keyspace` gives ``ks.nodes()`` ->
+    ``<root>/nodes/`` and ``ks.node(name)`` -> ``<root>/nodes/<name>``."""
+
+    def prefix(self: Keyspace) -> str:
+        return f"{self.root}/{path}/"
+
+    def key(self: Keyspace, name: str, /) -> str:
+        return f"{prefix(self)}{name}"
+
+    return prefix, key
+
+
+def _fixed(path: str) -> Callable[[Keyspace], str]:
+    """The method of the one key ``<root>/<path>``."""
+
+    def key(self: Keyspace) -> str:
+        return f"{self.root}/{path}"
+
+    return key
 
 
 @dataclass(frozen=True)
@@ -65,56 +90,22 @@ class Keyspace:
     def route(self, workflow: str, stage: str, instance: str) -> str:
         return f"{self.routes(workflow, stage)}{instance}"
 
-    def nodes(self) -> str:
-        return f"{self.root}/nodes/"
-
-    def node(self, node: str) -> str:
-        return f"{self.nodes()}{node}"
-
-    def assignments(self) -> str:
-        return f"{self.root}/assignments/"
-
-    def assignment(self, node: str) -> str:
-        return f"{self.assignments()}{node}"
+    nodes, node = _family("nodes")
+    assignments, assignment = _family("assignments")
 
     # the Node Manager's publications ------------------------------------------------------------
-    def capacities(self) -> str:
-        return f"{self.root}/capacity/"
-
-    def capacity(self, workflow: str) -> str:
-        return f"{self.capacities()}{workflow}"
-
-    def leader(self) -> str:
-        return f"{self.root}/manager/leader"
-
-    def overrides(self) -> str:
-        return f"{self.root}/overrides"
+    capacities, capacity = _family("capacity")
+    leader = _fixed("manager/leader")
+    overrides = _fixed("overrides")
 
     # operator actions ------------------------------------------------------------------------------
-    def action_requests(self) -> str:
-        return f"{self.root}/actions/requests/"
-
-    def action_request(self, action_id: str) -> str:
-        return f"{self.action_requests()}{action_id}"
-
-    def action_result(self, action_id: str) -> str:
-        return f"{self.root}/actions/results/{action_id}"
-
-    def audits(self) -> str:
-        return f"{self.root}/audit/"
-
-    def audit(self, action_id: str) -> str:
-        return f"{self.audits()}{action_id}"
+    action_requests, action_request = _family("actions/requests")
+    _action_results, action_result = _family("actions/results")
+    audits, audit = _family("audit")
 
     # Workflow Sets --------------------------------------------------------------------------------
-    def sets_state(self) -> str:
-        return f"{self.root}/sets/state"
-
-    def set_nodes(self) -> str:
-        return f"{self.root}/sets/nodes/"
-
-    def set_node(self, node: str) -> str:
-        return f"{self.set_nodes()}{node}"
+    sets_state = _fixed("sets/state")
+    set_nodes, set_node = _family("sets/nodes")
 
     def set_capacities(self, workflow_set: str) -> str:
         return f"{self.root}/sets/capacity/{workflow_set}/"
