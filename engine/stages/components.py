@@ -65,9 +65,24 @@ def load_component(
 
 
 class TorchStage(StageExecutor):
-    """A stage executor on torch: resolves the device and the compute dtype once."""
+    """A stage executor on torch: resolves the device and the compute dtype once.
+
+    A stage that sets ``classes`` (component -> the ``(library, class)`` to load it with when
+    ``model_index.json`` names none) and not ``components`` gets ``components`` from its keys, and
+    :meth:`load_components` loads them all."""
 
     components: ClassVar[tuple[str, ...]] = ()
+    classes: ClassVar[dict[str, tuple[str, str]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "classes" in cls.__dict__ and "components" not in cls.__dict__:
+            cls.components = tuple(cls.classes)
+
+    def load_components(self, model_dir: Path) -> dict[str, Any]:
+        """Every component in ``classes``, by name; the modules in the compute dtype, on the device."""
+        return {c: load_component(model_dir, c, default, self.dtype, self.device)
+                for c, default in self.classes.items()}
 
     def load(self, model_dir: str | Path, device: str | None = None) -> None:
         for c in self.components:

@@ -9,24 +9,23 @@ from typing import Any, ClassVar
 import torch
 
 from engine.stages.base import StageContext
-from engine.stages.components import TorchStage, load_component
+from engine.stages.components import TorchStage
 
 
 class SDTextEncode(TorchStage):
     """Prompt and negative prompt -> ``prompt_embeds``, ``negative_prompt_embeds``."""
 
-    components: ClassVar[tuple[str, ...]] = ("tokenizer", "text_encoder")
+    classes: ClassVar[dict[str, tuple[str, str]]] = {
+        "tokenizer": ("transformers", "CLIPTokenizer"), "text_encoder": ("transformers", "CLIPTextModel"),
+    }
 
     def _load(self, model_dir: Path) -> None:
         from diffusers import StableDiffusionPipeline
 
-        tokenizer = load_component(model_dir, "tokenizer", ("transformers", "CLIPTokenizer"))
-        text_encoder = load_component(model_dir, "text_encoder", ("transformers", "CLIPTextModel"),
-                                      self.dtype, self.device)
         # A pipeline holding only this stage's components lets us call the
         # real encode_prompt (bit-identical to the one-call pipeline).
         self.pipe = StableDiffusionPipeline(
-            vae=None, text_encoder=text_encoder, tokenizer=tokenizer, unet=None, scheduler=None,
+            **self.load_components(model_dir), vae=None, unet=None, scheduler=None,
             safety_checker=None, feature_extractor=None, requires_safety_checker=False,
         )
 

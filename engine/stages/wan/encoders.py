@@ -9,20 +9,23 @@ from typing import Any, ClassVar
 import torch
 
 from engine.stages.base import StageContext
-from engine.stages.components import TorchStage, decode_image, load_component
+from engine.stages.components import TorchStage, decode_image
 from engine.stages.wan.pipe import partial_pipeline
 
 
-class WanTextEncode(TorchStage):
-    """Prompt and negative prompt -> ``prompt_embeds``, ``negative_prompt_embeds`` (1, L, D)."""
-
-    components: ClassVar[tuple[str, ...]] = ("tokenizer", "text_encoder")
+class _WanEncode(TorchStage):
+    """An encoder stage: a partial pipeline holding its components, whose own ``encode_*`` it calls."""
 
     def _load(self, model_dir: Path) -> None:
-        tokenizer = load_component(model_dir, "tokenizer", ("transformers", "AutoTokenizer"))
-        text_encoder = load_component(model_dir, "text_encoder", ("transformers", "UMT5EncoderModel"),
-                                      self.dtype, self.device)
-        self.pipe = partial_pipeline(tokenizer=tokenizer, text_encoder=text_encoder)
+        self.pipe = partial_pipeline(**self.load_components(model_dir))
+
+
+class WanTextEncode(_WanEncode):
+    """Prompt and negative prompt -> ``prompt_embeds``, ``negative_prompt_embeds`` (1, L, D)."""
+
+    classes: ClassVar[dict[str, tuple[str, str]]] = {
+        "tokenizer": ("transformers", "AutoTokenizer"), "text_encoder": ("transformers", "UMT5EncoderModel"),
+    }
 
     @torch.no_grad()
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
@@ -36,16 +39,12 @@ class WanTextEncode(TorchStage):
         return {"prompt_embeds": pos.to(self.dtype), "negative_prompt_embeds": neg.to(self.dtype)}
 
 
-class WanImageEncode(TorchStage):
+class WanImageEncode(_WanEncode):
     """Input image bytes -> ``image_embeds``: CLIP vision's penultimate hidden states."""
 
-    components: ClassVar[tuple[str, ...]] = ("image_processor", "image_encoder")
-
-    def _load(self, model_dir: Path) -> None:
-        processor = load_component(model_dir, "image_processor", ("transformers", "CLIPImageProcessor"))
-        encoder = load_component(model_dir, "image_encoder", ("transformers", "CLIPVisionModel"),
-                                 self.dtype, self.device)
-        self.pipe = partial_pipeline(image_processor=processor, image_encoder=encoder)
+    classes: ClassVar[dict[str, tuple[str, str]]] = {
+        "image_processor": ("transformers", "CLIPImageProcessor"), "image_encoder": ("transformers", "CLIPVisionModel"),
+    }
 
     @torch.no_grad()
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
