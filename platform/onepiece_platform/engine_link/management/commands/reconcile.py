@@ -2,31 +2,29 @@
 
 from __future__ import annotations
 
-import signal
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from onepiece_platform.engine_link.reconciler import Reconciler
+from onepiece_platform.loop_command import LoopCommand
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Move ledger rows to their engine states from the event stream; fail jobs the engine lost."
+    once_help = "one sweep and one batch of events, then exit"
+    running = "reconciler running"
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--once", action="store_true", help="one sweep and one batch of events, then exit")
+        super().add_arguments(parser)
         parser.add_argument("--sweep-every", type=float, default=10.0)
 
-    def handle(self, *args: Any, **opts: Any) -> None:
-        r = Reconciler()
-        if opts["once"]:
-            n = r.sweep()
-            m = r.step()
-            self.stdout.write(f"swept {n} finished, applied {m} events")
-            return
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        self.stdout.write("reconciler running")
-        r.run(stop, opts["sweep_every"])
+    def worker(self) -> Reconciler:
+        return Reconciler()
+
+    def run_once(self, worker: Reconciler, opts: dict[str, Any]) -> str:
+        n = worker.sweep()
+        m = worker.step()
+        return f"swept {n} finished, applied {m} events"
+
+    def run_loop(self, worker: Reconciler, stop: threading.Event, opts: dict[str, Any]) -> None:
+        worker.run(stop, opts["sweep_every"])

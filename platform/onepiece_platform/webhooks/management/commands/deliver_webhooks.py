@@ -3,33 +3,30 @@ overlap; a killed one's claims are sent again by the others, or by it once resta
 
 from __future__ import annotations
 
-import signal
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from onepiece_platform import conf
+from onepiece_platform.loop_command import LoopCommand
 from onepiece_platform.webhooks.delivery import Deliverer
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = "Send the completion webhooks in the outbox: signed, retried with backoff for up to 24 h."
+    once_help = "send what is due now, one by one, then exit"
+    running = "webhook delivery worker running"
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--once", action="store_true", help="send what is due now, one by one, then exit")
+        super().add_arguments(parser)
         parser.add_argument("--concurrency", type=int, default=None,
                             help=f"attempts in flight (default WEBHOOK_CONCURRENCY, {conf.get('WEBHOOK_CONCURRENCY')})")
 
-    def handle(self, *args: Any, **opts: Any) -> None:
-        d = Deliverer()
-        if opts["once"]:
-            states = d.run_once()
-            self.stdout.write(f"attempted {len(states)}: {states.count('delivered')} delivered")
-            return
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        self.stdout.write("webhook delivery worker running", ending="\n")
-        self.stdout.flush()
-        d.run(stop, opts["concurrency"])
+    def worker(self) -> Deliverer:
+        return Deliverer()
+
+    def run_once(self, worker: Deliverer, opts: dict[str, Any]) -> str:
+        states = worker.run_once()
+        return f"attempted {len(states)}: {states.count('delivered')} delivered"
+
+    def run_loop(self, worker: Deliverer, stop: threading.Event, opts: dict[str, Any]) -> None:
+        worker.run(stop, opts["concurrency"])
