@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from onepiece_platform import conf
+from onepiece_platform.admin_base import ReadOnlyAdmin, ReadOnlyInline
 from onepiece_platform.webhooks.models import (
     FAILED,
     PENDING,
@@ -31,18 +32,13 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         return False  # created through the API, where the secret can be shown once
 
 
-class WebhookAttemptInline(admin.TabularInline):
+class WebhookAttemptInline(ReadOnlyInline):
     model = WebhookAttempt
-    fields = readonly_fields = ["number", "at", "status_code", "latency_ms", "error", "address", "url", "worker"]
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
+    fields = ["number", "at", "status_code", "latency_ms", "error", "address", "url", "worker"]
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(ReadOnlyAdmin):  # the outbox is written by the ledger and worker
     inlines = [WebhookAttemptInline]
     list_display = ["msg_id", "event_type", "job", "target", "state", "attempt_count", "last_status",
                     "next_attempt_at", "created_at", "delivered_at"]
@@ -50,12 +46,6 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     search_fields = ["=msg_id", "=event_id", "=job__uid", "url", "endpoint__url"]
     date_hierarchy = "created_at"
     actions = ["send_again"]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: WebhookDelivery | None = None) -> list[str]:
-        return [f.name for f in WebhookDelivery._meta.fields]  # the outbox is written by the ledger and worker
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
     @admin.action(description="Send failed deliveries again now (same webhook-id; retried for another 24 h)")
     def send_again(self, request: HttpRequest, queryset) -> None:  # type: ignore[no-untyped-def]
