@@ -10,6 +10,14 @@ from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
 
+class PageSerializer(serializers.Serializer):
+    # A page of a native list; a subclass declares ``results``. (No docstring: it would become the
+    # description of every page in the OpenAPI schema.)
+    count = serializers.IntegerField()
+    next = serializers.CharField(allow_null=True)
+    previous = serializers.CharField(allow_null=True)
+
+
 class ErrorSerializer(serializers.Serializer):
     """Every error of the native API: ``detail`` always; ``field`` names the culprit where there is one."""
 

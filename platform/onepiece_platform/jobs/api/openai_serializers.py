@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -74,7 +74,19 @@ class InputReferenceField(serializers.Field):
         return None
 
 
-class VideoCreateSerializer(RefuseUnknownFields):
+class _GenerateSerializer(RefuseUnknownFields):
+    # A generation request: its ``model`` field offers the workflows whose final output is ``output``.
+    # (No docstring: it would become the request's description in the OpenAPI schema.)
+    output: ClassVar[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["model"].choices = models_for(self.output)
+
+
+class VideoCreateSerializer(_GenerateSerializer):
+    output = "video"
+
     prompt = serializers.RegexField(PROMPT, max_length=4000)
     model = serializers.ChoiceField(choices=[], required=False,
                                     help_text="the workflow; default wan2.1-i2v with input_reference, else wan2.1-t2v")
@@ -87,10 +99,6 @@ class VideoCreateSerializer(RefuseUnknownFields):
     num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=1000)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
     negative_prompt = serializers.CharField(required=False, allow_blank=True, max_length=4000)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["model"].choices = models_for("video")
 
     def validate_size(self, value: str) -> str:
         parse_size(value)
@@ -150,7 +158,9 @@ class VideoRemixSerializer(RefuseUnknownFields):
     input_reference = InputReferenceField(required=False, help_text="image-to-video sources only: the first frame")
 
 
-class ImageGenerateSerializer(RefuseUnknownFields):
+class ImageGenerateSerializer(_GenerateSerializer):
+    output = "image"
+
     prompt = serializers.RegexField(PROMPT, max_length=4000)
     model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i")
     n = serializers.IntegerField(required=False, default=1, min_value=1, max_value=4)
@@ -160,10 +170,6 @@ class ImageGenerateSerializer(RefuseUnknownFields):
     num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=150)
     seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 5)
     negative_prompt = serializers.CharField(required=False, allow_blank=True, max_length=4000)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.fields["model"].choices = models_for("image")
 
 
 class ImageDataSerializer(serializers.Serializer):

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import workflows
+from onepiece_platform.api_schema import PageSerializer
 from onepiece_platform.jobs.models import STATES, Job
 from onepiece_platform.strict import RefuseUnknownFields
 
@@ -74,10 +75,7 @@ class JobSerializer(serializers.ModelSerializer):
         return {"self": d, "result": reverse("job-result", args=[job.uid]), "cancel": d}
 
 
-class JobPageSerializer(serializers.Serializer):
-    count = serializers.IntegerField()
-    next = serializers.CharField(allow_null=True)
-    previous = serializers.CharField(allow_null=True)
+class JobPageSerializer(PageSerializer):
     results = JobSerializer(many=True)
 
 

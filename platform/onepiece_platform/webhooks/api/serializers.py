@@ -8,6 +8,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from onepiece_platform.api_schema import PageSerializer
 from onepiece_platform.strict import RefuseUnknownFields
 from onepiece_platform.webhooks import ssrf
 from onepiece_platform.webhooks.events import EVENT_TYPES
@@ -103,10 +104,7 @@ class DeliverySerializer(serializers.ModelSerializer):
         return serializers.DateTimeField().to_representation(d.next_attempt_at) if d.state == PENDING else None
 
 
-class DeliveryPageSerializer(serializers.Serializer):
-    count = serializers.IntegerField()
-    next = serializers.CharField(allow_null=True)
-    previous = serializers.CharField(allow_null=True)
+class DeliveryPageSerializer(PageSerializer):
     results = DeliverySerializer(many=True)
 
 
