@@ -14,9 +14,8 @@ import logging
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from onepiece_platform.jobs.consumers import refuse, signed_in
+from onepiece_platform.jobs.consumers import SignedInConsumer
 
 log = logging.getLogger(__name__)
 PERIOD_S = 1.0
@@ -49,16 +48,13 @@ def _snapshot() -> dict[str, Any]:
     return snap
 
 
-class ClusterConsumer(AsyncJsonWebsocketConsumer):
-    async def connect(self) -> None:
-        user = await signed_in(self)
-        if user is None:
-            return
+class ClusterConsumer(SignedInConsumer):
+    async def admit(self, user: Any) -> int | None:
         if not user.is_staff:
-            await refuse(self, FORBIDDEN)
-            return
+            return FORBIDDEN
         await self.accept()
         self._task = asyncio.create_task(self._push())
+        return None
 
     async def _push(self) -> None:
         loop = asyncio.get_running_loop()

@@ -46,20 +46,34 @@ async def signed_in(consumer: AsyncJsonWebsocketConsumer) -> Any | None:
     return user
 
 
-class JobConsumer(AsyncJsonWebsocketConsumer):
+class SignedInConsumer(AsyncJsonWebsocketConsumer):
+    """A socket for signed-in users: an anonymous one is refused (4401); a signed-in one is let in by
+    :meth:`admit`, or refused with the close code it returns."""
+
     async def connect(self) -> None:
         user = await signed_in(self)
         if user is None:
             return
+        code = await self.admit(user)
+        if code is not None:
+            await refuse(self, code)
+
+    async def admit(self, user: Any) -> int | None:
+        """Accept and start serving ``user``, and return None; or return the close code that refuses them."""
+        raise NotImplementedError
+
+
+class JobConsumer(SignedInConsumer):
+    async def admit(self, user: Any) -> int | None:
         uid = self.scope["url_route"]["kwargs"]["uid"]
         job = await _own_job(user, uid)
         if job is None:
-            await refuse(self, NOT_FOUND)
-            return
+            return NOT_FOUND
         self.group = group_name(uid)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         await self.send_json({"type": "job", "job": job})
+        return None
 
     async def job_update(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "job", "job": event["job"]})
