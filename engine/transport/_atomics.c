@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -539,6 +540,43 @@ static PyObject *ring_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return Py_BuildValue("(iiiKiKKK)", status, 0, 0, 0ULL, 0, 0ULL, 0ULL, (unsigned long long)t.units);
 }
 
+/* ring_spin(base, s_off, slots, cursor, max_ns, yield_ns) -> bool
+ * The consumer's short wait before it sleeps on the doorbell: returns True as soon as the slot at
+ * the cursor is committed or TAIL moves, False after max_ns. Polls with PAUSE (a reaction within a
+ * fraction of a microsecond) and yields the core every yield_ns, so that a producer sharing this
+ * core (more busy processes than cores) runs at once instead of after the whole spin. Without the
+ * GIL. */
+static PyObject *ring_spin(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    uint64_t base, s_off, slots, c, max_ns, yield_ns;
+    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "ring_spin takes 6 arguments"); return NULL; }
+    if (get_u64(args[0], &base) || get_u64(args[1], &s_off) || get_u64(args[2], &slots) || get_u64(args[3], &c) ||
+        get_u64(args[4], &max_ns) || get_u64(args[5], &yield_ns)) return NULL;
+    char *b = (char *)(uintptr_t)base;
+    uint64_t so = s_off + (c % slots) * SLOT_ENTRY, committed = (c & SLOT_MASK) << 40 | ST_COMMITTED << 36;
+    uint64_t tail0 = ld(b, C_TAIL);
+    int ready = 0;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t start = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec, next_yield = start + yield_ns;
+    for (;;) {
+        for (int i = 0; i < 32; i++) {
+            if ((ld(b, so) & ~((1ULL << 36) - 1)) == committed || ld(b, C_TAIL) != tail0) { ready = 1; break; }
+            _mm_pause();
+        }
+        if (ready) break;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t now = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+        if (now - start >= max_ns) break;
+        if (now >= next_yield) {
+            sched_yield();
+            next_yield = now + yield_ns;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(ready);
+}
+
 /* One slot of a run taken by ring_take_many (32 bytes; engine/transport/ring/consumer.py reads
  * it with struct format RUN_ENTRY). */
 enum { RUN_DELIVERED = 0, RUN_SKIP_RECORD = 1, RUN_DROPPED = 2 };
@@ -728,6 +766,7 @@ static PyMethodDef methods[] = {
     {"ring_take_many", (PyCFunction)(void (*)(void))ring_take_many, METH_FASTCALL, "ring_take for a run of slots at the cursor"},
     {"ring_run_mark", (PyCFunction)(void (*)(void))ring_run_mark, METH_FASTCALL, "release marks (W2) of a run's delivered slots"},
     {"ring_run_free", (PyCFunction)(void (*)(void))ring_run_free, METH_FASTCALL, "the HEAD advance over part of a run"},
+    {"ring_spin", (PyCFunction)(void (*)(void))ring_spin, METH_FASTCALL, "the consumer's short wait for its next record"},
     {"ring_record_checksum", (PyCFunction)(void (*)(void))py_record_checksum, METH_FASTCALL, "the ring's fused copy and checksum (tests)"},
     {"ring_set_stream_min", set_stream_min, METH_O, "payload size from which copies use non-temporal stores"},
 #endif

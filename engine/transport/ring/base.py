@@ -16,10 +16,11 @@ try:  # native fast paths; absent when the extension was built without xxhash.h 
     from engine.transport._atomics import ring_run_mark as _ring_run_mark
     from engine.transport._atomics import ring_send as _ring_send
     from engine.transport._atomics import ring_send_many as _ring_send_many
+    from engine.transport._atomics import ring_spin as _ring_spin
     from engine.transport._atomics import ring_take as _ring_take
     from engine.transport._atomics import ring_take_many as _ring_take_many
 except ImportError:  # pragma: no cover - depends on the build (all or none: the Python steps run)
-    _ring_send = _ring_take = _ring_send_many = _ring_take_many = _ring_run_mark = _ring_run_free = None
+    _ring_send = _ring_take = _ring_send_many = _ring_take_many = _ring_run_mark = _ring_run_free = _ring_spin = None
 
 Buffer = bytes | bytearray | memoryview
 Refill = Callable[[memoryview], None]
@@ -28,6 +29,7 @@ _COPY_CHUNK = 256 << 10  # the Python steps copy and hash in L2-sized chunks: on
 LOOKAHEAD = 64  # how far past a stalled slot the consumer looks for committed records
 POLL_EVERY = 32  # a producer checks acknowledgements every this many sends (or 1 ms)
 FREE_BATCH = 16  # the consumer frees space (and acknowledges) every this many finished slots
+SPIN_YIELD_NS = 2_000  # a spinning consumer yields its core this often (a producer may share it)
 
 
 @dataclass
