@@ -475,7 +475,8 @@ def main(args: Any) -> int:
         records.append(Record("cas", 8, None, alone, None, None, {"contenders": 1}))
         records.append(Record("cas", 8, None, two, None, None, {"contenders": 2}))
         for size in (4 << 10, 1 << 20):
-            total = 20_000 if size <= 4096 else 600
+            # long enough that the producers' staggered start-up is noise: ~0.2 s or more per run here
+            total = 100_000 if size <= 4096 else 3_000
             progress(f"ring, 1 vs 4 producers, {_human(size)}")
             one = statistics.median(multi_producer_rate(1, size, total) for _ in range(args.repeat))
             four = statistics.median(multi_producer_rate(4, size, total) for _ in range(args.repeat))
