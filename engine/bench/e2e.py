@@ -28,6 +28,7 @@ and their ratio): the neighbour a shared host has.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import multiprocessing as mp
@@ -426,6 +427,24 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
             rows.append(r)
         out["open_loop"] = rows
     return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``onepiece bench e2e``."""
+    p.add_argument("--proxy", required=True, help="the Proxy's URL (onepiece up prints it)")
+    p.add_argument("--model-dir", required=True, help="the workflow's model folder, for the one-call baseline")
+    p.add_argument("--workflow", default="sd-t2i", choices=["sd-t2i"])
+    p.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
+    p.add_argument("--seconds", type=float, default=15.0, help="duration of the capacity and each load run")
+    p.add_argument("--poll-ms", type=float, default=None, help=argparse.SUPPRESS)  # unused since the long poll
+    p.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
+    p.add_argument("--hog", type=int, default=0, metavar="N",
+                   help="run N processes that each keep one core busy beside the engine for the whole run "
+                   "(after a quiet latency measurement, reported beside it)")
+    p.add_argument("--saturate", type=int, default=16, metavar="N",
+                   help="requests kept in flight to measure capacity (enough to keep every stage busy)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device of the one-call baselines")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def main(args: Any) -> int:

@@ -10,6 +10,7 @@ run; absolute stage times are the cost model's estimates, not measurements.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -57,6 +58,13 @@ def run(devices: int, requests: int, workflow: str = "wan2.1-i2v") -> dict[str, 
         "decision_ms_at_1000_devices_p50": statistics.median(decide) * 1e3,
         "decision_ms_at_1000_devices_max": max(decide) * 1e3,
     }
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``onepiece bench rebalance``."""
+    p.add_argument("--devices", type=int, default=64, help="device budget for the two allocations")
+    p.add_argument("--requests", type=int, default=4000, help="simulated requests per run")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def main(args: Any) -> int:

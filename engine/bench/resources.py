@@ -15,6 +15,7 @@ PNG plot, the JSON and a Markdown report into ``--out-dir``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import replace
@@ -279,6 +280,30 @@ def run(args: Any, log: Any = print) -> dict[str, Any]:
         result["sensitivity"] = sensitivity(sc, args.sensitivity_devices, args.light_occupancy)
     result["seconds"] = time.perf_counter() - t0
     return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``onepiece bench resources``."""
+    p.add_argument("--profile", default="benchmarks/resources/profiles/wan2.1-i2v-14b-480p-h200-published.json",
+                     help="stage profile JSON (benchmarks/wan_fullsize_profile.py's output, or a hand-written one)")
+    p.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64, 128, 256, 512],
+                     help="target throughputs, as the devices a fully busy monolith would need for them")
+    p.add_argument("--slo-x", type=float, default=2.0,
+                     help="latency objective: p99 <= this x the idle end-to-end time of the longest request")
+    p.add_argument("--batch", type=int, default=1, help="monolithic batch size")
+    p.add_argument("--hop-ms", type=float, default=20.0, help="OnePiece cost per stage hop, besides the bytes")
+    p.add_argument("--requests", type=int, default=2000, help="simulated requests per point (at least)")
+    p.add_argument("--sensitivity-devices", type=int, default=64,
+                     help="cluster size (in fully busy monolithic devices) for the sensitivity sweeps")
+    p.add_argument("--light-occupancy", type=float, default=0.25,
+                     help="what-if share of the device the light stages keep busy (the paper's idle GPUs)")
+    p.add_argument("--no-sensitivity", action="store_true", help="skip the assumption and sensitivity sweeps")
+    p.add_argument("--no-validate", action="store_true", help="skip the real-engine validation")
+    p.add_argument("--validate-requests", type=int, default=60, help="requests per validation load")
+    p.add_argument("--validate-loads", type=float, nargs="+", default=[0.3, 0.6, 0.85, 1.2],
+                     help="validation loads as fractions of the engine's calibrated capacity")
+    p.add_argument("--out-dir", default="benchmarks/resources", help="where the PNG, JSON and results.md go")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
 
 
 def main(args: Any) -> int:

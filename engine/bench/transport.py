@@ -24,6 +24,7 @@ by the consumer: see docs/ring-protocol.md for the risk).
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing as mp
 import os
@@ -454,6 +455,19 @@ def _human(n: int) -> str:
         if n >= k and n % k == 0:
             return f"{n // k} {unit}"
     return f"{n} B"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``onepiece bench transport``."""
+    p.add_argument("--json", action="store_true", help="print a JSON list of records instead of a table")
+    p.add_argument("--sizes", nargs="+", help="message sizes in bytes (default: 4 KiB, 64 KiB, 1, 16, 64 MiB)")
+    p.add_argument("--transports", nargs="+",
+                   choices=["memcpy", "fused", "ring", "ring-batch", "ring-hdr", "zmq-ipc", "mp-queue"],
+                   help="fused: the producer's copy-and-checksum alone; ring-batch: send_many/recv_many; "
+                   "ring-hdr: a ring that checks record headers only")
+    p.add_argument("--repeat", type=int, default=3, help="interleaved repetitions per size (median reported)")
+    p.add_argument("--budget-mib", type=int, default=512, help="bytes per throughput run, in MiB")
+    p.add_argument("--skip-contention", action="store_true", help="skip the CAS and multi-producer figures")
 
 
 def main(args: Any) -> int:

@@ -26,48 +26,62 @@ static int get_u64(PyObject *o, uint64_t *out) {
     return 0;
 }
 
+/* The argument checks of every METH_FASTCALL function: a call with other than `want` arguments is a
+ * TypeError that shows the signature; then the first n arguments are read as unsigned 64-bit
+ * integers into out[0..n) (the rest, buffers and floats, are the caller's). */
+static int nargs_is(Py_ssize_t nargs, Py_ssize_t want, const char *signature) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", signature, want, nargs);
+    return -1;
+}
+
+static int args_u64(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *signature, Py_ssize_t n,
+                    uint64_t *out) {
+    if (nargs_is(nargs, want, signature)) return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (get_u64(args[i], &out[i])) return -1;
+    return 0;
+}
+
 /* cas64(addr, expected, desired) -> previous value (success iff == expected) */
 static PyObject *cas64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t addr, expected, desired;
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "cas64(addr, expected, desired)"); return NULL; }
-    if (get_u64(args[0], &addr) || get_u64(args[1], &expected) || get_u64(args[2], &desired)) return NULL;
-    uint64_t prev = expected;
-    __atomic_compare_exchange_n((uint64_t *)(uintptr_t)addr, &prev, desired, 0,
+    uint64_t a[3];  /* addr, expected, desired */
+    if (args_u64(args, nargs, 3, "cas64(addr, expected, desired)", 3, a)) return NULL;
+    uint64_t prev = a[1];
+    __atomic_compare_exchange_n((uint64_t *)(uintptr_t)a[0], &prev, a[2], 0,
                                 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     return PyLong_FromUnsignedLongLong(prev);
 }
 
-/* faa64(addr, delta) -> previous value */
-static PyObject *faa64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t addr, delta;
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "faa64(addr, delta)"); return NULL; }
-    if (get_u64(args[0], &addr) || get_u64(args[1], &delta)) return NULL;
-    uint64_t prev = __atomic_fetch_add((uint64_t *)(uintptr_t)addr, delta, __ATOMIC_ACQ_REL);
-    return PyLong_FromUnsignedLongLong(prev);
-}
-
-static PyObject *load64(PyObject *self, PyObject *arg) {
-    uint64_t addr;
-    if (get_u64(arg, &addr)) return NULL;
-    return PyLong_FromUnsignedLongLong(__atomic_load_n((uint64_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE));
-}
+/* faaN(addr, delta) -> previous value; loadN(addr) -> value (acquire). 64-bit for the ring's
+ * words, 32-bit for the doorbell word futexes sleep on: the same code at two widths. */
+#define FAA_AND_LOAD(BITS, T, TO_PY)                                                              \
+    static PyObject *faa##BITS(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {         \
+        uint64_t a[2]; /* addr, delta */                                                          \
+        if (args_u64(args, nargs, 2, "faa" #BITS "(addr, delta)", 2, a)) return NULL;             \
+        return TO_PY(__atomic_fetch_add((T *)(uintptr_t)a[0], (T)a[1], __ATOMIC_ACQ_REL));        \
+    }                                                                                             \
+    static PyObject *load##BITS(PyObject *self, PyObject *arg) {                                  \
+        uint64_t addr;                                                                            \
+        if (get_u64(arg, &addr)) return NULL;                                                     \
+        return TO_PY(__atomic_load_n((T *)(uintptr_t)addr, __ATOMIC_ACQUIRE));                    \
+    }
+FAA_AND_LOAD(64, uint64_t, PyLong_FromUnsignedLongLong)
+FAA_AND_LOAD(32, uint32_t, PyLong_FromUnsignedLong)
 
 static PyObject *store64(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t addr, value;
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "store64(addr, value)"); return NULL; }
-    if (get_u64(args[0], &addr) || get_u64(args[1], &value)) return NULL;
-    __atomic_store_n((uint64_t *)(uintptr_t)addr, value, __ATOMIC_RELEASE);
+    uint64_t a[2];  /* addr, value */
+    if (args_u64(args, nargs, 2, "store64(addr, value)", 2, a)) return NULL;
+    __atomic_store_n((uint64_t *)(uintptr_t)a[0], a[1], __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 
 /* futex_wait(addr, expected32, timeout_s) -> True if woken or value changed, False on timeout.
  * Releases the GIL while it sleeps. Shared (not PRIVATE) futex: works across processes. */
 static PyObject *futex_wait(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t addr, expected;
-    double timeout;
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "futex_wait(addr, expected, timeout_s)"); return NULL; }
-    if (get_u64(args[0], &addr) || get_u64(args[1], &expected)) return NULL;
-    timeout = PyFloat_AsDouble(args[2]);
+    uint64_t a[2];  /* addr, expected */
+    if (args_u64(args, nargs, 3, "futex_wait(addr, expected, timeout_s)", 2, a)) return NULL;
+    double timeout = PyFloat_AsDouble(args[2]);
     if (timeout == -1.0 && PyErr_Occurred()) return NULL;
     struct timespec ts;
     ts.tv_sec = (time_t)timeout;
@@ -75,7 +89,7 @@ static PyObject *futex_wait(PyObject *self, PyObject *const *args, Py_ssize_t na
     long rc;
     int err;
     Py_BEGIN_ALLOW_THREADS
-    rc = syscall(SYS_futex, (uint32_t *)(uintptr_t)addr, FUTEX_WAIT, (uint32_t)expected, &ts, NULL, 0);
+    rc = syscall(SYS_futex, (uint32_t *)(uintptr_t)a[0], FUTEX_WAIT, (uint32_t)a[1], &ts, NULL, 0);
     err = errno;
     Py_END_ALLOW_THREADS
     if (rc == -1 && err == ETIMEDOUT) Py_RETURN_FALSE;
@@ -84,40 +98,26 @@ static PyObject *futex_wait(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 static PyObject *futex_wake(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t addr, n;
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "futex_wake(addr, n)"); return NULL; }
-    if (get_u64(args[0], &addr) || get_u64(args[1], &n)) return NULL;
-    long rc = syscall(SYS_futex, (uint32_t *)(uintptr_t)addr, FUTEX_WAKE, (int)n, NULL, NULL, 0);
+    uint64_t a[2];  /* addr, n */
+    if (args_u64(args, nargs, 2, "futex_wake(addr, n)", 2, a)) return NULL;
+    long rc = syscall(SYS_futex, (uint32_t *)(uintptr_t)a[0], FUTEX_WAKE, (int)a[1], NULL, NULL, 0);
     if (rc == -1) return PyErr_SetFromErrno(PyExc_OSError);
     return PyLong_FromLong(rc);
 }
 
-/* faa32(addr, delta) -> previous value: the doorbell word futexes sleep on is 32-bit. */
-static PyObject *faa32(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t addr, delta;
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "faa32(addr, delta)"); return NULL; }
-    if (get_u64(args[0], &addr) || get_u64(args[1], &delta)) return NULL;
-    uint32_t prev = __atomic_fetch_add((uint32_t *)(uintptr_t)addr, (uint32_t)delta, __ATOMIC_ACQ_REL);
-    return PyLong_FromUnsignedLong(prev);
-}
-
-static PyObject *load32(PyObject *self, PyObject *arg) {
-    uint64_t addr;
-    if (get_u64(arg, &addr)) return NULL;
-    return PyLong_FromUnsignedLong(__atomic_load_n((uint32_t *)(uintptr_t)addr, __ATOMIC_ACQUIRE));
-}
-
 /* copy(dst_addr, src_addr, n): plain memcpy with the GIL released (large payloads). */
 static PyObject *copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t dst, src, n;
-    if (nargs != 3) { PyErr_SetString(PyExc_TypeError, "copy(dst, src, n)"); return NULL; }
-    if (get_u64(args[0], &dst) || get_u64(args[1], &src) || get_u64(args[2], &n)) return NULL;
+    uint64_t a[3];
+    if (args_u64(args, nargs, 3, "copy(dst, src, n)", 3, a)) return NULL;
+    void *dst = (void *)(uintptr_t)a[0];
+    const void *src = (const void *)(uintptr_t)a[1];
+    size_t n = (size_t)a[2];
     if (n >= (1u << 16)) {
         Py_BEGIN_ALLOW_THREADS
-        memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)n);
+        memcpy(dst, src, n);
         Py_END_ALLOW_THREADS
     } else {
-        memcpy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, (size_t)n);
+        memcpy(dst, src, n);
     }
     Py_RETURN_NONE;
 }
@@ -419,7 +419,7 @@ static int send_one(const geom_t *g, uint64_t producer, uint64_t epoch, uint64_t
 static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     geom_t g;
     uint64_t producer, epoch, seq, flags;
-    if (nargs != 11) { PyErr_SetString(PyExc_TypeError, "ring_send takes 11 arguments"); return NULL; }
+    if (nargs_is(nargs, 11, "ring_send")) return NULL;
     if (parse_geom(args, &g) || get_u64(args[6], &producer) || get_u64(args[7], &epoch) ||
         get_u64(args[8], &seq) || get_u64(args[9], &flags)) return NULL;
     Py_buffer data;
@@ -439,7 +439,7 @@ static PyObject *ring_send(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyObject *ring_send_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     geom_t g;
     uint64_t producer, epoch, seq, flags, start;
-    if (nargs != 12) { PyErr_SetString(PyExc_TypeError, "ring_send_many takes 12 arguments"); return NULL; }
+    if (nargs_is(nargs, 12, "ring_send_many")) return NULL;
     if (parse_geom(args, &g) || get_u64(args[6], &producer) || get_u64(args[7], &epoch) ||
         get_u64(args[8], &seq) || get_u64(args[9], &flags) || get_u64(args[11], &start)) return NULL;
     PyObject *seqobj = PySequence_Fast(args[10], "messages must be a sequence of buffers");
@@ -547,10 +547,9 @@ static PyObject *ring_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
  * core (more busy processes than cores) runs at once instead of after the whole spin. Without the
  * GIL. */
 static PyObject *ring_spin(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    uint64_t base, s_off, slots, c, max_ns, yield_ns;
-    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "ring_spin takes 6 arguments"); return NULL; }
-    if (get_u64(args[0], &base) || get_u64(args[1], &s_off) || get_u64(args[2], &slots) || get_u64(args[3], &c) ||
-        get_u64(args[4], &max_ns) || get_u64(args[5], &yield_ns)) return NULL;
+    uint64_t a[6];
+    if (args_u64(args, nargs, 6, "ring_spin(base, s_off, slots, cursor, max_ns, yield_ns)", 6, a)) return NULL;
+    uint64_t base = a[0], s_off = a[1], slots = a[2], c = a[3], max_ns = a[4], yield_ns = a[5];
     char *b = (char *)(uintptr_t)base;
     uint64_t so = s_off + (c % slots) * SLOT_ENTRY, committed = (c & SLOT_MASK) << 40 | ST_COMMITTED << 36;
     uint64_t tail0 = ld(b, C_TAIL);
@@ -604,7 +603,7 @@ typedef struct {
 static PyObject *ring_take_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     geom_t g;
     uint64_t c, cb, max_n, hok;
-    if (nargs != 11) { PyErr_SetString(PyExc_TypeError, "ring_take_many takes 11 arguments"); return NULL; }
+    if (nargs_is(nargs, 11, "ring_take_many")) return NULL;
     if (parse_geom(args, &g) || get_u64(args[6], &c) || get_u64(args[7], &cb) || get_u64(args[8], &max_n) ||
         get_u64(args[9], &hok)) return NULL;
     PyObject *ro = args[10];
@@ -667,35 +666,42 @@ static PyObject *ring_take_many(PyObject *self, PyObject *const *args, Py_ssize_
                          (unsigned long long)counts[3], (unsigned long long)counts[4], (unsigned long long)counts[5]);
 }
 
-static int parse_run(PyObject *const *args, char **base, uint64_t *s_off, uint64_t *slots, Py_buffer *entries,
-                     uint64_t *first, uint64_t *i0, uint64_t *i1) {
-    uint64_t b;
-    if (get_u64(args[0], &b) || get_u64(args[1], s_off) || get_u64(args[2], slots) ||
-        get_u64(args[4], first) || get_u64(args[5], i0) || get_u64(args[6], i1)) return -1;
-    *base = (char *)(uintptr_t)b;
-    if (PyObject_GetBuffer(args[3], entries, PyBUF_SIMPLE) < 0) return -1;
-    if (*i0 > *i1 || *i1 * sizeof(run_entry_t) > (uint64_t)entries->len) {
-        PyBuffer_Release(entries);
+/* The arguments of ring_run_mark and ring_run_free: (base, s_off, slots, entries, first_slot, i0, i1),
+ * entries the run_entry_t array ring_take_many returned, held as a buffer until run_release. */
+typedef struct {
+    char *base;
+    uint64_t s_off, slots, first, i0, i1;
+    Py_buffer eb;
+    const run_entry_t *ent;
+} run_args_t;
+
+static int parse_run(PyObject *const *args, Py_ssize_t nargs, const char *name, run_args_t *r) {
+    uint64_t a[3], b[3];
+    if (args_u64(args, nargs, 7, name, 3, a)) return -1;
+    if (get_u64(args[4], &b[0]) || get_u64(args[5], &b[1]) || get_u64(args[6], &b[2])) return -1;
+    r->base = (char *)(uintptr_t)a[0]; r->s_off = a[1]; r->slots = a[2];
+    r->first = b[0]; r->i0 = b[1]; r->i1 = b[2];
+    if (PyObject_GetBuffer(args[3], &r->eb, PyBUF_SIMPLE) < 0) return -1;
+    if (r->i0 > r->i1 || r->i1 * sizeof(run_entry_t) > (uint64_t)r->eb.len) {
+        PyBuffer_Release(&r->eb);
         PyErr_SetString(PyExc_ValueError, "run range out of bounds");
         return -1;
     }
+    r->ent = (const run_entry_t *)r->eb.buf;
     return 0;
 }
 
 /* ring_run_mark(base, s_off, slots, entries, first_slot, i0, i1): the release marks (W2) of the
  * delivered slots i0 <= i < i1 of a run (crash recovery skips what they mark). */
 static PyObject *ring_run_mark(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    char *b; uint64_t s_off, slots, first, i0, i1;
-    Py_buffer eb;
-    if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "ring_run_mark takes 7 arguments"); return NULL; }
-    if (parse_run(args, &b, &s_off, &slots, &eb, &first, &i0, &i1)) return NULL;
-    const run_entry_t *ent = (const run_entry_t *)eb.buf;
-    for (uint64_t i = i0; i < i1; i++) {
-        if (ent[i].kind != RUN_DELIVERED) continue;
-        uint64_t s = (first + i) & SLOT_MASK;
-        st(b, s_off + (s % slots) * SLOT_ENTRY + S_W2, (s << 40) | 1);
+    run_args_t r;
+    if (parse_run(args, nargs, "ring_run_mark", &r)) return NULL;
+    for (uint64_t i = r.i0; i < r.i1; i++) {
+        if (r.ent[i].kind != RUN_DELIVERED) continue;
+        uint64_t s = (r.first + i) & SLOT_MASK;
+        st(r.base, r.s_off + (s % r.slots) * SLOT_ENTRY + S_W2, (s << 40) | 1);
     }
-    PyBuffer_Release(&eb);
+    PyBuffer_Release(&r.eb);
     Py_RETURN_NONE;
 }
 
@@ -704,37 +710,35 @@ static PyObject *ring_run_mark(PyObject *self, PyObject *const *args, Py_ssize_t
  * next lap; returns the bytes they span and, per producer, the (producer, epoch, next seq) that
  * ACKED[producer] becomes (the caller publishes ACKED, then HEAD). */
 static PyObject *ring_run_free(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    char *b; uint64_t s_off, slots, first, i0, i1;
-    Py_buffer eb;
-    if (nargs != 7) { PyErr_SetString(PyExc_TypeError, "ring_run_free takes 7 arguments"); return NULL; }
-    if (parse_run(args, &b, &s_off, &slots, &eb, &first, &i0, &i1)) return NULL;
-    const run_entry_t *ent = (const run_entry_t *)eb.buf;
+    run_args_t r;
+    if (parse_run(args, nargs, "ring_run_free", &r)) return NULL;
+    const run_entry_t *ent = r.ent;
     uint64_t bytes = 0;
     int np = 0;
     struct { uint16_t p; uint32_t epoch; uint64_t next; } acks[16];
     PyObject *extra = NULL;  /* more than 16 producers in one range: a dict */
-    for (uint64_t i = i0; i < i1; i++) {
-        uint64_t s = (first + i) & SLOT_MASK;
-        st(b, s_off + (s % slots) * SLOT_ENTRY, w0(s + slots, ST_FREE, 0, 0));
+    for (uint64_t i = r.i0; i < r.i1; i++) {
+        uint64_t s = (r.first + i) & SLOT_MASK;
+        st(r.base, r.s_off + (s % r.slots) * SLOT_ENTRY, w0(s + r.slots, ST_FREE, 0, 0));
         bytes += (uint64_t)ent[i].units * UNIT;
         if (ent[i].kind == RUN_DROPPED) continue;
         int k = 0;
         while (k < np && acks[k].p != ent[i].producer) k++;
         if (k == np) {
             if (np == 16) {
-                if (!extra && !(extra = PyDict_New())) { PyBuffer_Release(&eb); return NULL; }
+                if (!extra && !(extra = PyDict_New())) { PyBuffer_Release(&r.eb); return NULL; }
                 PyObject *key = PyLong_FromLong(ent[i].producer);
                 PyObject *val = Py_BuildValue("(kK)", (unsigned long)ent[i].epoch, (unsigned long long)(ent[i].seq + 1));
                 int rc = key && val ? PyDict_SetItem(extra, key, val) : -1;
                 Py_XDECREF(key); Py_XDECREF(val);
-                if (rc < 0) { Py_DECREF(extra); PyBuffer_Release(&eb); return NULL; }
+                if (rc < 0) { Py_DECREF(extra); PyBuffer_Release(&r.eb); return NULL; }
                 continue;
             }
             np++;
         }
         acks[k].p = ent[i].producer; acks[k].epoch = ent[i].epoch; acks[k].next = ent[i].seq + 1;
     }
-    PyBuffer_Release(&eb);
+    PyBuffer_Release(&r.eb);
     PyObject *out = extra ? extra : PyDict_New();
     if (!out) return NULL;
     for (int k = 0; k < np; k++) {

@@ -62,3 +62,41 @@ def test_large_messages_take_the_streaming_copy_and_arrive_intact(ring_name) -> 
         p.close()
         p.region.close()
         c.close()
+
+
+def test_native_primitives_refuse_a_wrong_argument_count_with_their_signature() -> None:
+    """Every native call checks its argument count before it touches an address (a short call
+    would otherwise read past the argument array) and says what it takes."""
+    import mmap
+
+    from engine.transport import _atomics as a
+
+    cases = [
+        (a.cas64, (1, 2), r"cas64\(addr, expected, desired\) takes 3 arguments, got 2"),
+        (a.faa64, (1,), r"faa64\(addr, delta\) takes 2 arguments, got 1"),
+        (a.store64, (1, 2, 3), r"store64\(addr, value\) takes 2 arguments, got 3"),
+        (a.futex_wait, (0, 0), r"futex_wait\(addr, expected, timeout_s\) takes 3 arguments, got 2"),
+        (a.copy, (), r"copy\(dst, src, n\) takes 3 arguments, got 0"),
+        (a.ring_send, (1,), r"ring_send takes 11 arguments, got 1"),
+        (a.ring_spin, (1, 2), r"ring_spin\(base, s_off, slots, cursor, max_ns, yield_ns\) takes 6 arguments, got 2"),
+    ]
+    for fn, args, message in cases:
+        with pytest.raises(TypeError, match=message):
+            fn(*args)
+    # and with the right count they act on the address they were given
+    import ctypes
+
+    buf = mmap.mmap(-1, 4096)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert a.cas64(addr, 0, 7) == 0 and a.load64(addr) == 7
+    assert a.cas64(addr, 0, 9) == 7 and a.load64(addr) == 7  # a failed CAS leaves the word alone
+    assert a.faa64(addr, 5) == 7 and a.load64(addr) == 12
+    a.store64(addr + 8, 2**64 - 1)
+    assert a.load64(addr + 8) == 2**64 - 1
+    assert a.faa32(addr + 16, 3) == 0 and a.load32(addr + 16) == 3
+    assert a.futex_wait(addr + 16, 4, 0.001) is True  # the word is not 4: returns at once
+    assert a.futex_wait(addr + 16, 3, 0.001) is False  # nobody wakes it: times out
+    a.copy(addr + 64, addr, 24)
+    assert bytes(buf[64:88]) == bytes(buf[0:24])
+    del addr
+    buf.close()
