@@ -13,13 +13,14 @@ from django.core.management.base import BaseCommand
 class LoopCommand(BaseCommand):
     """Makes the worker (:meth:`worker`), then with ``--once`` runs one round (:meth:`run_once`) and
     writes its summary; otherwise writes ``running`` and runs :meth:`run_loop` until SIGINT or SIGTERM
-    sets the event it is given."""
+    sets the event it is given. ``--once``'s help is the first line of :meth:`run_once`'s docstring
+    (what one round does is said once, where it is done)."""
 
-    once_help = "one round, then exit"
     running = "running"
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--once", action="store_true", help=self.once_help)
+        once = (self.run_once.__doc__ or "one round").strip().splitlines()[0].rstrip(".")
+        parser.add_argument("--once", action="store_true", help=f"{once[0].lower()}{once[1:]}, then exit")
 
     def worker(self) -> Any:
         """The object that does the work (a reconciler, a deliverer)."""

@@ -139,7 +139,11 @@ def test_workflows_list_params_and_limits(alice) -> None:
     wfs = {w["name"]: w for w in c.get("/api/v1/workflows").json()}
     assert set(wfs) >= {"sd-t2i", "wan2.1-i2v"}
     steps = next(p for p in wfs["sd-t2i"]["params"] if p["name"] == "num_inference_steps")
-    assert steps["maximum"] == 150 and steps["type"] == "int"
+    assert steps["maximum"] == 150 and steps["type"] == "int" and steps["max_length"] is None
+    prompt = next(p for p in wfs["sd-t2i"]["params"] if p["name"] == "prompt")
+    from engine.workflow import get_workflow
+
+    assert prompt["type"] == "str" and prompt["max_length"] == get_workflow("sd-t2i").param("prompt").max_length > 0
     assert wfs["wan2.1-i2v"]["inputs"] == ["image"] and wfs["wan2.1-i2v"]["output"] == "video"
     assert wfs["sd-t2i"]["limits"]["max_concurrent_jobs"] == 4
 

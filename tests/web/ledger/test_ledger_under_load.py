@@ -433,20 +433,22 @@ def test_every_event_applied_every_stage_timed_every_charge_exact(
     env.update(ONEPIECE_STATE_DIR=str(tmp_path / "state"), ONEPIECE_REDIS_URL=redis.url, ONEPIECE_ETCD_URL=etcd.url,
                ONEPIECE_PROXY_URL=cluster.proxy, ONEPIECE_PROXY_TOKEN=os.environ["ONEPIECE_PROXY_TOKEN"],
                ONEPIECE_SQLITE_PATH=str(tmp_path / "state" / "db.sqlite3"),
-               DJANGO_SETTINGS_MODULE="tests.web.ledger.settings_under_test", DJANGO_SECRET_KEY=secrets.token_hex(32),
+               DJANGO_SETTINGS_MODULE="tests.fixtures.process_settings", DJANGO_SECRET_KEY=secrets.token_hex(32),
+               # short grace periods: a fault's consequences are decided within the test's time
+               ONEPIECE_TEST_SETTINGS=json.dumps({"LOST_AFTER_S": 6.0, "HOLD_UNKNOWN_S": 5.0}),
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "platform"), str(REPO_ROOT)]))
     pg_dsn = ""
     if database == "postgresql":
         pg = request.getfixturevalue("postgres_server")
         pg_dsn = pg.dsn()
-        env["LEDGER_TEST_PG_PORT"] = str(pg.port)
+        env["ONEPIECE_TEST_PG_PORT"] = str(pg.port)
     p = Platform(tmp_path / "state", env)
     load: Load | None = None
     try:
         p.run_manage("migrate", "--noinput", "-v", "0")
         users = _setup_users(p)
         p.start_web()
-        rec_env = {"LEDGER_TEST_APP_NAME": "ledger-reconciler"}  # its PostgreSQL connections are told apart
+        rec_env = {"ONEPIECE_TEST_APP_NAME": "ledger-reconciler"}  # its PostgreSQL connections are told apart
         p.start_reconciler(rec_env)
 
         # -- phase one: the load, with the reconciler killed mid-batch and its connection cut ------------------

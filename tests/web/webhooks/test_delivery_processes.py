@@ -2,7 +2,7 @@
 under faults: the receiver down while the worker is SIGKILLed mid-send and restarted (SQLite, as on one
 machine), and two workers at once over jobs finishing concurrently (PostgreSQL, ``SKIP LOCKED``).
 
-Settings: tests/web/webhooks/worker_settings.py, with retries after 0.2 s and leases of a few
+Settings: tests/fixtures/process_settings.py, with retries after 0.2 s and leases of a few
 seconds, so the faults play out within seconds.
 """
 
@@ -74,10 +74,10 @@ class Deployment:
     def __init__(self, tmp: Path, redis_url: str, db: dict[str, str], webhook_settings: dict[str, Any]) -> None:
         self.logs = tmp / "logs"
         self.logs.mkdir()
-        self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.web.webhooks.worker_settings",
+        self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.fixtures.process_settings",
                     "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "platform"), str(REPO_ROOT)]),
                     "ONEPIECE_STATE_DIR": str(tmp), "ONEPIECE_REDIS_URL": redis_url,
-                    "WEBHOOK_TEST_ONEPIECE": json.dumps(webhook_settings), **db}
+                    "ONEPIECE_TEST_SETTINGS": json.dumps(webhook_settings), **db}
         self.workers: list[subprocess.Popen[bytes]] = []
 
     def script(self, code: str) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def _redis_url(redis_server: Any) -> str:
 @pytest.fixture
 def sqlite_deployment(tmp_path: Path, redis_server: Any) -> Iterator[tuple[Deployment, Path]]:
     db = tmp_path / "db.sqlite3"
-    dep = Deployment(tmp_path, _redis_url(redis_server), {"WEBHOOK_TEST_SQLITE": str(db)},
+    dep = Deployment(tmp_path, _redis_url(redis_server), {"ONEPIECE_SQLITE_PATH": str(db)},
                      {"WEBHOOK_RETRY_DELAYS_S": [0.2], "WEBHOOK_RETRY_JITTER": 0.0, "WEBHOOK_TIMEOUT_S": 1.0,
                       "WEBHOOK_LEASE_S": 3.0, "WEBHOOK_POLL_S": 0.1})
     yield dep, db
@@ -177,7 +177,7 @@ def test_receiver_down_and_worker_killed_mid_send_nothing_lost(sqlite_deployment
 @pytest.fixture
 def pg_deployment(tmp_path: Path, redis_server: Any,
                   postgres_server: PostgresServer) -> Iterator[tuple[Deployment, PostgresServer]]:
-    dep = Deployment(tmp_path, _redis_url(redis_server), {"WEBHOOK_TEST_PG_PORT": str(postgres_server.port)},
+    dep = Deployment(tmp_path, _redis_url(redis_server), {"ONEPIECE_TEST_PG_PORT": str(postgres_server.port)},
                      {"WEBHOOK_RETRY_DELAYS_S": [0.2], "WEBHOOK_RETRY_JITTER": 0.5, "WEBHOOK_TIMEOUT_S": 2.0,
                       "WEBHOOK_LEASE_S": 30.0, "WEBHOOK_POLL_S": 0.1})
     yield dep, postgres_server

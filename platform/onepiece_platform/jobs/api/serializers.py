@@ -85,12 +85,15 @@ class JobListFilter(serializers.Serializer):
 
 
 class ParamSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    type = serializers.CharField()
-    default = serializers.JSONField(allow_null=True)
-    minimum = serializers.FloatField(allow_null=True)
-    maximum = serializers.FloatField(allow_null=True)
-    doc = serializers.CharField()
+    """One parameter of a workflow, as the workflow's spec declares it (the API schema documents each)."""
+
+    name = serializers.CharField(help_text="the key in a job's `params`")
+    type = serializers.CharField(help_text="the Python type of its value: int, float, str or bool")
+    default = serializers.JSONField(allow_null=True, help_text="the value a job gets when it leaves it out")
+    minimum = serializers.FloatField(allow_null=True, help_text="the smallest value accepted; null: no bound")
+    maximum = serializers.FloatField(allow_null=True, help_text="the largest value accepted; null: no bound")
+    max_length = serializers.IntegerField(allow_null=True, help_text="the most characters a str value may have")
+    doc = serializers.CharField(help_text="what it does")
 
 
 class WorkflowSerializer(serializers.Serializer):
@@ -108,6 +111,6 @@ def describe_workflow(spec: Any, limits: dict[str, Any]) -> dict[str, Any]:
         "name": spec.name, "description": spec.description, "stages": spec.route(),
         "inputs": [t.name for t in spec.request_inputs], "output": spec.final_output,
         "params": [{"name": p.name, "type": p.type.__name__, "default": p.default, "minimum": p.minimum,
-                    "maximum": p.maximum, "doc": p.doc} for p in spec.params],
+                    "maximum": p.maximum, "max_length": p.max_length, "doc": p.doc} for p in spec.params],
         "limits": limits,
     }

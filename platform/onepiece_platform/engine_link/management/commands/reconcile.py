@@ -11,17 +11,19 @@ from onepiece_platform.loop_command import LoopCommand
 
 class Command(LoopCommand):
     help = "Move ledger rows to their engine states from the event stream; fail jobs the engine lost."
-    once_help = "one sweep and one batch of events, then exit"
     running = "reconciler running"
 
     def add_arguments(self, parser: Any) -> None:
         super().add_arguments(parser)
-        parser.add_argument("--sweep-every", type=float, default=10.0)
+        parser.add_argument("--sweep-every", type=float, default=10.0, metavar="SECONDS",
+                            help="how often every unfinished job is checked against the engine, which finishes "
+                            "those whose events were lost (default 10)")
 
     def worker(self) -> Reconciler:
         return Reconciler()
 
     def run_once(self, worker: Reconciler, opts: dict[str, Any]) -> str:
+        """One sweep and one batch of events."""
         n = worker.sweep()
         m = worker.step()
         return f"swept {n} finished, applied {m} events"

@@ -13,7 +13,6 @@ from onepiece_platform.webhooks.delivery import Deliverer
 
 class Command(LoopCommand):
     help = "Send the completion webhooks in the outbox: signed, retried with backoff for up to 24 h."
-    once_help = "send what is due now, one by one, then exit"
     running = "webhook delivery worker running"
 
     def add_arguments(self, parser: Any) -> None:
@@ -25,6 +24,7 @@ class Command(LoopCommand):
         return Deliverer()
 
     def run_once(self, worker: Deliverer, opts: dict[str, Any]) -> str:
+        """Send what is due now, one by one."""
         states = worker.run_once()
         return f"attempted {len(states)}: {states.count('delivered')} delivered"
 
