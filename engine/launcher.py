@@ -29,7 +29,7 @@ from pathlib import Path
 
 from engine import envs
 from engine.coord import redact
-from engine.embedded import EtcdServer, RedisServer, ServiceError, free_port
+from engine.embedded import EtcdServer, RedisServer, ServiceError, children, free_port
 from engine.embedded.credentials import secret
 from engine.embedded.statelock import StateLock
 
@@ -119,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         try:
             # one onepiece up per state folder: a second is refused at once, naming the first
-            stack.enter_context(StateLock(state))
+            lock = stack.enter_context(StateLock(state))
+            # every child holds the lock too, and gets SIGTERM if this process dies (engine/embedded/children.py)
+            children.hold_in_children(lock.fd)
+            stack.callback(children.hold_in_children, None)
             redis_url = envs.REDIS_URL
             if not redis_url:
                 r = RedisServer(envs.REDIS_SERVER_BIN, state / "redis", host,
@@ -164,11 +167,10 @@ def run(args: argparse.Namespace) -> int:
 
             port = _port_or_free(host, args.web_port)
             web_log = open(logs / "web.log", "ab")
-            web = subprocess.Popen(
+            web = children.popen(
                 [sys.executable, "-m", "uvicorn", "onepiece_platform.asgi:application",
                  "--host", host, "--port", str(port), "--log-level", "warning"],
                 env=env, cwd=REPO_ROOT, stdout=web_log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
             )
             web_log.close()
             stack.callback(_terminate, web)
@@ -177,15 +179,13 @@ def run(args: argparse.Namespace) -> int:
             engine_procs, proxy_url, instances = _start_engine(args, stack, env, state, host, logs)
             # moves ledger rows along the engine's event stream (and fails jobs lost with Redis)
             with open(logs / "reconciler.log", "ab") as rec_log:
-                reconciler = subprocess.Popen([*manage, "reconcile"], env=env, cwd=REPO_ROOT, stdout=rec_log,
-                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                reconciler = children.popen([*manage, "reconcile"], env=env, cwd=REPO_ROOT, stdout=rec_log,
+                                            stderr=subprocess.STDOUT)
             stack.callback(_terminate, reconciler)
             # sends the completion webhooks from the ledger's outbox (retries for up to 24 h)
             with open(logs / "webhooks.log", "ab") as hook_log:
-                deliverer = subprocess.Popen([*manage, "deliver_webhooks"], env=env, cwd=REPO_ROOT, stdout=hook_log,
-                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
+                deliverer = children.popen([*manage, "deliver_webhooks"], env=env, cwd=REPO_ROOT, stdout=hook_log,
+                                           stderr=subprocess.STDOUT)
             stack.callback(_terminate, deliverer)
         except (ServiceError, subprocess.CalledProcessError) as exc:
             _say(f"error: {exc}")
@@ -306,8 +306,7 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     proxy_cmd = [*cli, "proxy", "--host", host, "--port", str(proxy_port)]
     for name, cmd in (("node", node_cmd), ("proxy", proxy_cmd)):
         with open(logs / f"{name}.log", "ab") as out:
-            procs[name] = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
+            procs[name] = children.popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
         # the node needs time to stop its workers (they finish the request at hand)
         stack.callback(_terminate, procs[name], 30.0)
     proxy_url = f"http://{host}:{proxy_port}"
@@ -331,9 +330,8 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     manager_cmd = [*cli, "manager", "--name", "local-manager", "--slots-per-node", str(len(want) + max(0, args.spare_slots)),
                    *(a for wf, folder in sorted(models.items()) for a in ("--workflow", f"{wf}={folder}"))]
     with open(logs / "manager.log", "ab") as out:
-        procs["manager"] = subprocess.Popen(manager_cmd, env=env, cwd=REPO_ROOT, stdout=out,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+        procs["manager"] = children.popen(manager_cmd, env=env, cwd=REPO_ROOT, stdout=out,
+                                          stderr=subprocess.STDOUT)
     stack.callback(_terminate, procs["manager"], 15.0)
     while not etcd.get(keys.leader()):
         if procs["manager"].poll() is not None:

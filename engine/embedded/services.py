@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
+from engine.embedded import children
+
 
 class ServiceError(RuntimeError):
     """An embedded service could not be started; the message says why and how to fix it."""
@@ -57,13 +59,8 @@ class _ChildService:
         binary = self._resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self._argv(binary),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C in the terminal reaches the launcher, which stops us cleanly
-        )
+        # own session (Ctrl-C reaches the launcher, which stops us cleanly), SIGTERM if the launcher dies
+        self.proc = children.popen(self._argv(binary), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

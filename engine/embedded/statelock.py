@@ -3,10 +3,12 @@
 A second ``onepiece up`` on the same folder would start its own redis and etcd
 over the first one's data directories and fail in ways that do not say why
 ("etcd did not become ready within 20.0s"). The lock is ``flock(2)`` on a file
-in the folder: the kernel drops it when the holder exits, however it exits
-(Ctrl-C, a crash, SIGKILL), so a stale lock never blocks the next run, and
-children do not inherit it (Python opens files non-inheritable). The file
-names the holder's pid for the message.
+in the folder: the kernel drops it when the last descriptor of that open file
+closes, however its holders exit (Ctrl-C, a crash, SIGKILL), so a stale lock
+never blocks the next run. The launcher's children inherit the descriptor
+(:mod:`engine.embedded.children`): while anything the last ``onepiece up``
+started still runs, the folder stays locked and the refusal names those
+processes. The file names the launcher's pid for the message.
 """
 
 from __future__ import annotations
@@ -38,15 +40,31 @@ class StateLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            recorded = os.read(fd, 64).decode(errors="replace").strip()
             os.close(fd)
-            raise StateInUse(f"another onepiece up (pid {holder}) is already running with the state folder "
-                             f"{self.state}; stop it first (Ctrl-C in its terminal), or give this one another "
-                             "--state-dir") from None
+            raise StateInUse(self._refusal(recorded)) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return self
+
+    @property
+    def fd(self) -> int | None:
+        """The lock's descriptor while held (children given it hold the lock with this process)."""
+        return self._fd
+
+    def _refusal(self, recorded: str) -> str:
+        holders = holders_of(self.path)
+        launcher = int(recorded) if recorded.isdigit() else None
+        if launcher is not None and launcher not in holders and holders:
+            # the launcher is gone (killed), what it started still runs and holds the folder
+            named = ", ".join(f"{pid} ({cmd})" for pid, cmd in sorted(holders.items()))
+            return (f"the state folder {self.state} is still held by processes an earlier onepiece up "
+                    f"(pid {launcher}) started and left when it was killed: {named}. They were sent SIGTERM "
+                    f"when it died and normally stop within seconds; if they do not, stop them "
+                    f"(kill {' '.join(str(p) for p in sorted(holders))}) and run onepiece up again")
+        return (f"another onepiece up (pid {recorded or 'unknown'}) is already running with the state folder "
+                f"{self.state}; stop it first (Ctrl-C in its terminal), or give this one another --state-dir")
 
     def release(self) -> None:
         if self._fd is not None:
@@ -60,3 +78,23 @@ class StateLock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.release()
+
+
+def holders_of(path: Path) -> dict[int, str]:
+    """The processes with ``path`` open, by pid, with their command lines (shortened): those whose
+    ``/proc/<pid>/fd`` this user may read (all of them for root, its own processes otherwise)."""
+    target = os.path.realpath(path)
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                if os.readlink(fd.path) == target:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                        argv = f.read().split(b"\0")
+                    found[int(entry.name)] = " ".join(a.decode(errors="replace") for a in argv if a)[:80]
+                    break
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return found

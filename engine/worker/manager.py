@@ -45,6 +45,7 @@ from typing import Any
 from engine import envs
 from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
+from engine.embedded import children
 from engine.worker.config import Assignment, InstanceSpec, StageTiming
 from engine.worker.routes import Route, publish_route, withdraw_route
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
@@ -268,11 +269,10 @@ class TaskManager:
         # its configuration holds the Redis and etcd passwords: in its environment, never on its command line
         env[CONFIG_ENV] = config_to_json(cfg)
         with open(self.logs / f"{inst.spec.id}.log", "ab") as out:
-            inst.proc = subprocess.Popen(
-                [sys.executable, "-m", "engine.worker.proc", inst.spec.id],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True,  # Ctrl-C reaches the manager, which stops workers in order
-            )
+            # own session (Ctrl-C reaches the node, which stops workers in order); SIGTERM if the node dies,
+            # so a killed node leaves no worker serving its ring with nobody to restart or stop it
+            inst.proc = children.popen([sys.executable, "-m", "engine.worker.proc", inst.spec.id],
+                                       stdout=out, stderr=subprocess.STDOUT, env=env)
         inst.history.append(time.time())
         inst.spawned = self.clock()
         log.info("started worker %s (pid %d, %d CPU threads)", inst.spec.id, inst.proc.pid, inst.threads)

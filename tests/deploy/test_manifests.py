@@ -217,6 +217,10 @@ def test_the_webhook_worker_reaches_only_the_ledger_dns_and_public_addresses() -
         assert not any(ip in ipaddress.ip_network(b["cidr"]) and not any(
             ip in ipaddress.ip_network(x) for x in b.get("except", [])) for b in blocks), addr
     assert any(ipaddress.ip_address("93.184.216.34") in ipaddress.ip_network(b["cidr"]) for b in blocks)
+    # the most exposed pod holds the fewest secrets: the database's and Django's key, no Redis, etcd or Proxy ones
+    assert not any("secretRef" in e for e in c["envFrom"])
+    held = {e["valueFrom"]["secretKeyRef"]["key"] for e in c["env"] if "valueFrom" in e}
+    assert held == {"POSTGRES_PASSWORD", "DJANGO_SECRET_KEY"}
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     assert compose["services"]["webhooks"]["command"] == ["python", "manage.py", "deliver_webhooks"]
     assert "deliver_webhooks" in (DEPLOY / "systemd" / "onepiece-webhooks.service").read_text()

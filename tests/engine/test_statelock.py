@@ -50,3 +50,82 @@ def test_onepiece_up_on_a_held_state_folder_says_so_and_starts_nothing(tmp_path:
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"another onepiece up (pid {os.getpid()})" in r.stdout, r.stdout
     assert not (state / "redis").exists() and not (state / "etcd").exists()  # refused before starting anything
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not yet reaped by its new parent
+    except FileNotFoundError:
+        return True
+
+
+LAUNCHER = """
+import sys, time
+from engine.embedded import children
+from engine.embedded.statelock import StateLock
+lock = StateLock(sys.argv[1]).acquire()
+children.hold_in_children(lock.fd)
+plain = children.popen(["sleep", "120"])
+stubborn = children.popen(["sh", "-c", "trap '' TERM; exec sleep 120"])  # ignores SIGTERM
+print(plain.pid, stubborn.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_children_of_a_killed_launcher_get_sigterm_and_hold_the_folder_until_they_exit(tmp_path: Path) -> None:
+    """``onepiece up`` killed with SIGKILL: what it started is sent SIGTERM by the kernel, and the next
+    ``onepiece up`` is refused, naming the ones still running, instead of starting a second redis over
+    the same data folder."""
+    import signal
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).resolve().parents[2])
+    stubborn = 0
+    try:
+        assert launcher.stdout is not None
+        plain, stubborn = (int(p) for p in launcher.stdout.readline().split())
+        with pytest.raises(StateInUse, match=f"another onepiece up \\(pid {launcher.pid}\\)"):
+            StateLock(tmp_path).acquire()
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while not _gone(plain):
+            assert time.monotonic() < deadline, "a child outlived its killed launcher"
+            time.sleep(0.05)
+        assert not _gone(stubborn)
+        # the folder stays locked by the child that ignored SIGTERM, and the refusal names it
+        with pytest.raises(StateInUse) as exc:
+            StateLock(tmp_path).acquire()
+        message = str(exc.value)
+        assert f"earlier onepiece up (pid {launcher.pid})" in message and f"{stubborn} (sleep 120)" in message
+        assert f"kill {stubborn}" in message
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(10)
+        if launcher.stdout is not None:
+            launcher.stdout.close()
+        if stubborn:
+            try:
+                os.kill(stubborn, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 10
+    while not _gone(stubborn):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with StateLock(tmp_path):  # the last holder gone: free again
+        pass
+
+
+def test_children_start_in_their_own_session_reading_nothing_from_the_terminal() -> None:
+    from engine.embedded import children
+
+    child = children.popen([sys.executable, "-c", "import os, sys; print(os.getsid(0), len(sys.stdin.read()))"],
+                           stdout=subprocess.PIPE)
+    out, _ = child.communicate(timeout=30)
+    sid, read = (int(x) for x in out.split())
+    assert sid == child.pid and sid != os.getsid(0)  # Ctrl-C in the terminal reaches the parent alone
+    assert read == 0 and child.returncode == 0  # stdin is /dev/null
