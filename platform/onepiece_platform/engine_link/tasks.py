@@ -13,6 +13,7 @@ from typing import Any
 from celery import shared_task
 from django.utils import timezone
 
+from engine import envs
 from engine.store import JobStore, keys
 from engine.workflow import get_workflow
 from onepiece_platform import conf
@@ -65,24 +66,37 @@ def warm_up(workflows: list[str], nodes: list[str], per_instance: int = 1, timeo
 
 
 @shared_task(name="onepiece.clean_up", acks_late=True, reject_on_worker_lost=True)
-def clean_up(retention_days: int | None = None) -> dict[str, int]:
+def clean_up(retention_days: int | None = None, batch: int = 1000) -> dict[str, int]:
     """Delete finished ledger rows older than the retention, the result bytes of deleted jobs, and rows
     abandoned mid-submission (no UID after 10 minutes).
 
-    A result whose row is hidden (deleted through /v1/videos) is dropped from
-    Redis at once instead of waiting for its TTL.
+    A result whose row is hidden (deleted through /v1/videos) is dropped from Redis at once instead of
+    waiting for its TTL; hidden rows whose results expired long ago are not asked about again.
+
+    Rows go ``batch`` at a time, each batch in its own short transaction, results first: the first run
+    on a large ledger holds no lock for long and no list of every row in memory, and a run killed
+    midway leaves only whole batches done (the next run, an hour later, goes on; the task is
+    idempotent). ``ledger_rows`` counts jobs, not the stage runs and webhook rows deleted with them.
     """
     from onepiece_platform.jobs.models import TERMINAL, Job
 
+    store = JobStore(get_redis())
     days = int(retention_days if retention_days is not None else conf.get("LEDGER_RETENTION_DAYS"))
-    cutoff = timezone.now() - dt.timedelta(days=days)
-    old = Job.objects.filter(state__in=TERMINAL, finished_at__lt=cutoff)
-    hidden = list(Job.objects.filter(hidden=True, uid__isnull=False).values_list("uid", flat=True))
-    gone = list(old.values_list("uid", flat=True))
-    results = JobStore(get_redis()).drop_results(sorted(u for u in {*hidden, *gone} if u))
-    rows, _ = old.delete()
+    now = timezone.now()
+    cutoff = now - dt.timedelta(days=days)
+    # a result lives at most the engine's result TTL (ONEPIECE_RESULT_TTL_S, shared with the nodes) after
+    # its job finished; an hour more covers the time between two runs
+    alive_since = now - dt.timedelta(seconds=envs.RESULT_TTL_S + 3600)
+    recently_hidden = Job.objects.filter(hidden=True, uid__isnull=False).exclude(finished_at__lt=alive_since)
+    results = store.drop_results(recently_hidden.values_list("uid", flat=True).iterator(chunk_size=batch))
+    rows = 0
+    old = Job.objects.filter(state__in=TERMINAL, finished_at__lt=cutoff).order_by("pk")
+    while chunk := list(old.values_list("pk", "uid")[:batch]):
+        results += store.drop_results(uid for _, uid in chunk if uid)
+        _, per_model = Job.objects.filter(pk__in=[pk for pk, _ in chunk]).delete()
+        rows += per_model.get(Job._meta.label, 0)
     # a row whose web process died mid-submit and that the engine never spoke of (the reconciler's sweep
     # failed it as lost; an event from the engine would have cleared ``submitting``)
-    abandoned, _ = Job.objects.filter(submitting=True, state__in=TERMINAL,
-                                      created_at__lt=timezone.now() - dt.timedelta(minutes=10)).delete()
-    return {"ledger_rows": rows, "results": int(results), "abandoned": abandoned}
+    abandoned, per_model = Job.objects.filter(submitting=True, state__in=TERMINAL,
+                                              created_at__lt=now - dt.timedelta(minutes=10)).delete()
+    return {"ledger_rows": rows, "results": int(results), "abandoned": per_model.get(Job._meta.label, 0)}

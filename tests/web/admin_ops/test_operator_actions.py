@@ -148,3 +148,32 @@ def workers_thread(web_redis: str) -> Any:
     w = Workers(web_redis)
     yield w
     w.close()
+
+
+def test_clean_up_goes_in_batches_and_counts_jobs_not_what_is_deleted_with_them(alice, store) -> None:
+    """Five old jobs with two stage runs each, in batches of two: every job and its runs and result go,
+    ``ledger_rows`` counts the five jobs (not the 15 rows), a recent job stays."""
+    import datetime as dt
+
+    from onepiece_platform.engine_link.tasks import clean_up
+    from onepiece_platform.jobs.models import StageRun
+
+    _, c, _ = alice
+    uids = []
+    for i in range(6):  # one at a time: the user may run only a few at once
+        uid = c.post("/api/v1/jobs", sd_body(seed=i), format="json").json()["uid"]
+        store.finish(uid, WF, keys.COMPLETED, "image_encode", result=png())
+        c.get(f"/api/v1/jobs/{uid}")
+        uids.append(uid)
+    old, fresh = uids[:5], uids[5]
+    for uid in old:
+        job = Job.objects.get(uid=uid)
+        job.stage_runs.all().delete()
+        StageRun.objects.bulk_create([StageRun(job=job, stage=s, started=1.0, finished=2.0)
+                                      for s in ("denoise", "vae_decode")])
+    Job.objects.filter(uid__in=old).update(finished_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=40))
+    report = clean_up.apply(kwargs={"retention_days": 30, "batch": 2}).get()
+    assert report == {"ledger_rows": 5, "results": 5, "abandoned": 0}
+    assert not Job.objects.filter(uid__in=old).exists() and not StageRun.objects.filter(job__uid__in=old).exists()
+    assert all(store.result(u) is None for u in old) and store.result(fresh) == png()
+    assert Job.objects.filter(uid=fresh).exists()
