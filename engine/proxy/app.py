@@ -8,6 +8,8 @@ Routes:
                                     when the request finishes or after S seconds (at most 60)
   DELETE /v1/requests/{uid}         cancel: 202; the running stage stops at its next step
   GET    /v1/requests/{uid}/result  the result bytes (png, mp4)
+  DELETE /v1/requests/{uid}/result  drop the result bytes now instead of at their TTL (a deleted video):
+                                    200 {"uid", "dropped": bool}; 409 while the job runs (cancel it first)
   GET    /livez, /readyz            health
 
 Every route but /livez and /readyz needs the Proxy's shared secret (engine.proxy.auth).
@@ -358,6 +360,17 @@ async def result(request: web.Request) -> web.Response:
     return web.Response(body=data, content_type=CONTENT_TYPES.get(output, "application/octet-stream"))
 
 
+async def drop_result(request: web.Request) -> web.Response:
+    found = await _lookup(request)
+    if isinstance(found, web.Response):
+        return found
+    uid, st = found
+    if not st.terminal:  # its result is still to come: dropping now would not stop it from being written
+        return web.json_response({"uid": uid, "state": st.state, "error": "request not finished"}, status=409)
+    dropped = await asyncio.to_thread(request.app[STORE].drop_results, [uid])
+    return web.json_response({"uid": uid, "dropped": bool(dropped)})
+
+
 async def livez(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -438,6 +451,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     app.router.add_get("/v1/requests/{uid}", status)
     app.router.add_delete("/v1/requests/{uid}", cancel)
     app.router.add_get("/v1/requests/{uid}/result", result)
+    app.router.add_delete("/v1/requests/{uid}/result", drop_result)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
 

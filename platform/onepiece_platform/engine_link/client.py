@@ -91,6 +91,11 @@ class EngineClient(abc.ABC):
     def result(self, uid: str) -> bytes | None:
         """The result bytes of a completed job, or None (not completed, expired or lost)."""
 
+    @abc.abstractmethod
+    def drop_result(self, uid: str) -> bool:
+        """Delete a finished job's result bytes now instead of at their TTL; True if there were any.
+        False too for a job still running (its result is yet to be written: cancel it first) or unknown."""
+
     def wait(self, uid: str, timeout: float) -> EngineStatus | None:
         """The job's status once it is finished or ``timeout`` seconds have passed (None: unknown).
 

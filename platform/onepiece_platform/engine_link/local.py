@@ -48,3 +48,8 @@ class LocalEngineClient(EngineClient):
 
     def result(self, uid: str) -> bytes | None:
         return self.store().result(uid)
+
+    def drop_result(self, uid: str) -> bool:
+        store = self.store()
+        st = store.status(uid)
+        return st is not None and st.terminal and store.drop_results([uid]) > 0

@@ -181,3 +181,11 @@ class ProxyEngineClient(EngineClient):
         if code in (404, 409, 410):
             return None
         raise EngineError(f"proxy answered {code} to a result request")
+
+    def drop_result(self, uid: str) -> bool:
+        code, raw, _ = self._call("DELETE", f"/v1/requests/{uid}/result")
+        if code == 200:
+            return bool(json.loads(raw)["dropped"])
+        if code in (404, 409):
+            return False
+        raise EngineError(f"proxy answered {code} to a result deletion")

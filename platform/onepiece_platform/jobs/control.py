@@ -1,4 +1,4 @@
-"""Reading a job's live state from the engine, and cancelling it."""
+"""Reading a job's live state from the engine, cancelling it, and deleting its result."""
 
 from __future__ import annotations
 
@@ -55,3 +55,15 @@ def cancel(job: Job) -> Job:
         Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
     job.refresh_from_db()
     return job
+
+
+def drop_result(job: Job) -> None:
+    """A deleted job's result bytes go now, not at their TTL: the engine deletes them if the job has
+    finished. Of one still running (cancelled but not yet stopped), or when the engine cannot be reached,
+    the hourly clean-up (``onepiece.clean_up``) deletes them once they exist."""
+    if not job.uid:
+        return
+    try:
+        get_engine().drop_result(job.uid)
+    except EngineError:
+        log.warning("engine unreachable while deleting the result of %s; the clean-up will", job.uid)

@@ -69,7 +69,8 @@ def test_every_route_but_health_needs_the_shared_secret(env: dict[str, Any]) -> 
             calls = [client.post("/v1/requests", json={"workflow": "sd-t2i", "params": SD}, headers=headers),
                      client.get(f"/v1/requests/{uid}", headers=headers),
                      client.get(f"/v1/requests/{uid}/result", headers=headers),
-                     client.delete(f"/v1/requests/{uid}", headers=headers)]
+                     client.delete(f"/v1/requests/{uid}", headers=headers),
+                     client.delete(f"/v1/requests/{uid}/result", headers=headers)]
             for call in calls:
                 r = await call
                 assert r.status == 401, (headers, await r.text())
@@ -78,7 +79,7 @@ def test_every_route_but_health_needs_the_shared_secret(env: dict[str, Any]) -> 
             assert (await client.get(path)).status == 200
 
     _serve(env, 10, body, headers={})
-    assert not env["store"].cancel_requested(uid)
+    assert not env["store"].cancel_requested(uid) and env["store"].result(uid) == b"secret png"
     assert [e["type"] for e in env["store"].events()] == ["accepted", "completed"]  # nothing new
     assert env["ring"].recv(timeout=0.05) is None
 

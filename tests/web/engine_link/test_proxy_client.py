@@ -27,6 +27,12 @@ def test_submit_status_cancel_result(proxy_url, store) -> None:
     store.finish(acc.uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png!")
     assert c.result(acc.uid) == b"png!" and c.cancel(acc.uid)  # cancel of a finished job: fine
     assert c.status("0" * 32) is None and not c.cancel("0" * 32)
+    # a deleted result goes at once; a running job's cannot (it is yet to be written), an unknown one has none
+    running = c.submit("sd-t2i", SD, {}).uid
+    assert not c.drop_result(running) and not c.drop_result("0" * 32)
+    assert c.drop_result(acc.uid) and c.result(acc.uid) is None and store.result(acc.uid) is None
+    assert not c.drop_result(acc.uid)  # idempotent: nothing left to drop
+    assert c.status(acc.uid) is not None and c.status(acc.uid).state == "completed"  # the job itself stays
 
 
 def test_wait_is_the_proxys_long_poll_in_rounds_within_the_http_timeout(proxy_url, store) -> None:

@@ -46,6 +46,11 @@ def test_video_create_retrieve_list_content_delete(oa, workers) -> None:
     with pytest.raises(openai.NotFoundError):
         client.videos.retrieve(v.id)
     assert Job.objects.get(uid=v.id).cancel_requested_at is not None
+    # a finished video's bytes go with it at once, not at the result store's TTL
+    assert workers.store.result(w.id) == mp4()
+    assert client.videos.delete(w.id).deleted and workers.store.result(w.id) is None
+    with pytest.raises(openai.NotFoundError):
+        client.videos.download_content(w.id)
 
 
 def test_video_errors_are_openai_shaped(oa) -> None:

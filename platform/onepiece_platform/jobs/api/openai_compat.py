@@ -273,6 +273,7 @@ class VideoDetailView(OpenAIView):
     def delete(self, request: Request, video_id: str) -> Response:
         job = control.cancel(_own_video(request, video_id))
         Job.objects.filter(pk=job.pk).update(hidden=True)
+        control.drop_result(job)
         return Response({"id": job.uid, "object": "video.deleted", "deleted": True})
 
 
