@@ -223,6 +223,8 @@ def test_the_webhook_worker_reaches_only_the_ledger_dns_and_public_addresses() -
     assert held == {"POSTGRES_PASSWORD", "DJANGO_SECRET_KEY"}
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     assert compose["services"]["webhooks"]["command"] == ["python", "manage.py", "deliver_webhooks"]
+    env = compose["services"]["webhooks"]["environment"]
+    assert "POSTGRES_PASSWORD" in env and not {"ONEPIECE_REDIS_URL", "ONEPIECE_ETCD_URL", "ONEPIECE_PROXY_TOKEN"} & set(env)
     assert "deliver_webhooks" in (DEPLOY / "systemd" / "onepiece-webhooks.service").read_text()
 
 
