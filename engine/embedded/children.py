@@ -11,11 +11,15 @@ Every child gets three things:
 - the state folder's lock (:mod:`engine.embedded.statelock`) while it lives, when the process holds
   one: the lock is ``flock(2)`` on an open file that children inherit (``pass_fds``), so the next
   ``onepiece up`` is refused, naming them, for as long as any of them still runs, instead of starting
-  a second redis over the same data folder.
+  a second redis over the same data folder. The descriptor's number travels in ``ONEPIECE_STATE_LOCK_FD``,
+  so a child that starts processes of its own (the node its stage workers) passes it on.
 
 The parent-death signal is set between ``fork`` and ``exec`` (``preexec_fn``) through ``prctl``,
 resolved in the parent, and the child exits at once if its parent died before the signal was set
-(the one race ``PR_SET_PDEATHSIG`` leaves open).
+(the one race ``PR_SET_PDEATHSIG`` leaves open). ``preexec_fn`` runs Python in the forked child, which
+the standard library calls unsafe while other threads run; here it only calls a function resolved
+before the fork, and every spawn in ``onepiece up`` and the node happens before their threads start
+(a test that restarts redis under load is the exception, and a stuck start would time out, not hang).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+LOCK_FD_ENV = "ONEPIECE_STATE_LOCK_FD"
 
 _inherited_fds: tuple[int, ...] = ()
 _prctl: Any = None
@@ -37,6 +42,19 @@ def hold_in_children(fd: int | None) -> None:
     """Children started from now on inherit ``fd`` (the state folder's lock); ``None`` stops that."""
     global _inherited_fds
     _inherited_fds = () if fd is None else (fd,)
+
+
+def _held() -> tuple[int, ...]:
+    """The lock descriptor to hand on: this process's own, or the one its parent handed it."""
+    if _inherited_fds:
+        return _inherited_fds
+    raw = os.environ.get(LOCK_FD_ENV, "")
+    if not raw.isdigit():
+        return ()
+    try:  # still the lock file (not closed, its number not reused for something else)
+        return (int(raw),) if os.readlink(f"/proc/self/fd/{raw}").endswith("/lock") else ()
+    except OSError:
+        return ()
 
 
 def _die_with_parent() -> Callable[[], None]:
@@ -57,6 +75,9 @@ def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     when this process dies, the state lock inherited (see the module's docstring). ``stdin`` defaults
     to ``/dev/null``: a child never reads the launcher's terminal."""
     kwargs.setdefault("stdin", subprocess.DEVNULL)
-    pass_fds = tuple(kwargs.pop("pass_fds", ())) + _inherited_fds
+    held = _held()
+    if held:
+        kwargs["env"] = {**(kwargs.get("env") or os.environ), LOCK_FD_ENV: str(held[0])}
+    pass_fds = tuple(kwargs.pop("pass_fds", ())) + held
     return subprocess.Popen(list(argv), start_new_session=True, preexec_fn=_die_with_parent(),
                             pass_fds=pass_fds, **kwargs)

@@ -67,8 +67,10 @@ class StateLock:
                 f"{self.state}; stop it first (Ctrl-C in its terminal), or give this one another --state-dir")
 
     def release(self) -> None:
+        """Close this process's descriptor. No ``LOCK_UN``: the lock belongs to the open file, which
+        children may share (:mod:`engine.embedded.children`), and unlocking would free the folder under
+        a child still running; the kernel frees it when the last descriptor closes."""
         if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
 

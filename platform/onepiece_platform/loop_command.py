@@ -19,7 +19,7 @@ class LoopCommand(BaseCommand):
     running = "running"
 
     def add_arguments(self, parser: Any) -> None:
-        once = (self.run_once.__doc__ or "one round").strip().splitlines()[0].rstrip(".")
+        once = ((self.run_once.__doc__ or "").strip() or "one round").splitlines()[0].rstrip(".")
         parser.add_argument("--once", action="store_true", help=f"{once[0].lower()}{once[1:]}, then exit")
 
     def worker(self) -> Any:

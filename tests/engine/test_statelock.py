@@ -129,3 +129,49 @@ def test_children_start_in_their_own_session_reading_nothing_from_the_terminal()
     sid, read = (int(x) for x in out.split())
     assert sid == child.pid and sid != os.getsid(0)  # Ctrl-C in the terminal reaches the parent alone
     assert read == 0 and child.returncode == 0  # stdin is /dev/null
+
+
+GRANDPARENT = """
+import sys
+from engine.embedded import children
+# a node starting a stage worker: the worker holds the lock its parent was handed
+worker = children.popen(["sh", "-c", "trap '' TERM; exec sleep 120"])
+print(worker.pid, flush=True)
+"""
+
+
+def test_the_launcher_releasing_leaves_the_folder_locked_while_children_and_theirs_run(tmp_path: Path) -> None:
+    """The launcher's own release (its stop path, after a child outlived its terminate) does not free the
+    folder under a child still running, nor under the processes that child started (a node's workers)."""
+    import signal
+    import time
+
+    from engine.embedded import children
+
+    lock = StateLock(tmp_path).acquire()
+    children.hold_in_children(lock.fd)
+    worker = 0
+    try:
+        node = children.popen([sys.executable, "-c", GRANDPARENT], stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert node.stdout is not None
+        worker = int(node.stdout.readline())  # not communicate(): the worker holds the pipe open too
+        node.wait(30)
+        node.stdout.close()
+    finally:
+        children.hold_in_children(None)
+        lock.release()
+    try:
+        assert node.returncode == 0 and not _gone(worker)  # the node exited; its worker ignored SIGTERM
+        with pytest.raises(StateInUse) as exc:
+            StateLock(tmp_path).acquire()
+        assert f"{worker} (sleep 120)" in str(exc.value)
+    finally:
+        if worker:
+            os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not _gone(worker):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with StateLock(tmp_path):
+        pass

@@ -195,14 +195,16 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
         kept = json.loads(c.etcd.get("/onepiece/assignments/n1")[0])["decided_at"] == assignment["decided_at"]
         service = _capacity(c)["service_s"]
 
-        # the best static allocation for the long load: every split of the 6 slots ranked by Theorem 1's
-        # throughput on the measured stage times, and the two best run on the engine, pinned. The one the
-        # manager chose, if among them, is not run again: pinned it is the allocation just measured as
-        # ``rebalanced`` (a second window of it would measure this host's noise, not the manager).
+        # every split of the 6 slots ranked by Theorem 1's throughput on the measured stage times: the
+        # manager's choice must be the best, and the engine must bear it out against the next best, run
+        # pinned (the manager's own is not run again: pinned it is the allocation just measured as
+        # ``rebalanced``, and a second window of it would measure this host's noise, not the manager)
         profile = [StageProfile(s, float(service[s])) for s in ROUTE]
         splits = [dict(zip(ROUTE, n, strict=True)) for n in product(range(1, SLOTS), repeat=4) if sum(n) == SLOTS]
         ranked = sorted(splits, key=lambda n: -throughput(profile, n)[0])
-        candidates = [n for n in ranked[:2] if n != want]
+        assert ranked[0] == want, (ranked[:3], service)
+        predicted = throughput(profile, want)[0] / throughput(profile, ranked[1])[0]
+        candidates = [ranked[1]]
         static: dict[int, float] = {}
         failover, leader, now_leader = -1.0, "", ""
         for k, n in enumerate(candidates):
@@ -229,7 +231,7 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
     best = max(static.values())
     print(f"\nshort load: {short_rps:.2f} rps; long load rebalanced (denoise x3): {rebalanced:.2f} rps; "
           f"static (by denoise count) {static}; "
-          f"rebalanced/best static = {rebalanced / best:.2f}")
+          f"rebalanced/best static = {rebalanced / best:.2f} (Theorem 1 predicts {predicted:.2f})")
     print(f"shift -> decision {decided:.1f}s; settled {settled - shift_m:.1f}s "
           f"after the shift; drains {drains} s; start-ups "
           f"{[(m['instance'], m.get('load_s'), m.get('ring_s'), m.get('ready_s')) for m in startups]}; "
@@ -237,7 +239,8 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
     print("phases (s): " + ", ".join(f"{name} {t - phases[0][1]:.0f}" for name, t in phases[1:]))
     assert kept, "the manager moved instances again while the rebalanced allocation was measured"
     assert failover <= TTL + 1.0
-    assert rebalanced >= 0.95 * best, (rebalanced, static)
+    # Theorem 1 predicts ~1.5x over the next best here; the engine must show a clear part of that gain
+    assert rebalanced >= 1.1 * best, (rebalanced, static, predicted)
     assert drains and startups
     failed = [(u, s) for _, u, s in load.done if s != "completed"]
     assert not failed, failed  # every accepted request completed, through moves and the fail-over

@@ -79,6 +79,8 @@ def test_native_primitives_refuse_a_wrong_argument_count_with_their_signature() 
         (a.copy, (), r"copy\(dst, src, n\) takes 3 arguments, got 0"),
         (a.ring_send, (1,), r"ring_send takes 11 arguments, got 1"),
         (a.ring_spin, (1, 2), r"ring_spin\(base, s_off, slots, cursor, max_ns, yield_ns\) takes 6 arguments, got 2"),
+        (a.ring_run_mark, (1, 2, 3), r"ring_run_mark takes 7 arguments, got 3"),
+        (a.ring_run_free, (1,) * 8, r"ring_run_free takes 7 arguments, got 8"),
     ]
     for fn, args, message in cases:
         with pytest.raises(TypeError, match=message):
