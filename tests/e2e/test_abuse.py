@@ -69,7 +69,8 @@ def test_abuse_leaves_the_service_serving_and_nothing_unfinished(tmp_path: Path,
                                                                  tiny_models: dict[str, Path]) -> None:
     state = tmp_path / "state"
     models = next(iter(tiny_models.values())).parent
-    proc, lines = start_up(state, "--models", str(models))
+    # the workflows its requests name (valid: sd-t2i; refused images: wan2.1-i2v), not text-to-video's workers
+    proc, lines = start_up(state, "--models", str(models), "--workflows", "sd-t2i,wan2.1-i2v")
     try:
         web, proxy, key = lines["web"].rstrip("/"), lines["proxy"], lines["api key"]
         secrets_dir = state / "secrets"
