@@ -98,5 +98,5 @@ def clean_up(retention_days: int | None = None, batch: int = 1000) -> dict[str, 
     # a row whose web process died mid-submit and that the engine never spoke of (the reconciler's sweep
     # failed it as lost; an event from the engine would have cleared ``submitting``)
     _, per_model = Job.objects.filter(submitting=True, state__in=TERMINAL,
-                                              created_at__lt=now - dt.timedelta(minutes=10)).delete()
+                                      created_at__lt=now - dt.timedelta(minutes=10)).delete()
     return {"ledger_rows": rows, "results": int(results), "abandoned": per_model.get(Job._meta.label, 0)}
