@@ -32,8 +32,10 @@ know.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,7 @@ from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Ticket, taken
 from engine.proxy.monitor import Load, RequestMonitor
 from engine.proxy.recovery import OrphanSweeper
-from engine.store import JobStore, keys
+from engine.store import JobStore, keys, outage
 from engine.transport.errors import MessageTooLarge
 from engine.worker.routes import RouteTable
 from engine.workflow import get_workflow, images, workflows
@@ -256,12 +258,35 @@ def _uid(request: web.Request) -> str | None:
 
 
 async def _lookup(request: web.Request) -> tuple[str, Any] | web.Response:
-    """(uid, status) of the request the path names, or the 404 answer."""
+    """(uid, status) of the request the path names, or the 404 answer (503 while Redis is away)."""
     uid = _uid(request)
-    st = await asyncio.to_thread(request.app[STORE].status, uid) if uid else None
+    try:
+        st = await asyncio.to_thread(request.app[STORE].status, uid) if uid else None
+    except outage.UNAVAILABLE as exc:
+        return _store_down(exc)
     if st is None or uid is None:
         return _error(404, "unknown or expired request")
     return uid, st
+
+
+def _store_down(exc: BaseException) -> web.Response:
+    return _busy(f"the result store is unavailable: {exc}", outage.RETRY_AFTER_S)
+
+
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def _store_guarded(handler: Handler) -> Handler:
+    """The route answers 503 + Retry-After when Redis goes away between its lookup and its own store call
+    (a stopped or restarting Redis is a moment's overload, never a 500)."""
+    @functools.wraps(handler)
+    async def guarded(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except outage.UNAVAILABLE as exc:
+            return _store_down(exc)
+
+    return guarded
 
 
 MAX_WAIT_S = 60.0
@@ -314,6 +339,7 @@ async def _watch_endings(app: web.Application) -> None:
             await asyncio.sleep(1.0)
 
 
+@_store_guarded
 async def status(request: web.Request) -> web.Response:
     """The request's status; with ``?wait=S`` (at most 60), answered once it is finished or S seconds
     passed: one HTTP round trip instead of a client polling loop (which, at a few ms, costs the host
@@ -334,6 +360,7 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response(st.as_dict())
 
 
+@_store_guarded
 async def cancel(request: web.Request) -> web.Response:
     found = await _lookup(request)
     if isinstance(found, web.Response):
@@ -345,6 +372,7 @@ async def cancel(request: web.Request) -> web.Response:
     return web.json_response({"uid": uid, "state": st.state, "cancel_requested": True}, status=202)
 
 
+@_store_guarded
 async def result(request: web.Request) -> web.Response:
     found = await _lookup(request)
     if isinstance(found, web.Response):
@@ -360,6 +388,7 @@ async def result(request: web.Request) -> web.Response:
     return web.Response(body=data, content_type=CONTENT_TYPES.get(output, "application/octet-stream"))
 
 
+@_store_guarded
 async def drop_result(request: web.Request) -> web.Response:
     found = await _lookup(request)
     if isinstance(found, web.Response):

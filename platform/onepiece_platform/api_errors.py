@@ -5,6 +5,8 @@
   IdempotencyInProgress   409
   EngineRejected          passed through: 400 with ``field``, or 503 + Retry-After (engine capacity)
   EngineError             503 + Retry-After (engine unreachable)
+  Redis away              503 + Retry-After (engine.store.outage: the counters, the failed-authentication
+                          limit and the job store live there; stopped or restarting is a moment, not a 500)
   ApiError                its status
 """
 
@@ -16,6 +18,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from engine.store import outage
 from onepiece_platform.engine_link.client import EngineError, EngineRejected
 from onepiece_platform.jobs.services import IdempotencyInProgress, Invalid
 from onepiece_platform.ops import metrics
@@ -58,6 +61,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, EngineError):
         metrics.REJECTIONS.labels(reason="engine_unreachable").inc()
         return error(503, f"the engine is unreachable: {exc}", retry_after=ENGINE_DOWN_RETRY_S)
+    if isinstance(exc, outage.UNAVAILABLE):
+        metrics.REJECTIONS.labels(reason="redis_unavailable").inc()
+        return error(503, "the service's store is unavailable; retry shortly", retry_after=outage.RETRY_AFTER_S)
     if isinstance(exc, ApiError):
         return error(exc.status, exc.message)
     if isinstance(exc, ValidationError):
