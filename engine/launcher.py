@@ -36,6 +36,22 @@ from engine.embedded.statelock import StateLock
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# How every deployment runs the web platform's server (deploy/ repeats these flags; a test compares):
+# uvicorn reads no X-Forwarded-For (by default it believes the header from 127.0.0.1, so a client on this
+# host, or behind any local reverse proxy, could name itself any address and walk past the failed-
+# authentication lockout). The platform reads the header itself, trusting only ONEPIECE_TRUSTED_PROXY_HOPS
+# hops (onepiece_platform.accounts.authentication.client_address; X-Forwarded-Proto: the production
+# settings' SECURE_PROXY_SSL_HEADER).
+WEB_APP = "onepiece_platform.asgi:application"
+WEB_SERVER_FLAGS = ("--no-proxy-headers",)
+
+
+def web_command(host: str, port: int) -> list[str]:
+    """The web platform's server as ``onepiece up`` starts it (and the tests that check it do)."""
+    return [sys.executable, "-m", "uvicorn", WEB_APP, "--host", host, "--port", str(port), *WEB_SERVER_FLAGS,
+            "--log-level", "warning"]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", type=Path, default=None, help="where data, models and logs go (default: .onepiece)")
     p.add_argument("--host", default=None, help="address to bind (default: 127.0.0.1)")
@@ -168,8 +184,7 @@ def run(args: argparse.Namespace) -> int:
             port = _port_or_free(host, args.web_port)
             web_log = open(logs / "web.log", "ab")
             web = children.popen(
-                [sys.executable, "-m", "uvicorn", "onepiece_platform.asgi:application",
-                 "--host", host, "--port", str(port), "--log-level", "warning"],
+                web_command(host, port),
                 env=env, cwd=REPO_ROOT, stdout=web_log, stderr=subprocess.STDOUT,
             )
             web_log.close()

@@ -284,3 +284,28 @@ def test_etcd_requires_credentials_everywhere_it_is_deployed() -> None:
         deps = services[name]["depends_on"]
         assert "etcd" not in deps, f"{name} must wait for etcd-auth, not just etcd"
         assert deps["etcd-auth"] == {"condition": "service_completed_successfully"}, name
+
+
+def _web_server_commands() -> list[tuple[str, list[str]]]:
+    """Every uvicorn command line of the web platform in deploy/: Kubernetes, compose, systemd."""
+    by = {d["metadata"]["name"]: d for _, d in _workloads()}
+    (web,) = by["onepiece-web"]["spec"]["template"]["spec"]["containers"]
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
+    shell = compose["services"]["web"]["command"][-1]
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.read(DEPLOY / "systemd" / "onepiece-web.service")
+    return [("k8s", web["command"]), ("compose", shlex.split(shell.split("exec ", 1)[1])),
+            ("systemd", shlex.split(cp["Service"]["ExecStart"]))]
+
+
+def test_every_web_server_runs_with_onepiece_ups_flags() -> None:
+    """uvicorn trusts X-Forwarded-For from 127.0.0.1 unless told not to, and a sidecar or local reverse
+    proxy makes every client 127.0.0.1: the lockout of guessers would then follow the client's own claim.
+    Every deployment runs the web server with the launcher's flags (engine.launcher.WEB_SERVER_FLAGS)."""
+    from engine.launcher import WEB_APP, WEB_SERVER_FLAGS
+
+    flags = list(WEB_SERVER_FLAGS)
+    for where, argv in _web_server_commands():
+        assert Path(argv[0]).name == "uvicorn" and argv[1] == WEB_APP, (where, argv)
+        assert any(argv[i:i + len(flags)] == flags for i in range(len(argv))), (where, argv, flags)
+        assert "--proxy-headers" not in argv and "--forwarded-allow-ips" not in argv, (where, argv)

@@ -44,6 +44,7 @@ import pytest
 
 from engine.coord import etcd_client
 from engine.embedded.services import free_port
+from engine.launcher import WEB_SERVER_FLAGS
 from tests.deploy.etcdcluster import etcd_cluster
 from tests.netns import Hosts, hosts
 
@@ -241,7 +242,7 @@ def _rehearse(r: Rehearsal, cluster: Any, tiny_models: dict[str, Path], t_start:
     web_port = r.port(0, 8000)
     web = f"http://{h0}:{web_port}"
     r.spawn(0, "web", [str(BIN / "uvicorn"), "onepiece_platform.asgi:application", "--host", h0, "--port",
-                       str(web_port), "--log-level", "warning"], ONEPIECE_PROXY_URL=proxy)
+                       str(web_port), *WEB_SERVER_FLAGS, "--log-level", "warning"], ONEPIECE_PROXY_URL=proxy)
     r.spawn(0, "reconciler", [*manage, "reconcile"], ONEPIECE_PROXY_URL=proxy)
 
     def routes() -> dict[str, list[str]]:
