@@ -51,6 +51,9 @@ class Job(models.Model):
                                      help_text="the engine has not answered the submission yet")
     quota_day = models.CharField(max_length=8, blank=True, help_text="the UTC day whose budget was charged")
     idempotency_key = models.CharField(max_length=200, blank=True)
+    # the route and operation the key was given to (services.SCOPE_*): a repeat elsewhere is a 409, never
+    # this job (a remix with the key that created its source must not answer the source)
+    idempotency_scope = models.CharField(max_length=64, blank=True)
     hidden = models.BooleanField(default=False, help_text="deleted through /v1/videos")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)

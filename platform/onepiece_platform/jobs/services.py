@@ -59,12 +59,36 @@ class Submitted:
     created: bool  # False: an Idempotency-Key repeat answered with the earlier job
 
 
-def _repeat(earlier: Job, workflow: str, api: str) -> Submitted:
-    """An Idempotency-Key repeat answers the first job only for the same route and workflow: a key is the
-    caller's name for one request, and a video route must never answer with an image job (or vice versa)."""
-    if earlier.workflow != workflow or earlier.api != api:
+# Idempotency-Key scopes: the route and operation a key names a request of (Job.idempotency_scope).
+SCOPE_JOBS = "jobs.create"
+SCOPE_VIDEOS = "videos.create"
+MAX_IDEMPOTENCY_KEY = 200
+
+
+def remix_scope(source_uid: str) -> str:
+    """A remix's key names a remix of that one video: the same key on another source is another request."""
+    return f"videos.remix:{source_uid}"
+
+
+def idempotency_key(headers: Any) -> str:
+    """The request's Idempotency-Key, whole: a longer one is refused, never cut (two keys that share their
+    first 200 characters are two requests)."""
+    key = str(headers.get("Idempotency-Key", ""))
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        raise Invalid("Idempotency-Key", f"Idempotency-Key is longer than {MAX_IDEMPOTENCY_KEY} characters")
+    return key
+
+
+def _repeat(earlier: Job, workflow: str, api: str, scope: str) -> Submitted:
+    """An Idempotency-Key repeat answers the first job only for the same route, operation and workflow: a key
+    is the caller's name for one request, and a video route must never answer with an image job, a remix
+    with its source (or with another source's remix). A deleted video's key is spent: 409, never the
+    deleted id."""
+    if earlier.workflow != workflow or earlier.api != api or earlier.idempotency_scope != scope:
         raise Invalid("Idempotency-Key", "this Idempotency-Key was used for a different request "
-                      f"({earlier.api} {earlier.workflow}); use a new key", 409)
+                      f"({earlier.idempotency_scope or earlier.api} {earlier.workflow}); use a new key", 409)
+    if earlier.hidden:
+        raise Invalid("Idempotency-Key", "the video made with this Idempotency-Key was deleted; use a new key", 409)
     return Submitted(earlier, False)
 
 
@@ -117,8 +141,10 @@ def _rejected(workflow: str, reason: str, status: int) -> None:
 
 def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
            idempotency_key: str = "", api: str = "native", deadline_s: float | None = None,
-           api_key: Any = None, webhook_url: str = "") -> Submitted:
+           api_key: Any = None, webhook_url: str = "", scope: str = SCOPE_JOBS) -> Submitted:
     """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError.
+
+    ``scope``: the route and operation an ``idempotency_key`` belongs to (``SCOPE_*``, :func:`remix_scope`).
 
     ``api_key``: the key the request came with (its webhook endpoint gets the job's completion event);
     ``webhook_url``: a per-request receiver of that event, vetted by the caller.
@@ -128,7 +154,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         if earlier is not None:
             if earlier.submitting and not earlier.terminal:
                 raise IdempotencyInProgress(idempotency_key)
-            return _repeat(earlier, workflow, api)
+            return _repeat(earlier, workflow, api, scope)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
     # The platform names the job: the row holds its UID before the engine can write an event about it.
@@ -137,7 +163,8 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         # the row claims the Idempotency-Key before anything is counted or sent
         with transaction.atomic():
             job = Job.objects.create(uid=uid, owner=user, workflow=workflow, params=resolved, api=api,
-                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key, submitting=True,
+                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key,
+                                     idempotency_scope=scope if idempotency_key else "", submitting=True,
                                      api_key=api_key, webhook_url=webhook_url)
     except IntegrityError:
         if not idempotency_key:  # not a key clash: a real error, never "someone's earlier job"
@@ -145,7 +172,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
         if earlier is None or (earlier.submitting and not earlier.terminal):
             raise IdempotencyInProgress(idempotency_key) from None
-        return _repeat(earlier, workflow, api)
+        return _repeat(earlier, workflow, api, scope)
     day = counters.today()
     try:
         counters.reserve(user.pk, uid, cost, limits, *_ledger_seed(user.pk, job.pk, day), day=day)

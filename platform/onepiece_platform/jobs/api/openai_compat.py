@@ -197,13 +197,15 @@ def _image_input(model: str, ref: Any) -> dict[str, bytes]:
     return {"image": ref if isinstance(ref, bytes) else ref.read()}
 
 
-def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: dict[str, bytes]) -> Job:
+def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: dict[str, bytes],
+                  scope: str = services.SCOPE_VIDEOS) -> Job:
     """Submit as the native API does; a size the workflow refuses is reported on ``size``, the field the
-    client sent (the workflow names width or height)."""
+    client sent (the workflow names width or height). The Idempotency-Key is taken whole (over the limit:
+    400) and belongs to ``scope``, the route and operation (a remix: of that one source)."""
+    key = services.idempotency_key(request.headers)
     try:
-        return services.submit(request.user, model, params, inputs,
-                               request.headers.get("Idempotency-Key", "")[:200], "openai",
-                               api_key=api_key_of(request)).job
+        return services.submit(request.user, model, params, inputs, key, "openai",
+                               api_key=api_key_of(request), scope=scope).job
     except services.Invalid as exc:
         if exc.field in ("width", "height"):
             raise services.Invalid("size", f"size: {exc.message}", exc.status) from None
@@ -317,7 +319,8 @@ class VideoRemixView(OpenAIView):
         v.is_valid(raise_exception=True)
         params = {**source.params, "prompt": v.validated_data["prompt"]}
         job = _submit_video(request, source.workflow, params,
-                            _image_input(source.workflow, v.validated_data.get("input_reference")))
+                            _image_input(source.workflow, v.validated_data.get("input_reference")),
+                            services.remix_scope(source.uid))
         with transaction.atomic():
             Remix.objects.get_or_create(job=job, defaults={"source_uid": source.uid})
         return Response(_video(job))

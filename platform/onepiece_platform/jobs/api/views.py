@@ -108,9 +108,7 @@ class JobListCreateView(APIView):
                 inputs[name] = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
                 raise services.Invalid(name, f"input {name!r} is not valid base64") from None
-        key = request.headers.get("Idempotency-Key", "")
-        if len(key) > 200:
-            raise services.Invalid("Idempotency-Key", "Idempotency-Key is longer than 200 characters")
+        key = services.idempotency_key(request.headers)
         hook = s.validated_data.get("webhook_url", "")
         if hook:
             from onepiece_platform.webhooks.per_request import vet_webhook_url
