@@ -32,6 +32,7 @@ from engine.coord import redact
 from engine.embedded import EtcdServer, RedisServer, ServiceError, children, free_port
 from engine.embedded.credentials import secret
 from engine.embedded.statelock import StateLock
+from engine.embedded.supervisor import STATUS_FILE, Child, Supervisor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,18 +121,10 @@ def run(args: argparse.Namespace) -> int:
     os.umask(0o077)
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     state.chmod(0o700)
-    keep = state / "secrets"
     logs = state / "logs"
     logs.mkdir(exist_ok=True)
 
-    stop = {"flag": False}
-
-    def _on_signal(signum: int, frame: object) -> None:
-        stop["flag"] = True
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-
+    stop = _stop_on_signals()
     with ExitStack() as stack:
         try:
             # one onepiece up per state folder: a second is refused at once, naming the first
@@ -139,37 +132,10 @@ def run(args: argparse.Namespace) -> int:
             # every child holds the lock too, and gets SIGTERM if this process dies (engine/embedded/children.py)
             children.hold_in_children(lock.fd)
             stack.callback(children.hold_in_children, None)
-            redis_url = envs.REDIS_URL
-            if not redis_url:
-                r = RedisServer(envs.REDIS_SERVER_BIN, state / "redis", host,
-                                password=secret(keep, "redis-password")).start()
-                stack.callback(r.stop)
-                redis_url = r.url
-            _say(f"redis: {redact(redis_url)}")
-            etcd_url = envs.ETCD_URL
-            if not etcd_url:
-                # authentication on: only holders of the engine user's password read or write its keys
-                e = EtcdServer(envs.ETCD_BIN, state / "etcd", host, password=secret(keep, "etcd-password"),
-                               root_password=secret(keep, "etcd-root-password")).start()
-                stack.callback(e.stop)
-                etcd_url = e.url
-            _say(f"etcd: {redact(etcd_url)}")
-
-            env = dict(os.environ)
-            env.update(
-                ONEPIECE_STATE_DIR=str(state),
-                ONEPIECE_REDIS_URL=redis_url,
-                ONEPIECE_ETCD_URL=etcd_url,
-                DJANGO_SETTINGS_MODULE="onepiece_platform.settings.local",
-                PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "platform"), env.get("PYTHONPATH", "")]),
-                # generated once per state folder (0600), never a constant: signed URLs and sessions cannot
-                # be forged with a key from the source, and the Proxy only serves holders of its secret
-                DJANGO_SECRET_KEY=secret(keep, "django-secret-key", 50),
-                ONEPIECE_PROXY_TOKEN=envs.PROXY_TOKEN or secret(keep, "proxy-token"),
-                ONEPIECE_DEBUG="1" if args.debug else "",
-            )
-            if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
-                env["DJANGO_ALLOWED_HOSTS"] = env.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") + "," + host
+            # every child is restarted with backoff when it exits (engine/embedded/supervisor.py)
+            sup = Supervisor(state, _say)
+            stack.callback(sup.forget_status)
+            env = _child_env(args, state, host, *_start_services(stack, sup, state, host))
             manage = [sys.executable, str(REPO_ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=REPO_ROOT)
             for db_file in state.glob("db.sqlite3*"):  # made by an earlier version with the default umask
@@ -182,65 +148,123 @@ def run(args: argparse.Namespace) -> int:
                                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
             port = _port_or_free(host, args.web_port)
-            web_log = open(logs / "web.log", "ab")
-            web = children.popen(
-                web_command(host, port),
-                env=env, cwd=REPO_ROOT, stdout=web_log, stderr=subprocess.STDOUT,
-            )
-            web_log.close()
-            stack.callback(_terminate, web)
+            web = _spawn(sup, stack, "web", web_command(host, port), env, logs / "web.log")
             base = f"http://{host}:{port}"
-            _wait_http(base + "/livez", 60, web)
-            engine_procs, proxy_url, instances = _start_engine(args, stack, env, state, host, logs)
-            # moves ledger rows along the engine's event stream (and fails jobs lost with Redis)
-            with open(logs / "reconciler.log", "ab") as rec_log:
-                reconciler = children.popen([*manage, "reconcile"], env=env, cwd=REPO_ROOT, stdout=rec_log,
-                                            stderr=subprocess.STDOUT)
-            stack.callback(_terminate, reconciler)
+            _wait_http(base + "/livez", 60, web.proc)
+            proxy_url, instances = _start_engine(args, stack, sup, env, state, host, logs)
+            # moves ledger rows along the engine's event stream (and submits again jobs lost with Redis)
+            _spawn(sup, stack, "reconciler", [*manage, "reconcile"], env, logs / "reconciler.log")
             # sends the completion webhooks from the ledger's outbox (retries for up to 24 h)
-            with open(logs / "webhooks.log", "ab") as hook_log:
-                deliverer = children.popen([*manage, "deliver_webhooks"], env=env, cwd=REPO_ROOT, stdout=hook_log,
-                                           stderr=subprocess.STDOUT)
-            stack.callback(_terminate, deliverer)
+            _spawn(sup, stack, "webhooks", [*manage, "deliver_webhooks"], env, logs / "webhooks.log")
         except (ServiceError, subprocess.CalledProcessError) as exc:
             _say(f"error: {exc}")
             return 1
 
-        _say(f"web: {base}/")
-        _say(f"admin: {base}/admin/ (user {admin_user}, password {admin_password})")
-        _say(f"health: {base}/livez {base}/readyz")
-        _say(f"api: {base}/v1")
-        _say(api_key_line)
-        _say(f"proxy: {proxy_url}")
-        _say(f"workers: {instances} stage instances ready (logs: {logs / 'node' / 'logs'})")
-        _say(f"manager: leading, rebalancing every 2 s (log: {logs / 'manager.log'})")
-        _say(f"state: {state}")
-        _say("ready (Ctrl-C stops everything)")
+        _say_ready(base, admin_user, admin_password, api_key_line, proxy_url, instances, sup, state)
         if args.exit_after_ready:
             return 0
-        while not stop["flag"]:
-            if web.poll() is not None:
-                _say(f"error: web platform exited with {web.returncode}; see {logs / 'web.log'}")
-                return 1
-            for name, proc in engine_procs.items():
-                if proc.poll() is not None:
-                    _say(f"error: {name} exited with {proc.returncode}; see {logs / (name + '.log')}")
-                    return 1
-            time.sleep(0.2)
+        sup.run(lambda: stop["flag"])
         _say("stopping")
     _say("stopped")
     return 0
 
 
-def _terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout)
+def _stop_on_signals() -> dict[str, bool]:
+    """``{"flag": ...}``, set by Ctrl-C or SIGTERM: the supervisor's loop ends and everything is stopped."""
+    stop = {"flag": False}
+
+    def _on_signal(signum: int, frame: object) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    return stop
+
+
+def _start_services(stack: ExitStack, sup: Supervisor, state: Path, host: str) -> tuple[str, str]:
+    """(Redis URL, etcd URL): the configured ones, else a redis-server and an etcd of our own, supervised
+    (a restarted Redis is empty: the platform submits its jobs in flight again; etcd keeps its data)."""
+    keep = state / "secrets"
+    redis_url = envs.REDIS_URL
+    if not redis_url:
+        r = RedisServer(envs.REDIS_SERVER_BIN, state / "redis", host, password=secret(keep, "redis-password")).start()
+        stack.callback(r.stop)
+        sup.watch(_service_child("redis", r))
+        redis_url = r.url
+    _say(f"redis: {redact(redis_url)}")
+    etcd_url = envs.ETCD_URL
+    if not etcd_url:
+        # authentication on: only holders of the engine user's password read or write its keys
+        e = EtcdServer(envs.ETCD_BIN, state / "etcd", host, password=secret(keep, "etcd-password"),
+                       root_password=secret(keep, "etcd-root-password")).start()
+        stack.callback(e.stop)
+        sup.watch(_service_child("etcd", e))
+        etcd_url = e.url
+    _say(f"etcd: {redact(etcd_url)}")
+    return redis_url, etcd_url
+
+
+def _service_child(name: str, service: RedisServer | EtcdServer) -> Child:
+    """A started embedded service as a supervised child: restarted through its own ``start`` (same ports,
+    same password, ready before it counts as started)."""
+    def start() -> subprocess.Popen[bytes]:
+        proc = service.start().proc
+        assert proc is not None  # start() returns a running server or raises
+        return proc
+
+    assert service.proc is not None
+    return Child(name, start, service.proc, service.log_path)
+
+
+def _child_env(args: argparse.Namespace, state: Path, host: str, redis_url: str, etcd_url: str) -> dict[str, str]:
+    keep = state / "secrets"
+    env = dict(os.environ)
+    env.update(
+        ONEPIECE_STATE_DIR=str(state),
+        ONEPIECE_REDIS_URL=redis_url,
+        ONEPIECE_ETCD_URL=etcd_url,
+        # the supervisor's view of every child, which /readyz and the dashboard show
+        ONEPIECE_SUPERVISOR_STATUS=str(state / STATUS_FILE),
+        DJANGO_SETTINGS_MODULE="onepiece_platform.settings.local",
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "platform"), env.get("PYTHONPATH", "")]),
+        # generated once per state folder (0600), never a constant: signed URLs and sessions cannot
+        # be forged with a key from the source, and the Proxy only serves holders of its secret
+        DJANGO_SECRET_KEY=secret(keep, "django-secret-key", 50),
+        ONEPIECE_PROXY_TOKEN=envs.PROXY_TOKEN or secret(keep, "proxy-token"),
+        ONEPIECE_DEBUG="1" if args.debug else "",
+    )
+    if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+        env["DJANGO_ALLOWED_HOSTS"] = env.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]") + "," + host
+    return env
+
+
+def _spawn(sup: Supervisor, stack: ExitStack, name: str, argv: list[str], env: dict[str, str], log: Path,
+           stop_timeout: float = 10.0) -> Child:
+    """Start ``argv`` (output appended to ``log``), supervised by ``sup`` (its ticks begin once everything is
+    ready: a child that dies while ``onepiece up`` starts fails the start), stopped when ``stack`` closes."""
+    def start() -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            return children.popen(argv, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    child = sup.watch(Child(name, start, start(), log, stop_timeout))
+    stack.callback(child.terminate)
+    return child
+
+
+def _say_ready(base: str, admin_user: str, admin_password: str, api_key_line: str, proxy_url: str,
+               instances: int, sup: Supervisor, state: Path) -> None:
+    logs = state / "logs"
+    _say(f"web: {base}/")
+    _say(f"admin: {base}/admin/ (user {admin_user}, password {admin_password})")
+    _say(f"health: {base}/livez {base}/readyz")
+    _say(f"api: {base}/v1")
+    _say(api_key_line)
+    _say(f"proxy: {proxy_url}")
+    _say(f"workers: {instances} stage instances ready (logs: {logs / 'node' / 'logs'})")
+    _say(f"manager: leading, rebalancing every 2 s (log: {logs / 'manager.log'})")
+    _say(f"supervisor: {', '.join(sup.children)} restarted when they exit (log: {sup.log_path})")
+    _say(f"state: {state}")
+    _say("ready (Ctrl-C stops everything)")
 
 
 def _ensure_admin(manage: list[str], env: dict[str, str], state: Path) -> tuple[str, str]:
@@ -296,8 +320,8 @@ def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -
     return found
 
 
-def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str], state: Path, host: str,
-                  logs: Path) -> tuple[dict[str, subprocess.Popen[bytes]], str, int]:
+def _start_engine(args: argparse.Namespace, stack: ExitStack, sup: Supervisor, env: dict[str, str], state: Path,
+                  host: str, logs: Path) -> tuple[str, int]:
     """Start ``onepiece node`` (static assignment) and ``onepiece proxy``, wait until every instance serves,
     then start ``onepiece manager`` and wait until it leads."""
     from engine.coord import etcd_client
@@ -310,7 +334,7 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     node_dir.mkdir(exist_ok=True)
     (node_dir / "assignment.json").write_text(assignment.to_json())
     cli = [sys.executable, "-m", "engine.cli"]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    procs: dict[str, subprocess.Popen[bytes]] = {}  # as first started: what the start waits on
     node_cmd = [*cli, "node", "--node", "local", "--run-dir", str(node_dir), "--assignment",
                 str(node_dir / "assignment.json"), "--ring-prefix", f"up-{os.getpid()}-"]
     if args.ring_bytes:
@@ -320,10 +344,8 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     proxy_port = _port_or_free(host, envs.PROXY_PORT if args.proxy_port is None else args.proxy_port)
     proxy_cmd = [*cli, "proxy", "--host", host, "--port", str(proxy_port)]
     for name, cmd in (("node", node_cmd), ("proxy", proxy_cmd)):
-        with open(logs / f"{name}.log", "ab") as out:
-            procs[name] = children.popen(cmd, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
         # the node needs time to stop its workers (they finish the request at hand)
-        stack.callback(_terminate, procs[name], 30.0)
+        procs[name] = _spawn(sup, stack, name, cmd, env, logs / f"{name}.log", 30.0).proc
     proxy_url = f"http://{host}:{proxy_port}"
     _wait_http(proxy_url + "/livez", 60, procs["proxy"], "proxy")
     etcd = etcd_client(env["ONEPIECE_ETCD_URL"])
@@ -344,17 +366,14 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, env: dict[str, str
     # Proxy's admission control with the measured capacity.
     manager_cmd = [*cli, "manager", "--name", "local-manager", "--slots-per-node", str(len(want) + max(0, args.spare_slots)),
                    *(a for wf, folder in sorted(models.items()) for a in ("--workflow", f"{wf}={folder}"))]
-    with open(logs / "manager.log", "ab") as out:
-        procs["manager"] = children.popen(manager_cmd, env=env, cwd=REPO_ROOT, stdout=out,
-                                          stderr=subprocess.STDOUT)
-    stack.callback(_terminate, procs["manager"], 15.0)
+    procs["manager"] = _spawn(sup, stack, "manager", manager_cmd, env, logs / "manager.log", 15.0).proc
     while not etcd.get(keys.leader()):
         if procs["manager"].poll() is not None:
             raise ServiceError(f"manager exited with {procs['manager'].returncode}; see {logs / 'manager.log'}")
         if time.monotonic() > deadline:
             raise ServiceError(f"the Node Manager did not take the lead; see {logs / 'manager.log'}")
         time.sleep(0.1)
-    return procs, proxy_url, len(want)
+    return proxy_url, len(want)
 
 
 def _proxy_sees_routes(proxy_url: str, served: set[str]) -> bool:

@@ -48,6 +48,10 @@ DEFAULTS: dict[str, Any] = {
     "IMAGE_WAIT_S": 120.0,
     # Ledger rows of finished jobs are deleted by the clean-up task after this many days.
     "LEDGER_RETENTION_DAYS": 30,
+    # The status file of the supervisor that started this process's siblings (``onepiece up`` writes
+    # <state>/processes.json: engine.embedded.supervisor), shown by /readyz and the dashboard; "" where
+    # something else supervises the processes (compose, Kubernetes, systemd report on their own).
+    "SUPERVISOR_STATUS": "",
     # etcd key prefix of the cluster (engine.coord.keys): None is ONEPIECE_ETCD_ROOT, else /onepiece, as
     # for the engine's processes; tests use their own.
     "ETCD_ROOT": None,

@@ -309,3 +309,29 @@ def test_every_web_server_runs_with_onepiece_ups_flags() -> None:
         assert Path(argv[0]).name == "uvicorn" and argv[1] == WEB_APP, (where, argv)
         assert any(argv[i:i + len(flags)] == flags for i in range(len(argv))), (where, argv, flags)
         assert "--proxy-headers" not in argv and "--forwarded-allow-ips" not in argv, (where, argv)
+
+
+def test_every_long_running_service_is_restarted_when_it_exits() -> None:
+    """Each deployment supervises every service as ``onepiece up`` does its children: Kubernetes pods restart
+    their containers (and the serving ones are probed), compose restarts every service but its one-shot,
+    systemd restarts every unit and never gives up (its default start limit would leave a unit failed)."""
+    for name, d in _workloads():
+        spec = d["spec"]["template"]["spec"]
+        if d["kind"] == "Job":
+            assert spec["restartPolicy"] == "OnFailure", name
+            continue
+        assert spec["restartPolicy"] == "Always", name
+    by = {d["metadata"]["name"]: d for _, d in _workloads()}
+    for workload in ("onepiece-web", "onepiece-proxy", "onepiece-manager", "onepiece-celery", "etcd",
+                     "redis-primary", "redis-replica", "postgres"):
+        for c in by[workload]["spec"]["template"]["spec"]["containers"]:
+            assert "livenessProbe" in c, (workload, c["name"])  # a hung server is restarted too
+    compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())["services"]
+    for svc, body in compose.items():
+        want = "on-failure" if svc == "etcd-auth" else "unless-stopped"
+        assert body.get("restart") == want, (svc, body.get("restart"))
+    for unit in sorted((DEPLOY / "systemd").glob("*.service")):
+        cp = configparser.ConfigParser(strict=False, interpolation=None)
+        cp.read_string(unit.read_text())
+        assert cp["Service"]["Restart"] == "always" and float(cp["Service"]["RestartSec"]) > 0, unit.name
+        assert cp["Unit"]["StartLimitIntervalSec"] == "0", unit.name

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -84,10 +86,67 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         finally:
             receiver.stop()
         assert sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")) == sorted(rings)
+        _reconciler_is_supervised(lines)
+        children = psutil.Process(proc.pid).children(recursive=True)  # the restarted reconciler among them
     finally:
         out = stop_up(proc)
     assert proc.returncode == 0, out
     assert "stopped" in out
+    # the supervisor said what happened, on onepiece up's output and in its log
+    log = (tmp_path / "state" / "logs" / "supervisor.log").read_text()
+    for said in (out, log):
+        assert "reconciler: killed by SIGKILL; restarting in 1.0 s" in said and "reconciler: restarted (pid" in said
     for c in children:
         assert not c.is_running() or c.status() == psutil.STATUS_ZOMBIE, f"left behind: {c}"
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-up-{proc.pid}-")]
+
+
+def _readyz(web: str) -> dict[str, Any]:
+    with urllib.request.urlopen(web + "readyz", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _reconciler_is_supervised(lines: dict[str, str]) -> None:
+    """SIGKILL the reconciler: /readyz says degraded while it is down or restarting, it is restarted, and a
+    job submitted meanwhile reaches its terminal state in the ledger with every stage run recorded (the
+    reconciler's work alone: the list route reads the ledger as it is, never the engine)."""
+    web, key = lines["web"], lines["api key"]
+    before = _readyz(web)
+    assert before["status"] == "ok", before
+    assert set(before["processes"]) == {"redis", "etcd", "web", "node", "proxy", "manager", "reconciler",
+                                        "webhooks"}, before
+    assert all(p["state"] == "up" and p["restarts"] == 0 for p in before["processes"].values()), before
+    os.kill(before["processes"]["reconciler"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    # down for the first backoff (1 s), then starting for 5 s: the change is seen well within that
+    while (seen := _readyz(web))["processes"]["reconciler"]["restarts"] == 0 and \
+            seen["processes"]["reconciler"]["state"] == "up":
+        assert time.monotonic() < deadline, "the supervisor did not notice the reconciler's death"
+        time.sleep(0.05)
+    assert seen["status"] == "degraded" and seen["processes"]["reconciler"]["state"] in ("down", "starting"), seen
+    auth = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    body = {"workflow": "sd-t2i", "params": {"prompt": "a lighthouse", "height": 64, "width": 64,
+                                             "num_inference_steps": 2}}
+    req = urllib.request.Request(web + "api/v1/jobs", data=json.dumps(body).encode(), headers=auth, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        uid = json.loads(r.read())["uid"]
+    while True:
+        after = _readyz(web)
+        rec = after["processes"]["reconciler"]
+        if rec["state"] == "up":
+            break
+        assert time.monotonic() < deadline + 30, after
+        time.sleep(0.2)
+    assert after["status"] == "ok" and rec["restarts"] == 1 and rec["last_exit"] == -signal.SIGKILL, after
+    assert rec["pid"] != before["processes"]["reconciler"]["pid"]
+    listing = urllib.request.Request(web + "api/v1/jobs?state=completed&page_size=100", headers=auth)
+    while True:
+        with urllib.request.urlopen(listing, timeout=30) as r:
+            done = {j["uid"]: j for j in json.loads(r.read())["results"]}
+        if uid in done:
+            break
+        assert time.monotonic() < deadline + 120, f"{uid} never reached its terminal state in the ledger"
+        time.sleep(0.2)
+    times = done[uid]["stage_times"]
+    assert set(times) == {"text_encode", "denoise", "vae_decode", "image_encode"}, times
+    assert all("finished" in t for t in times.values()), times

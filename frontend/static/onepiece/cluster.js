@@ -109,10 +109,28 @@ function renderWorkflows(snap) {
   }).join("");
 }
 
+// onepiece up's children as its supervisor reports them: one badge each, marked while down or restarting
+// (absent where compose, Kubernetes or systemd supervise the processes).
+function renderProcesses(processes) {
+  const box = document.getElementById("processes");
+  const names = Object.keys(processes || {}).sort();
+  box.hidden = !names.length;
+  const down = names.filter((n) => processes[n].state !== "up");
+  box.className = `processes${down.length ? " degraded" : ""}`;
+  box.innerHTML = (down.length ? `<strong class="error">degraded: ${esc(down.join(", "))}</strong> · ` : "Processes: ") +
+    names.map((n) => {
+      const p = processes[n];
+      const title = `${p.state}; restarts: ${p.restarts ?? 0}${p.last_exit == null ? "" : `; last exit ${p.last_exit}`}`;
+      return `<span class="process ${p.state === "up" ? "ok" : "error"}" data-process="${esc(n)}" ` +
+        `data-state="${esc(p.state)}" title="${esc(title)}">${esc(n)}${p.state === "up" ? "" : ` (${esc(p.state)})`}</span>`;
+    }).join(" ");
+}
+
 export function renderCluster(snap) {
   timed("cluster", () => {
     document.getElementById("snapshot-ts").textContent = snap.ts ? new Date(snap.ts * 1000).toLocaleTimeString() : "–";
     document.getElementById("cluster-error").textContent = snap.error || "";
+    renderProcesses(snap.processes);
     renderNodes(snap.nodes || {}, (snap.overrides || {}).drained || []);
     renderWorkflows(snap);
   });

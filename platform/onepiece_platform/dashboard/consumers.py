@@ -45,6 +45,12 @@ def _snapshot() -> dict[str, Any]:
         else:
             w["stages"][r["stage"]] = w["stages"].get(r["stage"], 0) + r["n"]
     snap["waiting"] = waiting
+    from onepiece_platform.ops.views import supervised
+
+    # onepiece up's children as its supervisor sees them (absent where compose, Kubernetes or systemd supervise)
+    processes = supervised()
+    if processes is not None:
+        snap["processes"] = processes
     return snap
 
 

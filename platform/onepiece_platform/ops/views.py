@@ -20,8 +20,23 @@ from rest_framework.views import APIView
 
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 
-HEALTH = inline_serializer("Health", {"status": serializers.CharField(),
-                                      "checks": serializers.DictField(child=serializers.CharField(), required=False)})
+HEALTH = inline_serializer("Health", {
+    "status": serializers.CharField(help_text="ok, degraded (a supervised process is down or restarting) or "
+                                              "unavailable (503: the database or Redis)"),
+    "checks": serializers.DictField(child=serializers.CharField(), required=False),
+    "processes": serializers.DictField(child=serializers.DictField(), required=False,
+                                       help_text="onepiece up's children as its supervisor sees them: state (up, "
+                                                 "down, starting), pid, restarts, last_exit, since"),
+})
+
+
+def supervised() -> dict[str, dict[str, object]] | None:
+    """The supervisor's view of this process's siblings (``onepiece up``), or None where none is configured."""
+    from engine.embedded.supervisor import read_status
+    from onepiece_platform import conf
+
+    path = conf.get("SUPERVISOR_STATUS")
+    return read_status(path) if path else None
 
 
 @extend_schema(operation_id="livez", auth=[], responses={200: HEALTH})
@@ -49,7 +64,15 @@ def readyz(request: Request) -> Response:
     except Exception as exc:
         checks["redis"] = f"error: {exc}"
     ok = all(v == "ok" for v in checks.values())
-    return Response({"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503)
+    body: dict[str, object] = {"status": "ok" if ok else "unavailable", "checks": checks}
+    processes = supervised()
+    if processes is not None:
+        # a child down or restarting degrades the service (jobs wait, webhooks lag) without making this
+        # process unready: it still serves, so the answer stays 200
+        body["processes"] = processes
+        if ok and any(p.get("state") != "up" for p in processes.values()):
+            body["status"] = "degraded"
+    return Response(body, status=200 if ok else 503)
 
 
 

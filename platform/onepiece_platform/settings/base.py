@@ -141,6 +141,7 @@ ONEPIECE = {
     "ENGINE_CLIENT": os.environ.get("ONEPIECE_ENGINE_CLIENT",
                                     "onepiece_platform.engine_link.proxy.ProxyEngineClient"),
     "PROXY_TOKEN": os.environ.get("ONEPIECE_PROXY_TOKEN", ""),
+    "SUPERVISOR_STATUS": os.environ.get("ONEPIECE_SUPERVISOR_STATUS", ""),
 }
 # Bodies are bounded before parsing (413); Django's own cap sits just above the platform's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = (16 << 20) * 4 // 3 + (128 << 10)
