@@ -4,6 +4,10 @@
   ``Infinity``) that also answers JSON nested deeper than Python's recursion
   limit with 400 instead of letting ``RecursionError`` become a 500.
 * :func:`loads`: the same rules for JSON inside a form field (multipart ``params``).
+* :class:`StrictMultiPartParser`, :class:`StrictFormParser`: DRF's, but a field
+  (name or value) that is not UTF-8 is a 400 naming it. Django decodes form
+  fields with ``errors="replace"``, so bad bytes became U+FFFD and the job was
+  accepted with a prompt the client never sent.
 * :class:`RefuseUnknownFields`: a serializer mixin; a misspelt or unsupported
   field is a 400 naming it, never silently ignored (a typo would otherwise fall
   back to a default the caller did not ask for).
@@ -11,14 +15,19 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
+from django.utils.http import parse_header_parameters
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 
 
 class StrictJSONParser(JSONParser):
@@ -29,6 +38,73 @@ class StrictJSONParser(JSONParser):
             return super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - the body is nested too deeply") from None
+
+
+def _utf8(name: bytes, value: bytes) -> None:
+    """Both as UTF-8, or a 400 naming the field (its name shown with U+FFFD where it is not UTF-8)."""
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = name.decode("utf-8", errors="replace")
+        raise serializers.ValidationError({shown: ["the field's name is not valid UTF-8"]}) from None
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise serializers.ValidationError({name.decode(): ["not valid UTF-8"]}) from None
+
+
+def _form_fields(raw: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(name, value) bytes of an urlencoded body, split as Django's QueryDict splits it."""
+    for pair in raw.split(b"&"):
+        if pair:
+            name, _, value = pair.partition(b"=")
+            yield unquote_to_bytes(name.replace(b"+", b" ")), unquote_to_bytes(value.replace(b"+", b" "))
+
+
+def _multipart_fields(raw: bytes, media_type: str) -> Iterator[tuple[bytes, bytes]]:
+    """(name, value) bytes of the non-file parts of a multipart body (files are bytes, not text)."""
+    boundary = parse_header_parameters(media_type)[1].get("boundary", "")
+    if not boundary:
+        return  # Django's parser refuses it
+    for part in raw.split(b"--" + boundary.encode("latin-1"))[1:]:
+        head, sep, body = part.removeprefix(b"\r\n").partition(b"\r\n\r\n")
+        if not sep:
+            continue  # the closing delimiter, or a malformed part Django's parser answers for
+        headers = {k.strip().lower(): v.strip() for k, _, v in
+                   (line.decode("latin-1").partition(":") for line in head.split(b"\r\n"))}
+        params = parse_header_parameters(headers.get("content-disposition", ""))[1]
+        if "filename" in params or "filename*" in params or "name" not in params:
+            continue
+        value = body.removesuffix(b"\r\n")
+        if headers.get("content-transfer-encoding", "").lower() == "base64":
+            try:
+                value = base64.b64decode(value)
+            except binascii.Error:
+                continue  # Django keeps the text as sent
+        name = params["name"]
+        try:
+            yield name.encode("latin-1"), value
+        except UnicodeEncodeError:  # already decoded (RFC 2231 name*=utf-8''...)
+            yield name.encode("utf-8"), value
+
+
+class StrictFormParser(FormParser):
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        raw = stream.read()
+        for name, value in _form_fields(raw):
+            _utf8(name, value)
+        return super().parse(io.BytesIO(raw), media_type, parser_context)
+
+
+class StrictMultiPartParser(MultiPartParser):
+    """Reads the body once into memory to check its text fields (it is already bounded and buffered by the
+    ASGI entry's BodyLimit), then parses it as DRF does."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        raw = stream.read() if stream is not None else b""
+        for name, value in _multipart_fields(raw, media_type or ""):
+            _utf8(name, value)
+        return super().parse(io.BytesIO(raw), media_type, parser_context)
 
 
 def _constant(name: str) -> Any:

@@ -127,11 +127,12 @@ REST_FRAMEWORK = {
     # Quotas are atomic counters (onepiece_platform.quotas), not DRF's read-then-write throttles.
     "DEFAULT_THROTTLE_CLASSES": [],
     "EXCEPTION_HANDLER": "onepiece_platform.api_errors.exception_handler",
-    # JSON nested too deeply is a 400, not a RecursionError (onepiece_platform.strict)
+    # JSON nested too deeply, form fields that are not UTF-8: 400s, not a RecursionError or U+FFFD in a
+    # prompt (onepiece_platform.strict)
     "DEFAULT_PARSER_CLASSES": [
         "onepiece_platform.strict.StrictJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "onepiece_platform.strict.StrictFormParser",
+        "onepiece_platform.strict.StrictMultiPartParser",
     ],
 }
 

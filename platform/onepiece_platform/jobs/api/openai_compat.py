@@ -30,7 +30,6 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -46,7 +45,9 @@ from onepiece_platform.jobs.api import openai_serializers as s
 from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
+from onepiece_platform.strict import StrictFormParser as FormParser
 from onepiece_platform.strict import StrictJSONParser as JSONParser
+from onepiece_platform.strict import StrictMultiPartParser as MultiPartParser
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -40,6 +39,7 @@ from onepiece_platform.jobs.models import COMPLETED, STATES, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.quotas.models import limits_for
 from onepiece_platform.strict import StrictJSONParser as JSONParser
+from onepiece_platform.strict import StrictMultiPartParser as MultiPartParser
 from onepiece_platform.strict import loads as strict_loads
 
 CONTENT_TYPES = {"image": ("image/png", "png"), "video": ("video/mp4", "mp4")}
