@@ -10,7 +10,6 @@ exists, that the counts fit).
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -22,6 +21,7 @@ from engine.workflow import workflows
 from onepiece_platform.dashboard.views import staff_json
 from onepiece_platform.engine_link.admin import dispatch, refresh
 from onepiece_platform.engine_link.models import OperatorAction as Op
+from onepiece_platform.strict import loads as strict_loads
 
 log = logging.getLogger(__name__)
 ACTIONS_SHOWN = 20
@@ -93,10 +93,12 @@ def actions(request: HttpRequest) -> JsonResponse:
             except Exception:  # etcd or the result backend away: the row stays as it is, shown as such
                 log.warning("could not refresh action %s", a.pk, exc_info=True)
         return JsonResponse({"actions": [_action(a) for a in Op.objects.select_related("actor")[:ACTIONS_SHOWN]]})
-    try:
-        body = json.loads(request.body or b"{}")
-    except ValueError:
+    try:  # strict: NaN refused, and nesting past the parser's stack a ValueError, not a RecursionError (500)
+        body = strict_loads(request.body or b"{}")
+    except ValueError:  # UnicodeDecodeError included
         return JsonResponse({"error": "body must be JSON"}, status=400)
+    if not isinstance(body, dict):  # a list, null, a string: .get would be a 500
+        return JsonResponse({"error": "body must be a JSON object: {\"action\": ..., \"args\": {...}}"}, status=400)
     kind, args = body.get("action"), body.get("args", {})
     if kind not in Op.ALL:
         return JsonResponse({"error": f"action must be one of {', '.join(Op.ALL)}"}, status=400)
