@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "CONCURRENCY_RETRY_AFTER_S": 5,
     # A job the engine no longer knows, older than this, is failed by the reconciler's sweep.
     "LOST_AFTER_S": 30.0,
+    # A job whose engine state died with Redis is submitted again under its UID at most this many times
+    # (engine_link/resubmit.py), then failed as lost.
+    "RESUBMIT_MAX": 2,
     # An engine event for a UID the ledger does not know is held and retried this long, then dead-lettered.
     "HOLD_UNKNOWN_S": 60.0,
     # /v1/images/generations waits this long for its image.

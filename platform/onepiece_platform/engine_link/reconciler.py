@@ -21,8 +21,9 @@ Two inputs, one set of idempotent transitions (:mod:`onepiece_platform.jobs.ledg
   It catches what the stream lost: events trimmed away, or Redis restarted
   (stream, status hashes and results gone). A job the engine no longer knows,
   older than ``LOST_AFTER_S`` (plus ``PROXY_TIMEOUT_S`` while its submission
-  is still in flight), is reported ``failed`` with that reason, so no job is
-  ever left pending. Finished jobs whose charge the quota counters were
+  is still in flight), is submitted again under its UID from what the ledger
+  kept (:mod:`onepiece_platform.engine_link.resubmit`, ``RESUBMIT_MAX`` times),
+  then reported ``failed`` with that reason, so no job is ever left pending. Finished jobs whose charge the quota counters were
   not told (Redis was away) are settled again.
 
 ``run`` is a control loop that never dies: each tick catches and logs.
@@ -47,12 +48,12 @@ from engine.store import keys
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineClient, get_engine
 from onepiece_platform.engine_link.models import DeadLetter, HeldEvent, StreamCursor
+from onepiece_platform.engine_link.resubmit import again
 from onepiece_platform.jobs import ledger
 from onepiece_platform.jobs.models import NON_TERMINAL, TERMINAL, Job
 
 log = logging.getLogger(__name__)
 CURSOR = "events"
-LOST = "lost: the engine no longer knows this job (its result store was restarted or the job expired)"
 
 # errors that say "not now", never "never": the same event is tried again
 TRANSIENT: tuple[type[BaseException], ...] = (
@@ -229,12 +230,12 @@ class Reconciler:
         lost_before = now - dt.timedelta(seconds=float(conf.get("LOST_AFTER_S")))
         # a row still being submitted is the web process's until its call to the engine has timed out
         abandoned_before = lost_before - dt.timedelta(seconds=float(conf.get("PROXY_TIMEOUT_S")))
-        for job in Job.objects.filter(state__in=NON_TERMINAL, uid__isnull=False).only("uid", "created_at",
-                                                                                        "submitting"):
+        for job in Job.objects.filter(state__in=NON_TERMINAL, uid__isnull=False):
             st = self.engine.status(job.uid)
             if st is None:
                 cutoff = abandoned_before if job.submitting else lost_before
-                if job.created_at < cutoff and ledger.finish(job.uid, "failed", LOST):
+                verdict = again(job, self.engine) if job.created_at < cutoff else None
+                if verdict is not None and ledger.finish(job.uid, *verdict):
                     finished += 1
             elif st.state in keys.TERMINAL:
                 finished += ledger.finish(job.uid, st.state, st.detail, st.stage or None)

@@ -37,6 +37,7 @@ from onepiece_platform.jobs.models import (
     QUEUED,
     TERMINAL,
     Job,
+    JobInput,
     StageRun,
 )
 from onepiece_platform.jobs.push import push_job
@@ -97,6 +98,7 @@ def finish(uid: str, state: str, detail: str = "", stage: str | None = None) -> 
             return False
         job = Job.objects.get(uid=uid)
         _set_charge(job, state)
+        JobInput.objects.filter(job=job).delete()  # kept only to run it again; it will not run again
         # the completion webhooks' outbox rows commit with the terminal state, or neither does
         outbox.enqueue(job)
     settle(job)
@@ -132,8 +134,10 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
         job = Job.objects.select_for_update().get(uid=uid)
         if job.submitting:
             Job.objects.filter(pk=job.pk).update(submitting=False)  # the engine knows it: the submit got through
+        # the engine counts attempts from 1 again after the platform submitted the job again
+        attempt = max(1, attempt) + job.attempt_base
         if type_ in TIMELINE and stage:
-            changed_run = _stage_run(job, type_, stage, max(1, attempt), ts, detail)
+            changed_run = _stage_run(job, type_, stage, attempt, ts, detail)
         if job.terminal:
             # a stage's time read after the row was finished (the sweep or a status read got there first):
             # the timeline takes it and the charge follows; the state does not move
@@ -157,7 +161,7 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
             settle(job)
         return changed_run
     if type_ == keys.STAGE_FINISHED and changed_run:
-        run = StageRun.objects.get(job=job, stage=stage, attempt=max(1, attempt))
+        run = StageRun.objects.get(job=job, stage=stage, attempt=attempt)
         if run.device_s is not None:
             from onepiece_platform.ops import metrics
 

@@ -55,6 +55,15 @@ class Job(models.Model):
     # this job (a remix with the key that created its source must not answer the source)
     idempotency_scope = models.CharField(max_length=64, blank=True)
     hidden = models.BooleanField(default=False, help_text="deleted through /v1/videos")
+    # What the engine needs to run the job again when its state died with Redis (the reconciler's sweep
+    # submits it again under its UID: engine_link/resubmit.py): the params above, the uploaded inputs
+    # (JobInput, kept until the job finishes) and the deadline the request asked for.
+    deadline_s = models.FloatField(null=True, blank=True, help_text="seconds from submission the job had")
+    resubmissions = models.PositiveSmallIntegerField(default=0, editable=False,
+                                                     help_text="times submitted again after the engine lost it")
+    attempt_base = models.PositiveSmallIntegerField(default=0, editable=False,
+                                                    help_text="stage-run attempts before the latest submission: the "
+                                                              "engine counts its own attempts from 1 again")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -100,6 +109,21 @@ class Job(models.Model):
         for r in sorted(self.stage_runs.all(), key=lambda r: (r.attempt, r.pk)):
             out[r.stage] = r.as_dict()
         return out
+
+
+class JobInput(models.Model):
+    """An uploaded input of an unfinished job (a first frame), kept so the job can be submitted again if
+    the engine loses it; deleted when the job finishes. Bounded by the upload limit (MAX_UPLOAD_BYTES)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="inputs")
+    name = models.CharField(max_length=64)
+    data = models.BinaryField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="one_input_per_name")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.name}"
 
 
 class StageRun(models.Model):

@@ -32,7 +32,7 @@ from engine.workflow import InvalidRequest, images, request_workflow
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.engine_link.models import Rejection
-from onepiece_platform.jobs.models import NON_TERMINAL, Job
+from onepiece_platform.jobs.models import NON_TERMINAL, Job, JobInput
 from onepiece_platform.quotas import counters
 from onepiece_platform.quotas.models import Limits, limits_for
 
@@ -131,6 +131,11 @@ def _ledger_seed(user_id: int, exclude: int, day: str) -> tuple[list[tuple[str, 
     return jobs, float(spent)
 
 
+def keep_inputs(job: Job, inputs: dict[str, bytes]) -> None:
+    """The request's uploads beside its row until it finishes (the ledger deletes them then)."""
+    JobInput.objects.bulk_create(JobInput(job=job, name=name, data=bytes(data)) for name, data in inputs.items())
+
+
 def _rejected(workflow: str, reason: str, status: int) -> None:
     """Count a turned-away submission for the dashboard's traffic view; never fails the request."""
     try:
@@ -165,7 +170,8 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
             job = Job.objects.create(uid=uid, owner=user, workflow=workflow, params=resolved, api=api,
                                      cost_estimate_gpu_s=cost, idempotency_key=idempotency_key,
                                      idempotency_scope=scope if idempotency_key else "", submitting=True,
-                                     api_key=api_key, webhook_url=webhook_url)
+                                     api_key=api_key, webhook_url=webhook_url, deadline_s=deadline_s)
+            keep_inputs(job, inputs)  # to submit it again if the engine loses it (engine_link/resubmit.py)
     except IntegrityError:
         if not idempotency_key:  # not a key clash: a real error, never "someone's earlier job"
             raise

@@ -8,7 +8,8 @@ import pytest
 
 from engine.store import keys
 from onepiece_platform.engine_link.models import StreamCursor
-from onepiece_platform.engine_link.reconciler import LOST, Reconciler
+from onepiece_platform.engine_link.reconciler import Reconciler
+from onepiece_platform.engine_link.resubmit import LOST
 from onepiece_platform.jobs.models import Job
 from tests.fixtures.web import sd_body
 
@@ -50,6 +51,7 @@ def test_cursor_survives_a_restart(alice, store) -> None:
 
 
 def test_redis_restart_lost_jobs_are_failed_with_a_reason(alice, store, settings) -> None:
+    settings.ONEPIECE = {**settings.ONEPIECE, "RESUBMIT_MAX": 0}  # never submitted again (see test_redis_outage)
     _, c, _ = alice
     a, b = _submit(c, 2)
     store.finish(b, "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")

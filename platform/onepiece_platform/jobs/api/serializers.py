@@ -60,7 +60,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
                   "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "created_at", "started_at",
-                  "finished_at", "cancel_requested", "webhook_url", "links"]
+                  "finished_at", "cancel_requested", "webhook_url", "resubmissions", "links"]
         read_only_fields = fields
 
     def get_queue_position(self, job: Job) -> int | None:
