@@ -90,6 +90,13 @@ _VARS: dict[str, Callable[[], Any]] = {
     # production: error pages then show settings and service URLs).
     "DEBUG": _str("ONEPIECE_DEBUG", None),
     "PROXY_SEND_TIMEOUT_S": _float("ONEPIECE_PROXY_SEND_TIMEOUT_S", 2.0),
+    # Read deadlines of the servers that face callers (the web port and the Proxy): a request's head
+    # (request line and headers) must arrive within HEADER_TIMEOUT_S of its first byte (of the connection,
+    # on a new one), its body within BODY_TIMEOUT_S of its head; else 408 (or, idle, a close). A client
+    # trickling bytes cannot hold a connection and its memory. See onepiece_platform.ops.httpguard,
+    # onepiece_platform.ops.bodylimit and engine.proxy.deadlines.
+    "HEADER_TIMEOUT_S": _float("ONEPIECE_HEADER_TIMEOUT_S", 15.0),
+    "BODY_TIMEOUT_S": _float("ONEPIECE_BODY_TIMEOUT_S", 60.0),
     # Stretched stage times for benchmarks and tests (unset in production): "denoise=0.2,sd-t2i/vae_decode=0.05"
     # makes each run of a stage take at least that many seconds; ONEPIECE_STAGE_STRETCH "denoise=4" multiplies
     # its compute time. The worker sleeps the difference (see engine.worker.config.StageTiming).

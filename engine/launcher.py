@@ -42,9 +42,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # host, or behind any local reverse proxy, could name itself any address and walk past the failed-
 # authentication lockout). The platform reads the header itself, trusting only ONEPIECE_TRUSTED_PROXY_HOPS
 # hops (onepiece_platform.accounts.authentication.client_address; X-Forwarded-Proto: the production
-# settings' SECURE_PROXY_SSL_HEADER).
+# settings' SECURE_PROXY_SSL_HEADER). --http: uvicorn's httptools protocol with a deadline on each request's
+# head (uvicorn has none: a client trickling headers held a connection as long as it liked) and prompt
+# answers to websocket upgrades the websockets library cannot parse (onepiece_platform/ops/httpguard.py).
 WEB_APP = "onepiece_platform.asgi:application"
-WEB_SERVER_FLAGS = ("--no-proxy-headers",)
+WEB_SERVER_FLAGS = ("--no-proxy-headers", "--http", "onepiece_platform.ops.httpguard:GuardedHttpToolsProtocol")
 
 
 def web_command(host: str, port: int) -> list[str]:

@@ -41,7 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.proxy import auth
+from engine.proxy import auth, deadlines
 from engine.proxy.drain import DrainMeter
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Ticket, taken
@@ -471,7 +471,9 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     ``registration`` (Workflow Set, name, URL) it registers itself for the Node Manager and the platform's
     choice of Proxy."""
     limits = limits or Limits()
-    app = web.Application(client_max_size=limits.max_body, middlewares=[auth.middleware(token)])
+    # the credential first (nothing read for a stranger), then the body's read deadline (engine.proxy.deadlines)
+    app = web.Application(client_max_size=limits.max_body,
+                          middlewares=[auth.middleware(token), deadlines.body_deadline()])
     app[ACCEPTED], app[LIMITS], app[DRAIN], app[ENDINGS], app[ADMITTING] = {}, limits, DrainMeter(), {}, {}
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor

@@ -35,6 +35,7 @@ async def serve(args: argparse.Namespace) -> int:
 
     from engine.coord import etcd_client
     from engine.embedded import free_port
+    from engine.proxy import deadlines
     from engine.proxy.app import make_app
     from engine.proxy.injector import Injector
     from engine.proxy.monitor import RequestMonitor
@@ -62,7 +63,7 @@ async def serve(args: argparse.Namespace) -> int:
     url = args.advertise or f"http://{host}:{port}"
     app = make_app(store, routes, injector, RequestMonitor(args.max_queue or envs.PROXY_MAX_QUEUE),
                    registration=(workflow_set, f"{socket.gethostname()}-{os.getpid()}", url), token=token)
-    runner = web.AppRunner(app, access_log=None)
+    runner = deadlines.runner(app)  # a request's head must arrive within ONEPIECE_HEADER_TIMEOUT_S
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

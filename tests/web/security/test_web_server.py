@@ -12,6 +12,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -26,10 +27,15 @@ import requests
 from engine.embedded import free_port
 from engine.launcher import web_command
 from tests.fixtures import REPO_ROOT
+from tests.slowclient import read_response, trickle
 
 pytestmark = pytest.mark.integration
 
 FAILURES_LIMIT = 3
+DEADLINE_S = 1.0  # the head's and the body's (ONEPIECE_HEADER_TIMEOUT_S, ONEPIECE_BODY_TIMEOUT_S)
+MARGIN_S = 2.0  # the loop's timer and a loaded 2-core machine; far below what a held connection shows
+LIMIT_S = 10.0
+STAFF = ("ops", "ops-password-" + secrets.token_urlsafe(8))
 REDIS_DB = 9  # the web tests' in-process fixtures use db 5
 
 
@@ -51,6 +57,9 @@ def _env(tmp: Path, redis_url: str) -> dict[str, str]:
         ONEPIECE_REDIS_URL=redis_url,
         DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
         ONEPIECE_TEST_SETTINGS=json.dumps({"AUTH_FAILURES_LIMIT": FAILURES_LIMIT, "AUTH_FAILURES_WINDOW_S": 600}),
+        ONEPIECE_HEADER_TIMEOUT_S=str(DEADLINE_S),
+        ONEPIECE_BODY_TIMEOUT_S=str(DEADLINE_S),
+        DJANGO_SUPERUSER_PASSWORD=STAFF[1],
     )
     return env
 
@@ -60,8 +69,10 @@ def web_port(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     tmp = tmp_path_factory.mktemp("webport")
     redis_url = redis_server.url.rsplit("/", 1)[0] + f"/{REDIS_DB}"
     env = _env(tmp, redis_url)
-    subprocess.run([sys.executable, str(REPO_ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"], env=env,
-                   cwd=REPO_ROOT, check=True)
+    manage = [sys.executable, str(REPO_ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, cwd=REPO_ROOT, check=True)
+    subprocess.run([*manage, "createsuperuser", "--noinput", "--username", STAFF[0], "--email", "ops@example.com"],
+                   env=env, cwd=REPO_ROOT, check=True, capture_output=True)
     port = free_port()
     log = tmp / "web.log"
     with open(log, "ab") as out:
@@ -114,14 +125,15 @@ def test_rotating_x_forwarded_for_does_not_escape_the_key_guessing_lockout(web_p
     assert int(r.headers["Retry-After"]) > 0
 
 
-def _admin_attempt(session: requests.Session, url: str, forwarded: str) -> int:
+def _admin_attempt(session: requests.Session, url: str, forwarded: str, username: str = "admin",
+                   password: str | None = None) -> int:
     page = session.get(url + "/admin/login/", timeout=10, headers={"X-Forwarded-For": forwarded})
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
     assert token, page.text[:500]
     r = session.post(url + "/admin/login/", timeout=10, allow_redirects=False,
                      headers={"X-Forwarded-For": forwarded, "Referer": url + "/admin/login/"},
-                     data={"csrfmiddlewaretoken": token.group(1), "username": "admin", "password": "guess-" + forwarded,
-                           "next": "/admin/"})
+                     data={"csrfmiddlewaretoken": token.group(1), "username": username,
+                           "password": password or "guess-" + forwarded, "next": "/admin/"})
     return r.status_code
 
 
@@ -130,3 +142,67 @@ def test_rotating_x_forwarded_for_does_not_escape_the_admin_sign_in_limit(web_po
     session = requests.Session()
     answers = [_admin_attempt(session, web_port.url, f"198.51.100.{i}") for i in range(FAILURES_LIMIT + 2)]
     assert answers == [200] * FAILURES_LIMIT + [429] * 2, answers  # 200: the form again, the sign-in failed
+
+
+# -- read deadlines (issue 25): uvicorn has no header-read timeout, and nothing bounded a body ----------------
+
+def test_a_trickled_head_is_408_within_the_deadline(web_port: WebPort) -> None:
+    out = trickle(web_port.port, b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n", b"X-Slow: aaaaaaaa\r\n", 0.1,
+                  LIMIT_S)
+    assert not out.held and out.after_s < DEADLINE_S + MARGIN_S, out
+    assert out.answer.startswith(b"HTTP/1.1 408"), out
+
+
+def test_a_connection_that_sends_nothing_is_closed(web_port: WebPort) -> None:
+    out = trickle(web_port.port, b"", b"", 0.1, LIMIT_S)
+    assert not out.held and out.after_s < DEADLINE_S + MARGIN_S and out.answer == b"", out
+
+
+def test_a_trickled_body_is_408_naming_the_body(web_port: WebPort) -> None:
+    head = (b"POST /api/v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 5000\r\n\r\n")
+    out = trickle(web_port.port, head + b'{"workflow": "sd-t2i", "params": {"prompt": "', b"a", 0.1, LIMIT_S)
+    assert not out.held and out.after_s < DEADLINE_S + MARGIN_S, out
+    assert out.answer.startswith(b"HTTP/1.1 408") and b'"field": "body"' in out.answer, out.answer[:400]
+
+
+UPGRADE = (b"Host: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+
+
+@pytest.mark.parametrize(("request_head", "status"), [
+    (b"GET /ws/jobs/" + b"a" * 9000 + b" HTTP/1.1\r\n" + UPGRADE + b"\r\n", b"414"),
+    (b"GET /ws/cluster HTTP/1.1\r\n" + UPGRADE + b"".join(b"X-H%d: v\r\n" % i for i in range(130)) + b"\r\n",
+     b"431"),
+], ids=["long-path", "many-headers"])
+def test_a_websocket_upgrade_the_parser_cannot_read_is_answered_at_once(web_port: WebPort, request_head: bytes,
+                                                                         status: bytes) -> None:
+    """Handed to the websockets library, these failed inside uvicorn with no answer (70 s measured)."""
+    out = trickle(web_port.port, request_head, b"", 0.1, LIMIT_S)
+    assert out.answer.startswith(b"HTTP/1.1 " + status) and out.after_s < MARGIN_S, out
+
+
+def test_kept_alive_connections_and_websockets_outlive_the_head_deadline(web_port: WebPort,
+                                                                         fresh_counters: None) -> None:
+    """The head's deadline cuts off unfinished heads only: a kept-alive connection idle for longer (within
+    uvicorn's --timeout-keep-alive, 5 s) serves its next request, and the dashboard's websocket keeps
+    receiving its snapshots past it."""
+    from websockets.sync.client import connect
+
+    get = b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", web_port.port), timeout=LIMIT_S) as s:
+        s.sendall(get)
+        assert read_response(s, time.monotonic() + LIMIT_S).startswith(b"HTTP/1.1 200")
+        idle_until = time.monotonic() + DEADLINE_S * 2
+        while time.monotonic() < idle_until:  # the connection idles past the deadline (the test's subject)
+            time.sleep(0.1)
+        s.sendall(get)  # the same connection serves the next request
+        assert read_response(s, time.monotonic() + LIMIT_S).startswith(b"HTTP/1.1 200")
+    session = requests.Session()
+    assert _admin_attempt(session, web_port.url, "", STAFF[0], STAFF[1]) == 302
+    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
+    with connect(f"ws://127.0.0.1:{web_port.port}/ws/cluster", open_timeout=10,
+                 additional_headers={"Cookie": cookie, "Origin": web_port.url}) as ws:
+        opened = time.monotonic()
+        while time.monotonic() - opened < DEADLINE_S + 1.5:
+            assert json.loads(ws.recv(timeout=5))["type"] == "cluster"  # one a second, past the deadline
