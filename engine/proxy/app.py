@@ -51,6 +51,7 @@ from engine.store import JobStore, keys, outage
 from engine.transport.errors import MessageTooLarge
 from engine.worker.routes import RouteTable
 from engine.workflow import get_workflow, images, workflows
+from engine.workflow.pricing import Fit, Pricer
 
 log = logging.getLogger("onepiece.proxy")
 
@@ -68,6 +69,8 @@ DRAIN = web.AppKey("drain", DrainMeter)  # what the engine finishes per second (
 DRAIN_SAMPLE_S = 0.25  # how often the drain meter samples the store's counters
 ADMITTING = web.AppKey("admitting", dict)  # workflow -> asyncio.Lock held from the count read to acceptance
 ENDINGS = web.AppKey("endings", dict)  # uid -> asyncio.Event set when the job's terminal event is seen
+PRICER = web.AppKey("pricer", Pricer)  # stage fits the instances published: a request's seconds of work here
+PRICE_REFRESH_S = 2.0
 
 
 @dataclass
@@ -148,6 +151,41 @@ async def _sample_drain(app: web.Application) -> None:
         except Exception as exc:  # Redis unreachable: decisions fall back to reading the store
             log.warning("drain sample failed: %s", exc)
         await asyncio.sleep(DRAIN_SAMPLE_S)
+
+
+def _published_fits(app: web.Application) -> dict[tuple[str, str], list[Fit]]:
+    """(workflow, stage) -> the pricing fits its routed instances published (blocking: one Redis round trip)."""
+    routes = app[ROUTES]
+    where = {r.instance: (name, stage) for name, spec in workflows().items() for stage in spec.route()
+             for r in routes.candidates(name, stage)}
+    out: dict[tuple[str, str], list[Fit]] = {}
+    for instance, raw in app[STORE].price_fits(where).items():
+        fit = Fit.from_json(raw)
+        if fit is not None:
+            out.setdefault(where[instance], []).append(fit)
+    return out
+
+
+async def _refresh_prices(app: web.Application) -> None:
+    """Keep the pricer current with what the instances measured (every couple of seconds)."""
+    while True:
+        try:
+            app[PRICER].update(await asyncio.to_thread(_published_fits, app))
+        except Exception as exc:  # Redis away: the last fits are kept
+            log.warning("reading the stage fits failed: %s", exc)
+        await asyncio.sleep(PRICE_REFRESH_S)
+
+
+async def workflow_list(request: web.Request) -> web.Response:
+    """Every workflow's parameters as the loaded models allow them (defaults, bounds, and why a bound is
+    tighter than the spec's): what the web platform checks and fills requests with."""
+    intake, out = request.app[INTAKE], {}
+    for name in sorted(workflows()):
+        spec = intake.spec(name)
+        out[name] = {"params": {p.name: {"default": p.default, "minimum": p.minimum, "maximum": p.maximum,
+                                         "why": p.why} for p in spec.params},
+                     "limits": request.app[ROUTES].limits(name) or {}}
+    return web.json_response({"workflows": out})
 
 
 async def _pre_admit(request: web.Request) -> web.Response | None:
@@ -477,7 +515,12 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     app[ACCEPTED], app[LIMITS], app[DRAIN], app[ENDINGS], app[ADMITTING] = {}, limits, DrainMeter(), {}, {}
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
-    app[INTAKE] = Intake(limits.max_image_bytes, limits.max_image_pixels, monitor)
+    app[PRICER] = Pricer()
+    # requests are checked against the loaded models' limits (published with the routes) and priced
+    # from the stage times the instances measured
+    app[INTAKE] = Intake(limits.max_image_bytes, limits.max_image_pixels, monitor, limits=routes.limits,
+                         price=app[PRICER].price)
+    app.router.add_get("/v1/workflows", workflow_list)
     app.router.add_post("/v1/requests", submit)
     app.router.add_get("/v1/requests/{uid}", status)
     app.router.add_delete("/v1/requests/{uid}", cancel)
@@ -490,6 +533,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
         tasks = [asyncio.create_task(_poll_producers(app)),
                  asyncio.create_task(_sweep_orphans(sweeper, sweep_interval)),
                  asyncio.create_task(_sample_drain(app)),
+                 asyncio.create_task(_refresh_prices(app)),
                  asyncio.create_task(_watch_endings(app))]
         if registration is not None:
             tasks.append(asyncio.create_task(_register(app, *registration)))

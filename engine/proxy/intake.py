@@ -149,6 +149,9 @@ class Ticket:
     cost: float  # predicted GPU-seconds of the whole request (admission and the store's in-flight cost)
     entry: str  # the first stage
     entry_cost: float  # its share of the cost (the delivery policy's weight)
+    # its seconds of stage work here, priced from measured stage times (engine.workflow.pricing); None
+    # before any stage of its workflow was measured
+    seconds: float | None = None
 
 
 def taken() -> BadRequest:
@@ -160,12 +163,28 @@ class Intake:
     """The rules of taking a request in (see the module's docstring). Holds no connection: thread-safe."""
 
     def __init__(self, max_image_bytes: int = images.MAX_BYTES, max_image_pixels: int = images.MAX_PIXELS,
-                 monitor: RequestMonitor | None = None) -> None:
+                 monitor: RequestMonitor | None = None,
+                 limits: Callable[[str], Mapping[str, Mapping[str, Any]] | None] | None = None,
+                 price: Callable[[WorkflowSpec, Mapping[str, Any]], float | None] | None = None) -> None:
         """``monitor``: the admission policy; None admits everything (an in-process engine that never
-        runs out of room)."""
+        runs out of room). ``limits(workflow)``: the loaded model's parameter limits
+        (:mod:`engine.workflow.limits`; the Proxy's come with the routes), None where unknown: the spec's
+        own apply. ``price(spec, params)``: the request's seconds of stage work as measured on this
+        deployment (:mod:`engine.proxy.pricing`), None where nothing was measured yet."""
         self.max_image_bytes = max_image_bytes
         self.max_image_pixels = max_image_pixels
         self.monitor = monitor
+        self.limits = limits
+        self.price = price
+
+    def spec(self, workflow: object) -> WorkflowSpec:
+        """The spec a request names, bound to the loaded model's limits and defaults where known;
+        :class:`BadRequest` naming ``workflow`` for an unknown one."""
+        try:
+            spec = request_workflow(workflow)
+        except InvalidRequest as exc:
+            raise BadRequest(exc.field, str(exc)) from None
+        return spec.bound(self.limits(spec.name)) if self.limits is not None else spec
 
     # -- validation ----------------------------------------------------------------------------
     def parse(self, body: bytes, content_type: str) -> Submission:
@@ -200,8 +219,8 @@ class Intake:
     def submission(self, workflow: object, params: object, inputs: dict[str, bytes], deadline_s: object = None,
                    priority: object = 0, uid: object = None) -> Submission:
         """A validated submission from its parts; raises :class:`BadRequest`."""
+        spec = self.spec(workflow)
         try:
-            spec = request_workflow(workflow)
             if not isinstance(params, dict):
                 raise BadRequest("params", "params must be an object")
             resolved = spec.validate_request(params, inputs, self.max_image_bytes, self.max_image_pixels)
@@ -233,8 +252,9 @@ class Intake:
             field = largest(sub.params)
             raise BadRequest(field, f"the request's header would be {header_len} bytes, over the limit of "
                                     f"{wm.MAX_HEADER_BYTES}; {field} is the largest part")
+        seconds = self.price(sub.spec, sub.params) if self.price is not None else None
         return Ticket(sub, uid, header, message, sub.spec.estimate_gpu_seconds(sub.params), route[0],
-                      sub.spec.estimate_cost(sub.params).get(route[0], 0.0))
+                      sub.spec.estimate_cost(sub.params).get(route[0], 0.0), seconds)
 
     @staticmethod
     def too_large(ticket: Ticket, size: int, limit: int) -> BadRequest:
@@ -268,7 +288,7 @@ class Intake:
         """Admit or refuse the request with its cost and deadline (never queues)."""
         if self.monitor is None or load is None:
             return Decision(True)
-        return self.monitor.decide(load, ticket.cost, now, ticket.sub.deadline)
+        return self.monitor.decide(load, ticket.cost, now, ticket.sub.deadline, ticket.seconds)
 
     # -- acceptance ----------------------------------------------------------------------------
     @staticmethod

@@ -80,21 +80,31 @@ class RequestMonitor:
             return self.dispatch_s + load.inflight / rate
         return self.dispatch_s + load.inflight_cost / max(1, load.instances)
 
-    def predicted_finish(self, load: Load, cost: float) -> float:
-        """Seconds until a new request is done (see the module docstring)."""
+    def predicted_finish(self, load: Load, cost: float, own_s: float | None = None) -> float:
+        """Seconds until a new request is done (see the module docstring). ``own_s``: the request's own
+        seconds of stage work as priced from measured stage times (engine.workflow.pricing): a request
+        far larger than the ones the rate was measured on takes at least its wait plus that."""
         rate = self.rate(load)
+        own = own_s or 0.0
         if rate:
-            return self.dispatch_s + max(load.base_latency_s, (load.inflight + 1) / rate)
-        return self.predicted_wait(load) + max(load.base_latency_s, cost / max(1, load.entry_instances))
+            return self.dispatch_s + max(load.base_latency_s, (load.inflight + 1) / rate, load.inflight / rate + own)
+        return self.predicted_wait(load) + max(load.base_latency_s, own, cost / max(1, load.entry_instances))
 
-    def decide(self, load: Load, cost: float, now: float, deadline: float | None) -> Decision:
+    def decide(self, load: Load, cost: float, now: float, deadline: float | None,
+               own_s: float | None = None) -> Decision:
         wait = self.predicted_wait(load)
         retry = max(1, math.ceil(wait))
         if load.entry_instances == 0:
             return Decision(False, "no instance serves this workflow yet", retry, wait)
+        if deadline is not None and own_s is not None and self.margin * own_s > deadline - now:
+            # even on an idle engine it would not finish in time: refused at once, whatever the queue
+            return Decision(False, f"this request needs about {own_s:.0f}s of stage work here (measured on "
+                                   f"smaller ones), over its {deadline - now:.0f}s deadline: ask for fewer "
+                                   "steps or a smaller size, or submit it without a deadline (the native API)",
+                            retry, wait, own_s)
         if load.inflight >= self.max_queue:
             return Decision(False, f"queue full ({load.inflight} requests in flight)", retry, wait)
-        finish = self.predicted_finish(load, cost)
+        finish = self.predicted_finish(load, cost, own_s)
         if deadline is not None and load.drain_rps is None and load.inflight >= 2 * max(1, load.instances):
             # Nothing measured yet of what the engine finishes while saturated (the Node Manager's figure
             # assumes devices of their own, and is high where stages share a host's cores): admit no deeper

@@ -167,8 +167,30 @@ def build_sd_t2i(out: Path, seed: int = 0) -> Path:
     return out
 
 
+# The default request of a tiny Wan model: a 5 s clip (81 frames at 16 fps, as the pipeline's default) at
+# 224x128 (the pipeline's 832x480 shape, scaled): ~10 s on one CPU thread, where 832x480 cannot run at all
+# (rope_max_seq_len 32) and 512x288 takes many minutes.
+WAN_SERVING = {"defaults": {"width": 224, "height": 128, "num_frames": 81},
+               "why": "tiny random-weight model: a default clip that runs in seconds on a CPU"}
+
+
+def _serving(build: Callable[[Path, int], Path], serving: dict[str, Any]) -> Callable[[Path, int], Path]:
+    """``build``, then the folder's serving defaults (engine.workflow.limits.SERVING_FILE)."""
+    def run(out: Path, seed: int = 0) -> Path:
+        import json
+
+        from engine.workflow.limits import SERVING_FILE
+
+        folder = build(out, seed)
+        (folder / SERVING_FILE).write_text(json.dumps(serving, indent=2) + "\n")
+        return folder
+
+    return run
+
+
 BUILDERS: dict[str, Callable[[Path, int], Path]] = {
-    "wan2.1-i2v": build_wan_i2v, "wan2.1-t2v": build_wan_t2v, "sd-t2i": build_sd_t2i,
+    "wan2.1-i2v": _serving(build_wan_i2v, WAN_SERVING), "wan2.1-t2v": _serving(build_wan_t2v, WAN_SERVING),
+    "sd-t2i": build_sd_t2i,
 }
 
 

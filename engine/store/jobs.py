@@ -369,6 +369,17 @@ class JobStore:
         """Add ``n`` to one of an instance's counters (e.g. ``cfg_halves``: steps it helped a peer with)."""
         self.r.hincrby(keys.instance_key(instance), name, n)
 
+    def price_fits(self, instances: Iterable[str]) -> dict[str, str]:
+        """instance -> the pricing fit it published last (engine.workflow.pricing), for those that have one:
+        one round trip for them all."""
+        names = list(instances)
+        if not names:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(keys.instance_key(name), "price_fit")
+        return {n: v.decode() for n, v in zip(names, pipe.execute(), strict=True) if v is not None}
+
     def instance_stats(self, instance: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.instance_key(instance)).items()}
 

@@ -127,6 +127,7 @@ class TaskManager:
         self._devices: Any = None  # DeviceSampler, made on first report
         self.draining: list[_Instance] = []  # removed from the assignment, finishing what their rings hold
         self.moves: list[dict[str, Any]] = []  # the last drains and start-ups, with their timings
+        self._limits_cache: dict[tuple[str, str], dict[str, Any]] = {}  # (workflow, model folder) -> limits
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -375,7 +376,18 @@ class TaskManager:
     # -- helpers ---------------------------------------------------------------------------------------
     def _route(self, inst: _Instance) -> Route:
         return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node, inst.generation,
-                     inst.collab, inst.spec.workflow_set)
+                     inst.collab, inst.spec.workflow_set, self._limits(inst.spec.workflow, inst.model_dir))
+
+    def _limits(self, workflow: str, model_dir: str) -> dict[str, Any]:
+        """What the model folder allows (engine.workflow.limits), read once per folder: JSON only."""
+        key = (workflow, model_dir)
+        if key not in self._limits_cache:
+            try:
+                self._limits_cache[key] = get_workflow(workflow).limits_of(model_dir)
+            except Exception:  # an unreadable config: the spec's own limits apply, and the stage will say
+                log.exception("reading the limits of %s from %s failed", workflow, model_dir)
+                self._limits_cache[key] = {}
+        return self._limits_cache[key]
 
     def _ready_file(self, inst: _Instance) -> Path:
         return self.s.run_dir / f"{inst.spec.id}.ready"

@@ -3,7 +3,8 @@
 Read from (keys: :mod:`engine.coord.keys`)::
 
     <root>/routes/<workflow>/<stage>/<instance>  {"address": "shm://...", "node": "...", "instance": "...",
-                                                  "generation": <int>, "collab": ..., "set": ...}
+                                                  "generation": <int>, "collab": ..., "set": ...,
+                                                  "limits": {param: {"default", "maximum", "why"}}}
     <root>/capacity/<workflow>                   {"rps": ..., "mode": ..., "service_s": ...}: capacity the
                                                  Node Manager measured, and the workflow's scheduling mode
     <root>/sets/capacity/<set>/<workflow>        one Workflow Set's capacity
@@ -23,10 +24,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.coord.keys import Keyspace, read_prefix
+from engine.workflow import limits as model_limits
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class Route:
     generation: int = 0
     collab: str = ""  # Collaboration mode: the ring where this instance takes (and answers) CFG halves
     workflow_set: str = "default"  # its Workflow Set: requests never leave the set whose Proxy took them
+    # what the model this instance loaded allows (engine.workflow.limits): intake binds the spec to it
+    limits: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def ring_id(self) -> str:
@@ -54,7 +58,8 @@ class Route:
 
     def to_json(self) -> str:
         return json.dumps({"address": self.address, "node": self.node, "instance": self.instance,
-                           "generation": self.generation, "collab": self.collab, "set": self.workflow_set})
+                           "generation": self.generation, "collab": self.collab, "set": self.workflow_set,
+                           "limits": self.limits})
 
 
 def publish_route(client: Any, route: Route, lease: Any = None, keys: Keyspace | None = None) -> None:
@@ -138,7 +143,8 @@ class RouteTable:
             workflow, stage, instance = parts
             found.setdefault((workflow, stage), []).append(
                 Route(workflow, stage, instance, str(data["address"]), str(data.get("node", "")),
-                      int(data.get("generation", 0)), str(data.get("collab", "")), str(data.get("set", "default"))))
+                      int(data.get("generation", 0)), str(data.get("collab", "")), str(data.get("set", "default")),
+                      model_limits.parse(data.get("limits")) or {}))
         if self.workflow_set is not None:
             found = {k: [r for r in rs if r.workflow_set == self.workflow_set] for k, rs in found.items()}
         for rs in found.values():
@@ -176,6 +182,17 @@ class RouteTable:
         """Requests/s the Node Manager measured ``workflow`` sustains now, if it published one."""
         with self._lock:
             return self._capacity.get(workflow)
+
+    def limits(self, workflow: str) -> dict[str, dict[str, Any]] | None:
+        """The loaded model's parameter limits for ``workflow``: the strictest over its published instances
+        (they normally load one folder), None when no instance published any."""
+        with self._lock:
+            found = None
+            for (wf, _stage), rs in self._routes.items():
+                if wf == workflow:
+                    for r in rs:
+                        found = model_limits.merge(found, r.limits or None)
+            return found
 
     def base_latency(self, workflow: str) -> float:
         """Seconds ``workflow`` takes through an idle pipeline: the sum of the stage times the Node

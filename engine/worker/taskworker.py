@@ -35,10 +35,17 @@ from engine.worker.deliver import Outstanding, Producers, make_deliver
 from engine.worker.routes import RouteTable
 from engine.workflow import get_workflow
 from engine.workflow import message as wm
+from engine.workflow.pricing import Fit, Samples
 
 log = logging.getLogger("onepiece.worker")
 
 RECV_BATCH = 8  # messages taken from the inbox ring per call
+STAGE_FAILED = "stage_failed"  # the code of a job an exception inside a stage ended (keys.FAILED's detail)
+
+
+def stage_failed(stage: str, exc: BaseException) -> str:
+    """The public detail of a job failed by ``exc`` in ``stage``: ``stage_failed: <stage>: <kind>``."""
+    return f"{STAGE_FAILED}: the {stage} stage failed ({type(exc).__name__}); the request was not completed"
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,8 @@ class TaskWorker:
         self.handled = 0
         self._runs: dict[str, deque[tuple[float, float]]] = {}  # mode -> (seconds, cost) of the last runs
         self.runs = 0  # stage runs completed by this process
+        self.samples = Samples()  # (units, steps, seconds) of recent runs: the Proxy prices requests by their fit
+        self.fit: Fit | None = None
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
 
     # -- loop --------------------------------------------------------------------------------
@@ -140,8 +149,11 @@ class TaskWorker:
         except Exception as exc:  # one bad request must not stop the instance
             log.exception("request %s failed in %s", h.uid, self.config.stage)
             try:
+                # the client gets a stable code, the stage and the kind of error; the message and the
+                # traceback are internals (tensor shapes, paths): the log has them, and the stage run
+                # the ledger records (the admin's view) has the message
                 self.store.finish(h.uid, h.workflow, keys.FAILED, self.config.stage,
-                                  detail=f"{type(exc).__name__}: {exc}")
+                                  detail=stage_failed(self.config.stage, exc))
             except Exception:
                 # The store itself is unreachable: the failure cannot be recorded, so
                 # keep the input unreleased and let this process die; the restarted
@@ -242,12 +254,17 @@ class TaskWorker:
             self.store.finish(uid, h.workflow, state, st, detail=where)
             return False
         except Exception as exc:
-            # the device time spent until the error is on record before handle() fails the job
+            # the device time spent until the error is on record before handle() fails the job; the full
+            # message goes to the stage run (the admin's view), never to the job's public detail
             self.store.event(uid, keys.STAGE_STOPPED, st, detail=f"{type(exc).__name__}: {exc}"[:500])
             raise
         elapsed = time.perf_counter() - t0
         if share > 0:  # (seconds, predicted cost) of this run, for _fastest_for
             self._runs.setdefault(self._mode(h), deque(maxlen=32)).append((elapsed, share))
+        model = self.spec.costs.get(st)
+        if model is not None and self.runs:  # a process's first run pays one-off costs (see _record)
+            d = self.spec.dims(h.params)
+            self.fit = self.samples.add(model.units(d), model.steps(d), elapsed)
         helped = f" (collaboration: {ctx.cfg_parallel.steps_helped} halves by {ctx.cfg_parallel.helper.instance})" \
             if ctx.cfg_parallel is not None else ""
         values.update(out)
@@ -279,6 +296,8 @@ class TaskWorker:
         fields: dict[str, Any] = {"workflow": cfg.workflow, "stage": cfg.stage}
         if self.runs:
             fields["last_stage_s"] = round(occupied, 6)
+        if self.fit is not None:
+            fields["price_fit"] = self.fit.to_json()
         self.runs += 1
         self.store.record_instance(cfg.instance, fields, occupied)
 

@@ -13,9 +13,10 @@ and consistent within one message (``"D_text"``).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 Dim = int | str
@@ -97,6 +98,7 @@ class ParamSpec:
     maximum: float | None = None
     doc: str = ""
     max_length: int | None = None  # characters, for str parameters
+    why: str = ""  # the loaded model's fact behind ``maximum``, when it is tighter than the spec's (limits.py)
 
     def __post_init__(self) -> None:
         if self.type is str and (self.max_length is None or self.max_length < 1):
@@ -115,18 +117,28 @@ def _check_text(p: ParamSpec, value: str) -> None:
         raise InvalidRequest(p.name, f"{p.name} is not valid Unicode text (a lone surrogate)") from None
 
 
+def _one_step(d: Mapping[str, int]) -> float:
+    return 1.0
+
+
 @dataclass(frozen=True)
 class CostModel:
-    """GPU-seconds of one request, per stage: ``fixed + per_unit * units(dims)``.
+    """GPU-seconds of one request, per stage: ``fixed + per_unit * units(dims) * steps(dims)``.
 
-    ``units`` turns the derived dimensions into the stage's work measure (e.g.
-    latent tokens x steps for denoise); the coefficients come from measured
-    stage times (see ``benchmarks/stages_profile.py``) on the reference GPU.
+    ``units`` turns the derived dimensions into the stage's work per step (e.g.
+    pixels for denoise), ``steps`` counts the steps (1 for a one-pass stage); the
+    coefficients come from measured stage times (see ``benchmarks/stages_profile.py``)
+    on the reference GPU. ``growth`` is how fast a step's time can grow with its
+    units beyond the sizes measured (2 for attention over the latent tokens, 1
+    for convolutions and encoders): :mod:`engine.workflow.pricing` extrapolates
+    with it, so a request larger than any measured one is never priced low.
     """
 
     fixed: float
     per_unit: float
     units: Callable[[Mapping[str, int]], float]
+    steps: Callable[[Mapping[str, int]], float] = _one_step
+    growth: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -146,6 +158,11 @@ class WorkflowSpec:
     frame_step: int = 0
     #: The smallest request worth sending to load the models and compile the kernels of every stage.
     warm_up: Mapping[str, Any] = field(default_factory=dict)
+    #: The loaded model's limits and defaults from its components' configs (engine.workflow.limits):
+    #: ``configs`` ({component: config.json}) -> overrides of parameters' ``default`` / ``maximum``.
+    model_limits: Callable[[Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]] | None = None
+    #: The components whose configs :attr:`model_limits` reads.
+    limit_components: tuple[str, ...] = ()
 
     # -- graph -------------------------------------------------------------
     def stage(self, name: str) -> StageSpec:
@@ -215,6 +232,37 @@ class WorkflowSpec:
         """The request inputs that must be image files."""
         return [t.name for t in self.request_inputs if t.media == "image"]
 
+    # -- the loaded model -----------------------------------------------------
+    def limits_of(self, folder: str) -> dict[str, dict[str, Any]]:
+        """The overrides the model in ``folder`` imposes on this spec's parameters (JSON reads only)."""
+        from engine.workflow import limits
+
+        found = {} if self.model_limits is None else \
+            self.model_limits(limits.read_configs(folder, list(self.limit_components)))
+        names = {p.name for p in self.params}
+        declared = {k: v for k, v in limits.serving_defaults(folder).items() if k in names}
+        return limits.with_defaults(found, declared)
+
+    def bound(self, overrides: Mapping[str, Mapping[str, Any]] | None) -> WorkflowSpec:
+        """This spec with the loaded model's defaults and (never wider) maxima: what a request is checked
+        against where the model's limits are known. Cached per distinct overrides."""
+        if not overrides:
+            return self
+        key = json.dumps(overrides, sort_keys=True, default=str)
+        cache = _BOUND.setdefault(self.name, {})
+        if key in cache and cache[key][0] is self:
+            return cache[key][1]
+        params = []
+        for p in self.params:
+            o = overrides.get(p.name) or {}
+            maximum = p.maximum if "maximum" not in o or p.maximum is None else min(p.maximum, o["maximum"])
+            why = str(o.get("why", "")) if maximum != p.maximum else p.why
+            default = o.get("default", p.default)
+            params.append(replace(p, maximum=maximum, default=default, why=why))
+        out = replace(self, params=tuple(params))
+        cache[key] = (self, out)
+        return out
+
     # -- parameters --------------------------------------------------------
     def param(self, name: str) -> ParamSpec:
         for p in self.params:
@@ -259,7 +307,8 @@ class WorkflowSpec:
             if p.minimum is not None and value < p.minimum:
                 raise InvalidRequest(p.name, f"{p.name} must be >= {p.minimum:g}, got {value}")
             if p.maximum is not None and value > p.maximum:
-                raise InvalidRequest(p.name, f"{p.name} must be <= {p.maximum:g} for {self.name}, got {value}")
+                why = f" ({p.why})" if p.why else ""
+                raise InvalidRequest(p.name, f"{p.name} must be <= {p.maximum:g} for {self.name}{why}, got {value}")
             out[p.name] = value
         self.check(out)
         return out
@@ -345,8 +394,12 @@ class WorkflowSpec:
     def estimate_cost(self, params: Mapping[str, Any]) -> dict[str, float]:
         """GPU-seconds per stage for one request with these (resolved) parameters."""
         d = self.dims(params)
-        return {s: c.fixed + c.per_unit * c.units(d) for s, c in self.costs.items()}
+        return {s: c.fixed + c.per_unit * c.units(d) * c.steps(d) for s, c in self.costs.items()}
 
     def estimate_gpu_seconds(self, params: Mapping[str, Any]) -> float:
         """Total GPU-seconds of one request (the Proxy's admission cost)."""
         return sum(self.estimate_cost(params).values())
+
+
+# spec name -> {overrides as JSON: (the spec bound, the bound spec)}; a handful of entries per deployment
+_BOUND: dict[str, dict[str, tuple[WorkflowSpec, WorkflowSpec]]] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import Http404
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
@@ -68,6 +69,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return error(exc.status, exc.message)
     if isinstance(exc, ValidationError):
         return _validation(exc)
+    if isinstance(exc, Http404):  # get_object_or_404's message names the model class ("No Job matches ...")
+        return error(404, "not found: no such object, or not yours")
     return drf_handler(exc, context)
 
 

@@ -119,12 +119,39 @@ def loads(raw: str | bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+EMPTY_NAME = "(empty name)"  # how a field sent with an empty name is named in a refusal
+
+
+class StrictCharField(serializers.CharField):
+    """Text only: a JSON number or boolean is refused, not turned into its string (a prompt of ``42``)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictRegexField(StrictCharField, serializers.RegexField):
+    pass
+
+
+class AsciiIntegerField(serializers.IntegerField):
+    """An integer written with ASCII digits: Python's ``int()`` also reads full-width and other Unicode
+    digits (``６４``), which no client means to send."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str) and not data.strip().lstrip("+-").isascii():
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class RefuseUnknownFields(serializers.Serializer):
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):
             unknown = sorted(k for k in data if k not in self.fields)
             if unknown:
-                raise serializers.ValidationError({unknown[0]: [
+                # a field with an empty name is still named (an empty param would read as "no field")
+                raise serializers.ValidationError({unknown[0] or EMPTY_NAME: [
                     f"unknown field; known: {', '.join(sorted(self.fields))}"]})
         return super().to_internal_value(data)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
 from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
 
@@ -30,6 +31,18 @@ def _check(p: Mapping[str, Any]) -> None:
     require_multiple(p, "height", SIZE_MULTIPLE)
     require_multiple(p, "width", SIZE_MULTIPLE)
     require_pixels(p, MAX_PIXELS, "sd-t2i")
+
+
+def _model_limits(configs: limits.Configs) -> limits.Overrides:
+    """The default size is the UNet's ``sample_size`` in pixels, as diffusers' pipeline picks it
+    (``unet.config.sample_size * vae_scale_factor``; the VAE scales by 2 per block after the first):
+    512x512 for SD 1.5, 64x64 for the tiny test model."""
+    unet, vae = configs.get("unet") or {}, configs.get("vae") or {}
+    sample, blocks = unet.get("sample_size"), vae.get("block_out_channels")
+    if not isinstance(sample, int) or not isinstance(blocks, list) or not blocks:
+        return {}
+    side = limits.fit_default(sample * 2 ** (len(blocks) - 1), 1024, SIZE_MULTIPLE)
+    return {"height": {"default": side}, "width": {"default": side}}
 
 
 SPEC = WorkflowSpec(
@@ -72,10 +85,11 @@ SPEC = WorkflowSpec(
     # 512x512; refit from benchmarks/stages_profile.py measurements.
     costs={
         "text_encode": CostModel(0.01, 0.0, lambda d: 0.0),
-        "denoise": CostModel(0.05, 1.5e-7, lambda d: d["P"] * d["S"]),
-        "vae_decode": CostModel(0.01, 1.5e-7, lambda d: d["P"]),
+        "denoise": CostModel(0.05, 1.5e-7, lambda d: d["P"], steps=lambda d: d["S"], growth=2.0),
+        "vae_decode": CostModel(0.01, 1.5e-7, lambda d: d["P"], growth=2.0),  # its mid block attends
         "image_encode": CostModel(0.005, 2.0e-8, lambda d: d["P"]),
     },
     final_output="image",
     warm_up={"prompt": "warm-up", "height": 64, "width": 64, "num_inference_steps": 1},
+    model_limits=_model_limits, limit_components=("unet", "vae"),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from engine.workflow import limits
 from engine.workflow.spec import CostModel, InvalidRequest, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
 from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
 
@@ -41,6 +42,33 @@ def checker(workflow: str) -> Callable[[Mapping[str, Any]], None]:
         require_pixels(p, MAX_PIXELS, workflow)
 
     return check
+
+
+def model_limits(configs: limits.Configs) -> limits.Overrides:
+    """What the loaded Wan transformer and VAE allow: its rotary embedding covers ``rope_max_seq_len``
+    patches per axis (frames, height, width), so a side may span at most ``rope_max_seq_len x patch x
+    the VAE's spatial factor`` pixels and a clip ``(rope_max_seq_len / patch_t - 1) x temporal + 1``
+    frames. Defaults that do not fit (the pipeline's 832x480) shrink to fit, keeping their aspect."""
+    out: limits.Overrides = {}
+    tr, vae = configs.get("transformer") or {}, configs.get("vae") or {}
+    rope = tr.get("rope_max_seq_len")
+    if not isinstance(rope, int) or rope < 1:
+        return out
+    pt, ph, pw = (list(tr.get("patch_size") or (1, 2, 2)) + [1, 2, 2])[:3]
+    spatial = int(vae.get("scale_factor_spatial") or 2 ** len(vae.get("temperal_downsample") or [0, 0, 0]))
+    temporal = int(vae.get("scale_factor_temporal") or 2 ** sum(bool(x) for x in vae.get("temperal_downsample") or []))
+    src = f"the loaded transformer's rope_max_seq_len is {rope}"
+    for name, patch in (("height", ph), ("width", pw)):
+        limits.tighten(out, name, rope * patch * spatial, f"{src}: at most {rope} patches of {patch * spatial} px")
+    frames = (rope // max(1, pt) - 1) * temporal + 1
+    limits.tighten(out, "num_frames", frames, f"{src}: at most {rope // max(1, pt)} latent frames")
+    height, width = (p.default for p in PARAMS if p.name in ("height", "width"))
+    scale = min(1.0, out["width"]["maximum"] / width, out["height"]["maximum"] / height)
+    if scale < 1.0:  # both sides shrink by the same factor: the default clip keeps its shape
+        out["width"]["default"] = limits.fit_default(int(width * scale), out["width"]["maximum"], SIZE_MULTIPLE)
+        out["height"]["default"] = limits.fit_default(int(height * scale), out["height"]["maximum"], SIZE_MULTIPLE)
+    out["num_frames"]["default"] = min(81, frames)
+    return out
 
 
 def tokens(d: Mapping[str, int]) -> float:
@@ -84,7 +112,7 @@ WARM_UP = {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": TEMPORA
 # Priors of the shared stages on one H100-class GPU (see each workflow's costs).
 COSTS = {
     "text_encode": CostModel(0.3, 0.0, lambda d: 0.0),
-    "vae_decode": CostModel(0.5, 4.0e-5, lambda d: d["F"] * d["H_lat"] * d["W_lat"]),
+    "vae_decode": CostModel(0.5, 4.0e-5, lambda d: d["F"] * d["H_lat"] * d["W_lat"], growth=2.0),  # attends per frame
     "video_encode": CostModel(0.05, 0.0, lambda d: 0.0),
 }
 
@@ -97,4 +125,5 @@ def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], cos
         name=name, description=description, request_inputs=request_inputs,
         stages=(TEXT_ENCODE, *middle, VAE_DECODE, VIDEO_ENCODE), params=PARAMS, derive=derive,
         check=checker(name), costs={**COSTS, **costs}, final_output="video", frame_step=TEMPORAL, warm_up=WARM_UP,
+        model_limits=model_limits, limit_components=("transformer", "vae"),
     )

@@ -40,7 +40,7 @@ SPEC = wan.wan_workflow(
     # benchmarks/stages_profile.py measurements.
     costs={
         "image_encode": CostModel(0.1, 0.0, lambda d: 0.0),
-        "vae_encode": CostModel(0.5, 2.0e-5, lambda d: d["F"] * d["H_lat"] * d["W_lat"]),
-        "denoise": CostModel(1.0, 7.9e-4, lambda d: wan.tokens(d) * d["S"]),
+        "vae_encode": CostModel(0.5, 2.0e-5, lambda d: d["F"] * d["H_lat"] * d["W_lat"], growth=2.0),
+        "denoise": CostModel(1.0, 7.9e-4, wan.tokens, steps=lambda d: d["S"], growth=2.0),
     },
 )

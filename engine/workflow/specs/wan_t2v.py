@@ -24,5 +24,5 @@ SPEC = wan.wan_workflow(
     ),
     # Prior for Wan2.1-T2V-1.3B in bf16 on one H100-class GPU: about a tenth of
     # the 14B model's denoising cost at the same size; refit as for wan2.1-i2v.
-    costs={"denoise": CostModel(0.5, 7.9e-5, lambda d: wan.tokens(d) * d["S"])},
+    costs={"denoise": CostModel(0.5, 7.9e-5, wan.tokens, steps=lambda d: d["S"], growth=2.0)},
 )

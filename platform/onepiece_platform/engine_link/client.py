@@ -111,6 +111,12 @@ class EngineClient(abc.ABC):
             time.sleep(min(pause, left))
             pause = min(0.5, pause * 2)
 
+    def limits(self, workflow: str) -> dict[str, dict[str, Any]] | None:
+        """The loaded model's parameter limits and defaults for ``workflow`` (engine.workflow.limits), or
+        None when the engine does not say: the workflow spec's own then apply (and the engine still
+        refuses, naming the field, what its model cannot run). This default knows of none."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections (optional)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 import urllib.error
 import urllib.parse
@@ -22,6 +23,9 @@ from onepiece_platform.engine_link.client import (
 
 DISCOVER = "etcd"  # PROXY_URL value: ask the Node Manager's Workflow Sets which Proxy to use, per workflow
 DISCOVERY_TTL_S = 1.0
+LIMITS_TTL_S = 5.0  # how long the loaded models' limits are reused before the Proxy is asked again
+
+log = logging.getLogger(__name__)
 
 
 class ProxyEngineClient(EngineClient):
@@ -36,6 +40,7 @@ class ProxyEngineClient(EngineClient):
         self.timeout = float(timeout if timeout is not None else conf.get("PROXY_TIMEOUT_S"))
         self._chosen: dict[str, tuple[float, str]] = {}
         self._etcd: Any = None
+        self._limits: tuple[float, dict[str, Any]] | None = None  # (when asked, workflow -> limits)
 
     def _base_for(self, workflow: str | None) -> str:
         if self.base != DISCOVER:
@@ -115,6 +120,22 @@ class ProxyEngineClient(EngineClient):
         if not isinstance(doc, dict):
             raise EngineError("proxy answered a non-object")
         return doc
+
+    def limits(self, workflow: str) -> dict[str, dict[str, Any]] | None:
+        """The Proxy's ``GET /v1/workflows`` (the limits its routes carry), asked at most every
+        :data:`LIMITS_TTL_S`; None while it cannot be asked (the Proxy checks every request again)."""
+        now = time.monotonic()
+        if self._limits is None or now - self._limits[0] > LIMITS_TTL_S:
+            try:
+                code, raw, _ = self._call("GET", "/v1/workflows")
+                found = self._json(raw).get("workflows") if code == 200 else None
+            except EngineError as exc:
+                log.warning("cannot read the loaded models' limits: %s", exc)
+                found = None
+            if not isinstance(found, dict):
+                return self._limits[1].get(workflow) if self._limits else None
+            self._limits = (now, {k: (v.get("limits") or None) for k, v in found.items() if isinstance(v, dict)})
+        return self._limits[1].get(workflow)
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
                deadline_s: float | None = None, uid: str | None = None) -> Accepted:

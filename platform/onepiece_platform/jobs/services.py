@@ -96,7 +96,9 @@ def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], lim
     """(resolved params, estimated GPU-seconds) once the request passes the workflow spec's check (the
     one the Proxy runs, with this platform's upload limits) and the user's limits; raises :class:`Invalid`."""
     try:
+        # the loaded model's defaults and limits, as the Proxy checks them (the spec's own where unknown)
         spec = request_workflow(workflow)
+        spec = spec.bound(get_engine().limits(spec.name))
         resolved = spec.validate_request(params, inputs, conf.get("MAX_UPLOAD_BYTES"), conf.get("MAX_IMAGE_PIXELS"))
     except images.ImageTooLarge as exc:
         raise Invalid(exc.field, str(exc), 413) from None

@@ -25,11 +25,10 @@ import time
 from typing import Any
 
 from django.core import signing
-from django.http import Http404
-from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.exceptions import NotFound
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -64,12 +63,32 @@ URL_SALT = "onepiece.result-url.v2"
 URL_CLOCK_SKEW_S = 5
 
 
-def sign_result_url(kind: str, uid: str) -> str:
-    return signing.TimestampSigner(salt=URL_SALT).sign(f"{kind}:{uid}")
+IMAGE_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+
+
+def encode_image(png: bytes, fmt: str, quality: int = 100) -> bytes:
+    """The engine's png in ``fmt`` (png: unchanged; jpeg and webp at ``quality``, 0-100)."""
+    if fmt == "png":
+        return png
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    with Image.open(io.BytesIO(png)) as im:
+        im.convert("RGB").save(out, format=fmt.upper(), quality=int(quality))
+    return out.getvalue()
+
+
+def sign_result_url(kind: str, uid: str, fmt: str = "png", quality: int = 100) -> str:
+    """A signed grant to ``kind``'s result ``uid``; an image's in ``fmt`` at ``quality``."""
+    suffix = "" if fmt == "png" else f".{fmt}.{int(quality)}"
+    return signing.TimestampSigner(salt=URL_SALT).sign(f"{kind}:{uid}{suffix}")
 
 
 def unsign_result_url(token: str, kind: str) -> str | None:
-    """The UID a valid, unexpired, not future-dated token of ``kind`` grants; None otherwise."""
+    """The grant (``uid``, or ``uid.fmt.quality``) a valid, unexpired, not future-dated token of ``kind``
+    holds; None otherwise."""
     signer = signing.TimestampSigner(salt=URL_SALT)
     try:
         inner = signing.Signer.unsign(signer, token)  # "kind:uid:timestamp", signature checked
@@ -154,7 +173,9 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
     error = None
     status = job.state
     if job.state in (FAILED, CANCELLED, EXPIRED):
-        status, error = "failed", {"code": job.state, "message": job.detail or job.state}
+        # an exception inside a stage has its own stable code (engine.worker.taskworker.STAGE_FAILED)
+        code = "stage_failed" if (job.detail or "").startswith("stage_failed:") else job.state
+        status, error = "failed", {"code": code, "message": job.detail or job.state}
     return {
         "id": job.uid, "object": "video", "model": job.workflow, "status": status, "progress": job.progress,
         "created_at": int(job.created_at.timestamp()),
@@ -169,8 +190,10 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
 
 
 def _own_video(request: Request, video_id: str) -> Job:
-    return get_object_or_404(Job, uid=video_id, owner=request.user, hidden=False,
-                             workflow__in=_video_workflows())
+    job = Job.objects.filter(uid=video_id, owner=request.user, hidden=False, workflow__in=_video_workflows()).first()
+    if job is None:  # never get_object_or_404: its message names the model class
+        raise NotFound(f"no video {video_id!r}")
+    return job
 
 
 def _remixed_from(jobs: list[Job]) -> dict[int, str]:
@@ -198,18 +221,43 @@ def _image_input(model: str, ref: Any) -> dict[str, bytes]:
     return {"image": ref if isinstance(ref, bytes) else ref.read()}
 
 
+def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
+    """The workflow parameters of a validated create request, in either dialect: OpenAI's ``size`` and
+    ``seconds``, or vLLM-Omni's and SGLang's ``width``/``height``, ``num_frames`` and ``fps``. What is
+    not sent is the loaded model's default (filled where the request is resolved)."""
+    params: dict[str, Any] = {"prompt": d["prompt"]}
+    for name in ("num_inference_steps", "seed", "negative_prompt", "guidance_scale", "fps", "num_frames",
+                 "width", "height"):
+        if name in d:
+            params[name] = d[name]
+    if "size" in d:
+        params["width"], params["height"] = s.parse_size(d["size"])
+    if "seconds" in d:
+        frames = spec.frames_for(d["seconds"], d.get("fps"))
+        if "num_frames" in d and d["num_frames"] != frames:
+            raise services.Invalid("num_frames", f"num_frames {d['num_frames']} disagrees with seconds "
+                                   f"{d['seconds']} ({frames} frames at {d.get('fps') or 'the default'} fps)")
+        params["num_frames"] = frames
+    return params
+
+
+# the workflow's parameter -> the field a client of this route sent it as, when that is not its own name
+_SENT_AS = {"width": "size", "height": "size", "num_frames": "seconds"}
+
+
 def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: dict[str, bytes],
                   scope: str = services.SCOPE_VIDEOS) -> Job:
-    """Submit as the native API does; a size the workflow refuses is reported on ``size``, the field the
-    client sent (the workflow names width or height). The Idempotency-Key is taken whole (over the limit:
+    """Submit as the native API does; a size or length the workflow refuses is reported on the field the
+    client sent (``size`` / ``seconds``, or ``width`` / ``num_frames`` when it sent those). The Idempotency-Key is taken whole (over the limit:
     400) and belongs to ``scope``, the route and operation (a remix: of that one source)."""
     key = services.idempotency_key(request.headers)
     try:
         return services.submit(request.user, model, params, inputs, key, "openai",
                                api_key=api_key_of(request), scope=scope).job
     except services.Invalid as exc:
-        if exc.field in ("width", "height"):
-            raise services.Invalid("size", f"size: {exc.message}", exc.status) from None
+        sent = _SENT_AS.get(exc.field)
+        if sent is not None and sent in request.data and exc.field not in request.data:
+            raise services.Invalid(sent, f"{sent}: {exc.message}", exc.status) from None
         raise
 
 
@@ -228,15 +276,7 @@ class VideoListCreateView(OpenAIView):
         model = d.get("model") or DEFAULT_VIDEO_MODEL[ref is not None]
         if model not in _video_workflows():
             raise services.Invalid("model", f"unknown video model {model!r}; known: {', '.join(_video_workflows())}")
-        spec = get_workflow(model)
-        params: dict[str, Any] = {"prompt": d["prompt"]}
-        for name in ("num_inference_steps", "seed", "negative_prompt"):
-            if name in d:
-                params[name] = d[name]
-        if "size" in d:
-            params["width"], params["height"] = s.parse_size(d["size"])
-        if "seconds" in d:
-            params["num_frames"] = spec.frames_for(d["seconds"])
+        params = _video_params(get_workflow(model), d)
         return Response(_video(_submit_video(request, model, params, _image_input(model, ref))))
 
     @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
@@ -356,9 +396,10 @@ class ImageGenerationView(OpenAIView):
         image_models = sorted(n for n, w in workflows().items() if w.final_output == "image")
         if model not in image_models:
             raise services.Invalid("model", f"unknown image model {model!r}; known: {', '.join(image_models)}")
-        width, height = s.parse_size(d["size"])
-        params: dict[str, Any] = {"prompt": d["prompt"], "width": width, "height": height}
-        for name in ("num_inference_steps", "negative_prompt"):
+        params: dict[str, Any] = {"prompt": d["prompt"]}
+        if d.get("size", "auto") != "auto":  # else the loaded model's own size (SD 1.5: 512x512)
+            params["width"], params["height"] = s.parse_size(d["size"])
+        for name in ("num_inference_steps", "negative_prompt", "guidance_scale"):
             if name in d:
                 params[name] = d[name]
         seed = d.get("seed", 0)
@@ -388,15 +429,17 @@ class ImageGenerationView(OpenAIView):
         bad = [j for j in jobs if j.state != COMPLETED]
         if bad:
             raise ApiError(502, f"generation {bad[0].state}: {bad[0].detail or bad[0].state}")
+        fmt, quality = d["output_format"], d.get("output_compression", 100)
         data = []
         for j in jobs:
             if d["response_format"] == "b64_json":
-                png = _result(j)
-                data.append({"b64_json": base64.b64encode(png).decode()})
+                data.append({"b64_json": base64.b64encode(encode_image(_result(j), fmt, quality)).decode()})
             else:
-                token = sign_result_url("image", j.uid or "")
+                token = sign_result_url("image", j.uid or "", fmt, quality)
                 data.append({"url": request.build_absolute_uri(reverse("openai-image-content", args=[token]))})
-        return Response({"created": int(time.time()), "data": data})
+        first = jobs[0].params
+        return Response({"created": int(time.time()), "data": data, "output_format": fmt,
+                         "size": f"{first.get('width')}x{first.get('height')}"})
 
 
 def _result(job: Job) -> bytes:
@@ -417,8 +460,18 @@ class ImageContentView(OpenAIView):
                                                                  404: ERRORS[404], 410: ERRORS[410]},
                    parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH)])
     def get(self, request: Request, token: str) -> Any:
-        uid = unsign_result_url(token, "image")
-        if uid is None:
-            raise Http404("no such image")
+        grant = unsign_result_url(token, "image")
+        if grant is None:
+            raise NotFound("no such image")
+        uid, _, rest = grant.partition(".")
+        fmt, _, quality = rest.partition(".")
         images = [n for n, w in workflows().items() if w.final_output == "image"]
-        return result_response(get_object_or_404(Job, uid=uid, state=COMPLETED, hidden=False, workflow__in=images))
+        job = Job.objects.filter(uid=uid, state=COMPLETED, hidden=False, workflow__in=images).first()
+        if job is None:
+            raise NotFound("no such image")
+        response = result_response(job)
+        if fmt in IMAGE_TYPES and fmt != "png" and response.status_code == 200:
+            from django.http import HttpResponse
+
+            return HttpResponse(encode_image(response.content, fmt, int(quality or 100)), content_type=IMAGE_TYPES[fmt])
+        return response

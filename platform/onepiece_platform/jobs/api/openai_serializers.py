@@ -11,12 +11,24 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import workflows
-from onepiece_platform.strict import RefuseUnknownFields
+from onepiece_platform.strict import AsciiIntegerField, RefuseUnknownFields, StrictCharField, StrictRegexField
 
-SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$", re.ASCII)  # ASCII digits only: \d alone matches "６４"
 # A prompt: something besides whitespace, and no NUL (the schema says so, and DRF refuses NULs)
 PROMPT = r"^[^\u0000]*\S[^\u0000]*$"
 IMAGE_SIZES = ["64x64", "256x256", "512x512", "768x768", "1024x1024", "512x768", "768x512"]
+# OpenAI's image parameters that change nothing here, each with what it is taken as (docs/web-platform.md):
+# quality, style and moderation have no counterpart in the engine's workflows; background "auto" and "opaque"
+# are what every image is; stream false is what this route does. Values that would need more are refused.
+IMAGE_NO_OPS = ("quality", "style", "moderation", "background", "stream", "partial_images")
+
+
+def offered_sizes() -> list[str]:
+    """The image sizes a user with the default quota may ask for (a size in the list is one that runs)."""
+    from onepiece_platform.quotas.models import Quota
+
+    most = Quota._meta.get_field("max_pixels").default
+    return [v for v in IMAGE_SIZES if (lambda w, h: w * h)(*parse_size(v)) <= most]
 
 
 def models_for(output: str) -> list[str]:
@@ -87,22 +99,38 @@ class _GenerateSerializer(RefuseUnknownFields):
 class VideoCreateSerializer(_GenerateSerializer):
     output = "video"
 
-    prompt = serializers.RegexField(PROMPT, max_length=4000)
+    prompt = StrictRegexField(PROMPT, max_length=4000)
     model = serializers.ChoiceField(choices=[], required=False,
                                     help_text="the workflow; default wan2.1-i2v with input_reference, else wan2.1-t2v")
-    seconds = serializers.IntegerField(required=False, min_value=1, max_value=60,
-                                       help_text="clip length; frames = seconds x fps + 1")
-    size = serializers.CharField(required=False, max_length=16, help_text="WIDTHxHEIGHT")
+    seconds = AsciiIntegerField(required=False, min_value=1, max_value=60,
+                                help_text="clip length; frames = seconds x fps + 1 (default: the model's)")
+    size = StrictCharField(required=False, max_length=16, help_text="WIDTHxHEIGHT (default: the model's)")
     input_reference = InputReferenceField(required=False, help_text="the first frame (image-to-video): a file, or "
                                           'in JSON {"image_url": "data:image/png;base64,..."}')
+    # vLLM-Omni's and SGLang's video fields, in place of size and seconds (an OpenAI client sends them in
+    # extra_body); when both forms are given they must agree
+    width = AsciiIntegerField(required=False, min_value=1, max_value=99_999, help_text="with height, instead of size")
+    height = AsciiIntegerField(required=False, min_value=1, max_value=99_999, help_text="with width, instead of size")
+    num_frames = AsciiIntegerField(required=False, min_value=1, max_value=10_000, help_text="instead of seconds")
+    fps = AsciiIntegerField(required=False, min_value=1, max_value=240, help_text="frames per second of the clip")
+    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=100)
     # OnePiece extensions (the openai client sends them through extra_body)
-    num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=1000)
-    seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    negative_prompt = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+    num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=1000)
+    seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 1)
+    negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
 
     def validate_size(self, value: str) -> str:
         parse_size(value)
         return value
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("width" in attrs) != ("height" in attrs):
+            missing = "height" if "width" in attrs else "width"
+            raise serializers.ValidationError({missing: ["width and height go together (or send size)"]})
+        if "size" in attrs and "width" in attrs and parse_size(attrs["size"]) != (attrs["width"], attrs["height"]):
+            raise serializers.ValidationError({"size": [f"size {attrs['size']} disagrees with width "
+                                                        f"{attrs['width']} and height {attrs['height']}"]})
+        return attrs
 
 
 class VideoErrorSerializer(serializers.Serializer):
@@ -142,7 +170,7 @@ class VideoDeletedSerializer(serializers.Serializer):
 
 class VideoListQuerySerializer(serializers.Serializer):
     after = serializers.CharField(required=False, max_length=64)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+    limit = AsciiIntegerField(required=False, min_value=0, max_value=100, default=20)
     order = serializers.ChoiceField(choices=["asc", "desc"], required=False, default="desc")
 
 
@@ -153,7 +181,7 @@ class ContentQuerySerializer(serializers.Serializer):
 
 
 class VideoRemixSerializer(RefuseUnknownFields):
-    prompt = serializers.RegexField(PROMPT, max_length=4000)
+    prompt = StrictRegexField(PROMPT, max_length=4000)
     # OnePiece extension: an image-to-video source's first frame is not kept, so its remix needs it again
     input_reference = InputReferenceField(required=False, help_text="image-to-video sources only: the first frame")
 
@@ -161,15 +189,45 @@ class VideoRemixSerializer(RefuseUnknownFields):
 class ImageGenerateSerializer(_GenerateSerializer):
     output = "image"
 
-    prompt = serializers.RegexField(PROMPT, max_length=4000)
+    prompt = StrictRegexField(PROMPT, max_length=4000)
     model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i")
-    n = serializers.IntegerField(required=False, default=1, min_value=1, max_value=4)
-    size = serializers.ChoiceField(choices=IMAGE_SIZES, required=False, default="512x512")
+    n = AsciiIntegerField(required=False, default=1, min_value=1, max_value=4)
+    size = serializers.ChoiceField(choices=IMAGE_SIZES, required=False,
+                                   help_text="WIDTHxHEIGHT, or auto (default: the model's own size)")
     response_format = serializers.ChoiceField(choices=["url", "b64_json"], required=False, default="url")
-    user = serializers.CharField(required=False, max_length=200)
-    num_inference_steps = serializers.IntegerField(required=False, min_value=1, max_value=150)
-    seed = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 5)
-    negative_prompt = serializers.CharField(required=False, allow_blank=True, max_length=4000)
+    output_format = serializers.ChoiceField(choices=["png", "jpeg", "webp"], required=False, default="png")
+    output_compression = AsciiIntegerField(required=False, min_value=0, max_value=100,
+                                           help_text="jpeg and webp quality, 0-100 (default 100); png is lossless")
+    # accepted as the no-ops they are here (IMAGE_NO_OPS)
+    quality = serializers.ChoiceField(choices=["auto", "low", "medium", "high", "standard", "hd"], required=False)
+    style = serializers.ChoiceField(choices=["vivid", "natural"], required=False)
+    moderation = serializers.ChoiceField(choices=["auto", "low"], required=False)
+    background = serializers.ChoiceField(choices=["auto", "opaque", "transparent"], required=False,
+                                         help_text="auto or opaque; transparent is refused (no alpha channel)")
+    stream = serializers.BooleanField(required=False, help_text="false only: images are returned whole")
+    partial_images = AsciiIntegerField(required=False, min_value=0, max_value=3,
+                                       help_text="0 only (no streaming)")
+    user = StrictCharField(required=False, max_length=200)
+    num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=150)
+    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=100)
+    seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 5)
+    negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["size"].choices = ["auto", *offered_sizes()]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("background") == "transparent":
+            raise serializers.ValidationError({"background": ["transparent is not served: images have no alpha "
+                                                              "channel; use auto or opaque"]})
+        if attrs.get("stream"):
+            raise serializers.ValidationError({"stream": ["streaming is not served on this route; send stream: "
+                                                          "false or leave it out"]})
+        if attrs.get("partial_images"):
+            raise serializers.ValidationError({"partial_images": ["partial images need streaming, which is not "
+                                                                  "served; send 0 or leave it out"]})
+        return attrs
 
 
 class ImageDataSerializer(serializers.Serializer):
@@ -180,6 +238,8 @@ class ImageDataSerializer(serializers.Serializer):
 class ImagesResponseSerializer(serializers.Serializer):
     created = serializers.IntegerField()
     data = ImageDataSerializer(many=True)
+    output_format = serializers.CharField(required=False)
+    size = serializers.CharField(required=False)
 
 
 class OpenAIErrorBodySerializer(serializers.Serializer):

@@ -1,0 +1,110 @@
+"""Limits and defaults of a workflow's parameters, derived from the model folder it loads.
+
+A spec's static bounds are what the published weights allow (Wan2.1: 1280 px,
+129 frames); the model a deployment loads may allow less. The tiny Wan
+transformer that ``onepiece models make-tiny`` writes has ``rope_max_seq_len:
+32``: more than 32 latent patches per axis fails inside the model with
+``RuntimeError: shape '[1, 1, 52, -1]' is invalid``. So every process that
+checks a request binds the spec to the loaded model's limits first
+(:meth:`engine.workflow.spec.WorkflowSpec.bound`), and the request is refused
+at intake naming the field, instead of failing in a stage.
+
+The limits are computed from the components' ``config.json`` files (JSON
+only, no torch), by the process that has the model folder (the TaskManager,
+which publishes them with its instances' routes), and reach the Proxy and the
+web platform with the routes.
+
+``Overrides`` maps a parameter name to the keys of :class:`engine.workflow.spec.ParamSpec`
+it replaces (``default``, ``maximum``) plus ``why``: the model fact behind it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+Overrides = dict[str, dict[str, Any]]
+Configs = Mapping[str, Mapping[str, Any]]
+# A model folder may say which request it serves by default (``{"defaults": {param: value}, "why": ...}``):
+# the tiny random-weight models do, so that the default clip runs in seconds on a CPU (the pipeline's
+# 832x480 would take minutes there), as a published model's own config names its native sample size.
+SERVING_FILE = "serving.json"
+
+
+def serving_defaults(folder: str | Path) -> dict[str, Any]:
+    """The folder's declared defaults (:data:`SERVING_FILE`), {} when it declares none."""
+    try:
+        doc = json.loads((Path(folder) / SERVING_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    found = doc.get("defaults") if isinstance(doc, dict) else None
+    return {str(k): v for k, v in found.items() if isinstance(v, int) and not isinstance(v, bool)} \
+        if isinstance(found, dict) else {}
+
+
+def with_defaults(overrides: Overrides, defaults: Mapping[str, int]) -> Overrides:
+    """``overrides`` with the declared defaults, each kept within its (model) maximum."""
+    out: Overrides = {k: dict(v) for k, v in overrides.items()}
+    for name, value in defaults.items():
+        entry = out.setdefault(name, {})
+        entry["default"] = min(value, entry["maximum"]) if "maximum" in entry else value
+    return out
+
+
+def read_configs(folder: str | Path, components: list[str]) -> dict[str, dict[str, Any]]:
+    """component -> its ``config.json`` (or ``scheduler_config.json``) under ``folder``; missing ones are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in components:
+        for file in ("config.json", "scheduler_config.json"):
+            path = Path(folder) / name / file
+            if path.is_file():
+                try:
+                    out[name] = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                break
+    return out
+
+
+def tighten(overrides: Overrides, name: str, maximum: int, why: str) -> None:
+    """Lower ``name``'s maximum to ``maximum`` (never raise it), recording why."""
+    entry = overrides.setdefault(name, {})
+    if "maximum" not in entry or maximum < entry["maximum"]:
+        entry["maximum"] = maximum
+        entry["why"] = why
+
+
+def fit_default(default: int, maximum: int, multiple: int) -> int:
+    """``default`` rounded down to a multiple of ``multiple``, and at most ``maximum``."""
+    return max(multiple, min(default, maximum) // multiple * multiple)
+
+
+def merge(a: Overrides | None, b: Overrides | None) -> Overrides | None:
+    """The stricter of two overrides (instances of one workflow that loaded different folders)."""
+    if not a or not b:
+        return a or b
+    out: Overrides = {k: dict(v) for k, v in a.items()}
+    for name, entry in b.items():
+        if "maximum" in entry:
+            tighten(out, name, int(entry["maximum"]), str(entry.get("why", "")))
+        if "default" in entry:
+            cur = out.setdefault(name, {})
+            cur["default"] = min(cur.get("default", entry["default"]), entry["default"])
+    return out
+
+
+def parse(raw: Any) -> Overrides | None:
+    """Overrides as published (JSON), or None when malformed: a bad entry never widens a limit."""
+    if not isinstance(raw, dict):
+        return None
+    out: Overrides = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, dict):
+            return None
+        kept = {k: entry[k] for k in ("default", "maximum") if isinstance(entry.get(k), int)
+                and not isinstance(entry.get(k), bool)}
+        if kept:
+            out[str(name)] = {**kept, "why": str(entry.get("why", ""))}
+    return out
