@@ -174,3 +174,37 @@ def test_stretching_is_a_wrapper_applied_only_when_configured() -> None:
     stretched(ex, step_s=0.05).run({}, {}, StageContext(progress=lambda s, n: seen.append((s, time.perf_counter()))))
     assert [s for s, _ in seen] == [1, 2, 3] and seen[2][1] - seen[0][1] >= 0.1
     assert time.perf_counter() - t0 >= 0.15
+
+
+class _Broken:
+    """An image encoder that fails inside the stage the way a model bug does."""
+
+    def run(self, values: Any, params: Any, ctx: Any) -> Any:
+        raise RuntimeError("shape '[1, 1, 52, -1]' is invalid for input of size 128")
+
+
+def test_a_stage_exception_reaches_the_client_as_stage_failed(redis_server: Any, etcd_server: Any,
+                                                             ring: tuple[RingConsumer, Any]) -> None:
+    consumer, producer = ring
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    worker = _worker(store, consumer, etcd_server.url)
+    for _ in range(3):  # runs after the first are sampled: the stage publishes its price fit
+        good = uuid.uuid4().hex
+        store.accept(good, "sd-t2i", 1.0)
+        _send(producer, good)
+        worker.handle(consumer.recv(timeout=5))
+    fit = store.price_fits(["sd-t2i.image_encode.0"]).get("sd-t2i.image_encode.0")
+    assert fit is not None and '"u_max": 64' in fit  # 8x8 pixels of work per run
+    worker.executor = _Broken()
+    uid = uuid.uuid4().hex
+    store.accept(uid, "sd-t2i", 1.0)
+    _send(producer, uid)
+    worker.handle(consumer.recv(timeout=5))
+    st = store.status(uid)
+    assert st is not None and st.state == keys.FAILED
+    # the client's detail: a stable code, the stage, the kind of error; never the tensor shapes
+    assert st.detail.startswith("stage_failed: the image_encode stage failed (RuntimeError)"), st.detail
+    assert "shape" not in st.detail
+    stopped = [e for e in store.events(uid) if e["type"] == keys.STAGE_STOPPED]
+    assert stopped and "shape '[1, 1, 52, -1]'" in stopped[0]["detail"]  # the stage run (admin) has it
+    store.close()

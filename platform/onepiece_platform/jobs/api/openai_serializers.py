@@ -86,6 +86,40 @@ class InputReferenceField(serializers.Field):
         return None
 
 
+@extend_schema_field({"type": "boolean", "enum": [False], "description": "false only: images are returned whole"})
+class StreamOffField(serializers.BooleanField):
+    """``stream``: false is what this route does; true is refused with the reason (no streaming here)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if super().to_internal_value(data):
+            raise serializers.ValidationError("streaming is not served on this route; send stream: false or "
+                                              "leave it out")
+        return False
+
+
+@extend_schema_field({"type": "integer", "enum": [0], "description": "0 only (no streaming)"})
+class NoPartialImagesField(AsciiIntegerField):
+    def to_internal_value(self, data: Any) -> Any:
+        if super().to_internal_value(data):
+            raise serializers.ValidationError("partial images need streaming, which is not served; send 0 or "
+                                              "leave it out")
+        return 0
+
+
+@extend_schema_field({"type": "string", "enum": ["auto", "opaque"],
+                      "description": "auto or opaque (every image is opaque); transparent is refused"})
+class OpaqueBackgroundField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=["auto", "opaque", "transparent"], **kwargs)
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if value == "transparent":
+            raise serializers.ValidationError("transparent is not served: images have no alpha channel; use "
+                                              "auto or opaque")
+        return value
+
+
 class _GenerateSerializer(RefuseUnknownFields):
     # A generation request: its ``model`` field offers the workflows whose final output is ``output``.
     # (No docstring: it would become the request's description in the OpenAPI schema.)
@@ -113,7 +147,7 @@ class VideoCreateSerializer(_GenerateSerializer):
     height = AsciiIntegerField(required=False, min_value=1, max_value=99_999, help_text="with width, instead of size")
     num_frames = AsciiIntegerField(required=False, min_value=1, max_value=10_000, help_text="instead of seconds")
     fps = AsciiIntegerField(required=False, min_value=1, max_value=240, help_text="frames per second of the clip")
-    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=100)
+    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=50)
     # OnePiece extensions (the openai client sends them through extra_body)
     num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=1000)
     seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 1)
@@ -173,6 +207,14 @@ class VideoListQuerySerializer(serializers.Serializer):
     limit = AsciiIntegerField(required=False, min_value=0, max_value=100, default=20)
     order = serializers.ChoiceField(choices=["asc", "desc"], required=False, default="desc")
 
+    def to_internal_value(self, data: Any) -> Any:
+        # DRF reads an empty query value of an optional field as absent (the default); a client that sent
+        # ``order=`` or ``limit=`` asked for something, and is told it is not a value
+        for name in ("after", "limit", "order"):
+            if hasattr(data, "get") and name in data and data.get(name) == "":
+                raise serializers.ValidationError({name: ["must not be empty"]})
+        return super().to_internal_value(data)
+
 
 class ContentQuerySerializer(serializers.Serializer):
     variant = serializers.ChoiceField(choices=["video", "thumbnail", "spritesheet"], required=False, default="video",
@@ -202,14 +244,12 @@ class ImageGenerateSerializer(_GenerateSerializer):
     quality = serializers.ChoiceField(choices=["auto", "low", "medium", "high", "standard", "hd"], required=False)
     style = serializers.ChoiceField(choices=["vivid", "natural"], required=False)
     moderation = serializers.ChoiceField(choices=["auto", "low"], required=False)
-    background = serializers.ChoiceField(choices=["auto", "opaque", "transparent"], required=False,
-                                         help_text="auto or opaque; transparent is refused (no alpha channel)")
-    stream = serializers.BooleanField(required=False, help_text="false only: images are returned whole")
-    partial_images = AsciiIntegerField(required=False, min_value=0, max_value=3,
-                                       help_text="0 only (no streaming)")
+    background = OpaqueBackgroundField(required=False)
+    stream = StreamOffField(required=False)
+    partial_images = NoPartialImagesField(required=False)
     user = StrictCharField(required=False, max_length=200)
     num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=150)
-    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=100)
+    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=50)
     seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 5)
     negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
 
@@ -217,17 +257,6 @@ class ImageGenerateSerializer(_GenerateSerializer):
         super().__init__(*args, **kwargs)
         self.fields["size"].choices = ["auto", *offered_sizes()]
 
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if attrs.get("background") == "transparent":
-            raise serializers.ValidationError({"background": ["transparent is not served: images have no alpha "
-                                                              "channel; use auto or opaque"]})
-        if attrs.get("stream"):
-            raise serializers.ValidationError({"stream": ["streaming is not served on this route; send stream: "
-                                                          "false or leave it out"]})
-        if attrs.get("partial_images"):
-            raise serializers.ValidationError({"partial_images": ["partial images need streaming, which is not "
-                                                                  "served; send 0 or leave it out"]})
-        return attrs
 
 
 class ImageDataSerializer(serializers.Serializer):
