@@ -63,6 +63,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     # CPU threads per stage instance: "auto" (the node's usable cores shared among its instances; 1-2 on
     # CUDA) or a positive integer. See engine.worker.threads.
     "THREADS_PER_INSTANCE": _str("ONEPIECE_THREADS_PER_INSTANCE", "auto"),
+    # How many nice levels below the node each stage worker runs (0..19; 0: off), so the Proxy, the
+    # reconciler and the web process are not queued behind a denoise step. See engine.worker.priority.
+    "WORKER_NICE": _str("ONEPIECE_WORKER_NICE", "10"),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
     # Seconds results, status hashes and cancel flags live in Redis.

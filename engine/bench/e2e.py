@@ -43,6 +43,8 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Any
 
+from engine.bench.cpu import ControlPlaneMeter, roles_from_state
+
 PARAMS = {"sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3,
                      "seed": 1}}
 TERMINAL = ("completed", "failed", "cancelled", "expired")
@@ -273,12 +275,13 @@ class AsyncClient:
 
 
 async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight: int, seconds: float,
-                   max_windows: int = 5) -> tuple[float, list[float]]:
+                   max_windows: int = 5, meter: ControlPlaneMeter | None = None) -> tuple[float, list[float]]:
     """(capacity, completions per second in each window) with ``in_flight`` requests kept in the engine: a
     closed loop that never lets a stage run dry. The Node Manager reacts to the load (it moves instances
     to the bottleneck, and a moved instance takes seconds to start), so windows of ``seconds`` follow one
     another until one is no better than 5% above the best before it (at most ``max_windows``); the
-    capacity is the best window. The pipeline fills for min(3 s, seconds/4) before the first window."""
+    capacity is the best window. The pipeline fills for min(3 s, seconds/4) before the first window.
+    ``meter`` is told when the windows begin and end, and how many requests completed in between."""
     client = AsyncClient(proxy)
     windows: list[float] = []
     t0 = time.perf_counter() + min(3.0, seconds / 4)
@@ -297,6 +300,8 @@ async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight:
     async def judge() -> None:
         nonlocal stop
         await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+        if meter is not None:
+            meter.begin()
         while len(windows) < max_windows:
             start = time.perf_counter()
             await asyncio.sleep(seconds)
@@ -304,6 +309,8 @@ async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight:
             windows.append(sum(1 for t in finished if start <= t < end) / (end - start))
             if len(windows) >= 2 and windows[-1] <= 1.05 * max(windows[:-1]):
                 break
+        if meter is not None:
+            meter.end(sum(1 for t in finished if t >= t0), time.perf_counter() - t0)
         stop = True
 
     try:
@@ -391,7 +398,10 @@ def hogs(n: int) -> Any:
 
 
 def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadline_s: float, hog: int = 0,
-        saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS) -> dict[str, Any]:
+        saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS,
+        processes: dict[str, int] | None = None) -> dict[str, Any]:
+    """Every figure; ``processes`` (role -> pid of the engine's processes) adds the control plane's CPU per
+    completed request while saturated (:mod:`engine.bench.cpu`)."""
     from engine.workflow import get_workflow
 
     params = PARAMS[workflow]
@@ -414,7 +424,10 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         if hog:
             out["hog_vs_quiet_p50"] = med / out["staged_latency_p50_quiet_s"]
         mono, k, per_k = monolith_capacity(model_dir, params, seconds, device)
-        capacity, windows = asyncio.run(saturate(proxy, workflow, params, saturate_in_flight, seconds))
+        meter = ControlPlaneMeter(processes) if processes else None
+        capacity, windows = asyncio.run(saturate(proxy, workflow, params, saturate_in_flight, seconds, meter=meter))
+        if meter is not None:
+            out.update(meter.report())
         out.update(capacity_windows_rps=windows, monolith_capacity_rps=mono, monolith_processes=k,
                    monolith_rps_by_processes={str(kk): v for kk, v in per_k.items()},
                    capacity_rps=capacity, saturate_in_flight=saturate_in_flight,
@@ -444,12 +457,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--saturate", type=int, default=16, metavar="N",
                    help="requests kept in flight to measure capacity (enough to keep every stage busy)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device of the one-call baselines")
+    p.add_argument("--state", default=None, metavar="DIR",
+                   help="onepiece up's state folder (its processes.json names the processes whose CPU is the "
+                   "control plane's); default: two folders above --model-dir")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def main(args: Any) -> int:
+    from pathlib import Path
+
+    state = args.state or str(Path(args.model_dir).resolve().parents[1])
+    processes = roles_from_state(state)
+    if not processes:
+        print(f"no processes.json under {state}: the control plane's CPU is not measured (--state)", file=sys.stderr)
     result = run(args.proxy, args.model_dir, args.workflow, args.requests, args.seconds, args.deadline_s,
-                 hog=args.hog, saturate_in_flight=args.saturate, device=args.device)
+                 hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -464,6 +486,10 @@ def main(args: Any) -> int:
     print(f"capacity: {r['capacity_rps']:.2f} requests/s at saturation ({r['saturate_in_flight']} in flight) vs "
           f"monolith {r['monolith_capacity_rps']:.2f} requests/s ({r['monolith_processes']} process(es)) = "
           f"{r['staged_vs_monolith_capacity']:.2f}x; open-loop requests carry a {r['deadline_s']:.0f} s deadline")
+    if r.get("control_plane_cpu_ms_per_request") is not None:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in r["control_plane_breakdown"].items())
+        print(f"control plane: {r['control_plane_cpu_ms_per_request']:.1f} ms CPU per completed request at "
+              f"saturation ({parts}); stage workers {r['stage_workers_cpu_ms_per_request']:.1f} ms")
     print(f"{'load':>6} {'offered':>8} {'accepted':>8} {'in dl':>6} {'late':>5} {'expired':>7} {'refused':>7} "
           f"{'goodput':>8} {'x cap':>6} {'p50 s':>7} {'p99 s':>7} {'refuse p99 ms':>13}")
 

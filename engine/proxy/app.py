@@ -182,9 +182,12 @@ async def workflow_list(request: web.Request) -> web.Response:
     intake, out = request.app[INTAKE], {}
     for name in sorted(workflows()):
         spec = intake.spec(name)
+        fits = {stage: {"runs": f.n, "largest_units": f.u_max} for (wf, stage), f in request.app[PRICER].fits.items()
+                if wf == name}
         out[name] = {"params": {p.name: {"default": p.default, "minimum": p.minimum, "maximum": p.maximum,
                                          "why": p.why} for p in spec.params},
-                     "limits": request.app[ROUTES].limits(name) or {}}
+                     "limits": request.app[ROUTES].limits(name) or {},
+                     "priced_stages": fits}
     return web.json_response({"workflows": out})
 
 
@@ -249,7 +252,7 @@ async def _admit(request: web.Request, ticket: Ticket) -> web.Response:
     app = request.app
     intake, store, spec, uid = app[INTAKE], app[STORE], ticket.sub.spec, ticket.uid
     try:
-        intake.check_fits(ticket, await app[INJECTOR].max_message(spec.name, ticket.entry))
+        intake.check_fits(ticket, await app[INJECTOR].max_message(spec.name, ticket.entry), app[ROUTES].max_message)
     except BadRequest as exc:
         return _error(exc.status, str(exc), exc.field)
     # One decision at a time per workflow: concurrent submits must not all be admitted on the same

@@ -264,10 +264,24 @@ class Intake:
         return BadRequest(field, f"the request would be {size} bytes, over the {limit} bytes its first stage's "
                                  f"ring can hold; {field} is the largest part", 413)
 
-    def check_fits(self, ticket: Ticket, limit: int | None) -> None:
-        """:meth:`too_large` unless the message fits ``limit`` (None: unknown, the send will say)."""
+    def check_fits(self, ticket: Ticket, limit: int | None,
+                   hop_limit: Callable[[str, str], int | None] | None = None) -> None:
+        """:meth:`too_large` unless the message fits ``limit`` (None: unknown, the send will say), and a 413
+        naming the request's size unless what later stages are handed fits their rings (``hop_limit(workflow,
+        stage)``, published with the routes): a clip whose decoded frames outgrow the encoder's ring would
+        otherwise be accepted, denoised, and fail at the last hop."""
         if limit is not None and len(ticket.message) > limit:
             raise self.too_large(ticket, len(ticket.message), limit)
+        if hop_limit is None:
+            return
+        spec, params = ticket.sub.spec, ticket.sub.params
+        for stage, size in spec.hop_bytes(params).items():
+            cap = hop_limit(spec.name, stage)
+            if cap is not None and size > cap:
+                field = "num_frames" if "num_frames" in params else "width"
+                raise BadRequest(field, f"what {stage} is handed would be at least {size / 2**20:.1f} MiB, over "
+                                        f"the {cap / 2**20:.1f} MiB its ring takes here (--ring-bytes); ask for "
+                                        "fewer frames or a smaller size", 413)
 
     # -- admission -----------------------------------------------------------------------------
     def room(self, loads: Mapping[str, Load], now: float) -> Decision:

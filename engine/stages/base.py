@@ -140,3 +140,45 @@ def resolve_device(device: str | None = None) -> str:
 def compute_dtype_name(device: str) -> str:
     """bf16 on CUDA (the published weights' serving precision), float32 on CPU."""
     return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+class SteppedStage(StageExecutor):
+    """A stage whose requests advance one step at a time, so that the requests an instance holds can share
+    one model call per step (step-level batching, :mod:`engine.worker.batching`): a request joins at a step
+    boundary and leaves when its own steps are done, whatever the others' step counts.
+
+    ``run`` is ``begin``, ``step`` until ``remaining`` is 0, then ``end``: a request served alone takes
+    exactly the code path it takes in a batch of one. Contract: ``step(states)`` advances every state by
+    one step and gives each the same bytes it would get stepped alone (checked per stage by the tests;
+    ``batch_key`` returns None for requests where that does not hold, and those run alone).
+    """
+
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        """What must be equal for two requests to share a step (shapes, guidance mode...); None: alone."""
+        return None
+
+    @abstractmethod
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
+        """The request's state before its first step (it may keep ``inputs`` until :meth:`end`)."""
+
+    @abstractmethod
+    def step(self, states: list[Any]) -> None:
+        """One step of every state, in one batched model call where they are compatible."""
+
+    @abstractmethod
+    def progress(self, state: Any) -> tuple[int, int]:
+        """(steps done, steps in all) of a state."""
+
+    @abstractmethod
+    def end(self, state: Any) -> dict[str, Any]:
+        """The stage's outputs once every step is done."""
+
+    def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
+        state = self.begin(inputs, params)
+        done, total = self.progress(state)
+        while done < total:
+            ctx.check()
+            self.step([state])
+            done, total = self.progress(state)
+            ctx.step_done(done, total)
+        return self.end(state)

@@ -7,7 +7,10 @@ one tick is logged and the next tick starts afresh.
 
 - Membership: the node registers ``/onepiece/nodes/<node>`` bound to an etcd
   lease that the loop refreshes; the value is the node's report (per-instance
-  pid, readiness, restarts, requests, busy and last stage seconds).
+  pid, readiness, restarts, requests, busy and last stage seconds, CPU threads
+  and niceness).
+- Priority: every worker runs ``worker_nice`` nice levels below the node, so
+  the control plane is not queued behind a stage (:mod:`engine.worker.priority`).
 - Workers: one process per instance (:mod:`engine.worker.proc`). A worker
   that dies is restarted with exponential backoff (0.5 s doubling to 10 s).
 - Rings: each instance's inbox is ``shm://<ring_prefix><instance>`` (or, with
@@ -46,6 +49,7 @@ from engine import envs
 from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
 from engine.embedded import children
+from engine.worker import priority
 from engine.worker.config import Assignment, InstanceSpec, StageTiming
 from engine.worker.routes import Route, publish_route, withdraw_route
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
@@ -102,6 +106,7 @@ class NodeSettings:
     data_host: str = "127.0.0.1"  # tcp/verbs: the address peers reach this node's rings at
     workflow_set: str = "default"  # the node's home Workflow Set (the Node Manager may lend it to another)
     threads_per_instance: int | None = None  # CPU threads per instance; None: auto (engine.worker.threads)
+    worker_nice: int = priority.DEFAULT  # workers run this many nice levels below the node (engine.worker.priority)
 
 
 class TaskManager:
@@ -128,6 +133,7 @@ class TaskManager:
         self.draining: list[_Instance] = []  # removed from the assignment, finishing what their rings hold
         self.moves: list[dict[str, Any]] = []  # the last drains and start-ups, with their timings
         self._limits_cache: dict[tuple[str, str], dict[str, Any]] = {}  # (workflow, model folder) -> limits
+        self._nice_warned = False  # a host refusing the workers' lower priority is said once, not per start
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -242,6 +248,7 @@ class TaskManager:
             inst.ready = True
             inst.startup = dict(self._ready_info(inst), ready_s=round(now - inst.spawned, 3))
             self._log_move({"event": "ready", "instance": inst.spec.id, **inst.startup})
+            self._check_nice(inst)
             if not inst.published:
                 publish_route(self.client, self._route(inst), self.lease, self.keys)
                 inst.published = True
@@ -264,7 +271,7 @@ class TaskManager:
             progress_interval_s=self.s.progress_interval_s, result_ttl_s=self.s.result_ttl_s,
             route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
             stage_time_s=floor_s, stage_stretch=factor, collab_address=inst.collab,
-            workflow_set=inst.spec.workflow_set, threads=inst.threads,
+            workflow_set=inst.spec.workflow_set, threads=inst.threads, nice=self.s.worker_nice,
         )
         env = apply_env(dict(os.environ), inst.threads)  # before the worker loads torch
         # its configuration holds the Redis and etcd passwords: in its environment, never on its command line
@@ -284,6 +291,18 @@ class TaskManager:
         placed = len(self.desired.instances) or len(self.instances)
         explicit = self.s.threads_per_instance or inherited()
         return budget_for(placed, is_cuda(inst.spec.device, envs.DEVICE or "auto"), explicit)
+
+    def _check_nice(self, inst: _Instance) -> None:
+        """Warn once when a worker came up above the priority it was given (the host refused the change):
+        the control plane then competes with the stages for the cores."""
+        got, base = inst.startup.get("nice"), priority.niceness()
+        if self._nice_warned or not isinstance(got, int) or base is None:
+            return
+        want = priority.expected(base, self.s.worker_nice)
+        if got < want:
+            self._nice_warned = True
+            log.warning("worker %s runs at niceness %d, not %d (the host refused a lower priority; see its log): "
+                        "stage workers compete with the control plane for the CPU", inst.spec.id, got, want)
 
     def _drain(self, inst: _Instance, now: float) -> None:
         """Take an instance out of service without losing what its ring holds: withdraw its route (senders
@@ -333,7 +352,7 @@ class TaskManager:
         self._reported = now
         report = {
             "node": self.s.node, "pid": os.getpid(), "ts": time.time(), "tick_seconds": self.tick_seconds,
-            "set": self.s.workflow_set,
+            "set": self.s.workflow_set, "nice": priority.niceness(), "worker_nice": self.s.worker_nice,
             "instances": {iid: self._instance_report(i) for iid, i in self.instances.items()},
             "draining": [i.spec.id for i in self.draining], "moves": self.moves,
             "devices": self._device_report(),
@@ -360,6 +379,8 @@ class TaskManager:
         out: dict[str, Any] = {"workflow": inst.spec.workflow, "stage": inst.spec.stage, "address": inst.address,
                                "pid": inst.proc.pid if inst.proc else None, "ready": inst.ready,
                                "restarts": inst.restarts, "startup": inst.startup, "threads": inst.threads,
+                               # read live: what the scheduler applies now (an operator's renice included)
+                               "nice": priority.niceness(inst.proc.pid) if inst.proc else None,
                                "ring": local_backlog(inst.address) if inst.ready else None}
         try:
             stats = self.store.instance_stats(inst.spec.id) if self.store is not None else {}
@@ -375,8 +396,11 @@ class TaskManager:
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _route(self, inst: _Instance) -> Route:
+        from engine.transport.layout import max_payload
+
         return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node, inst.generation,
-                     inst.collab, inst.spec.workflow_set, self._limits(inst.spec.workflow, inst.model_dir))
+                     inst.collab, inst.spec.workflow_set, self._limits(inst.spec.workflow, inst.model_dir),
+                     max_payload(self.s.ring_bytes))
 
     def _limits(self, workflow: str, model_dir: str) -> dict[str, Any]:
         """What the model folder allows (engine.workflow.limits), read once per folder: JSON only."""

@@ -11,8 +11,12 @@ import argparse
 import signal
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import envs
+
+if TYPE_CHECKING:
+    from engine.worker.manager import NodeSettings
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads each stage instance may use (torch intra-op, OpenMP, MKL, OpenBLAS); auto "
                    "shares the node's usable cores among its instances, 1-2 on CUDA "
                    "(default: ONEPIECE_THREADS_PER_INSTANCE or auto)")
+    p.add_argument("--worker-nice", default=None, metavar="N",
+                   help="run every stage worker N nice levels below this node (0..19, 0: off), so the Proxy, the "
+                   "reconciler and the web process are not queued behind a stage (default: ONEPIECE_WORKER_NICE or 10)")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
                    help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
     p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
@@ -44,44 +51,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="benchmarks/tests: add S seconds after each denoising step (default: ONEPIECE_STEP_TIME_S)")
 
 
-def run(args: argparse.Namespace) -> int:
-    import logging
-
-    from engine.coord import redact
-    from engine.worker.config import Assignment, StageTiming
-    from engine.worker.manager import NodeSettings, TaskManager
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s node %(levelname)s %(message)s")
-    etcd_url, redis_url = args.etcd_url or envs.ETCD_URL, args.redis_url or envs.REDIS_URL
-    if not etcd_url or not redis_url:
-        print("error: --etcd-url and --redis-url (or ONEPIECE_ETCD_URL / ONEPIECE_REDIS_URL) are required")
-        return 2
-    node = args.node or envs.NODE_NAME or socket.gethostname()
-    try:
-        timing = StageTiming.parse(args.stage_time or envs.STAGE_TIME_S, args.stage_stretch or envs.STAGE_STRETCH,
-                                   args.step_time or envs.STEP_TIME_S)
-    except (ValueError, KeyError) as exc:
-        print(f"error: {exc}")
-        return 2
+def settings_from(args: argparse.Namespace, etcd_url: str, redis_url: str) -> NodeSettings:
+    """The node's settings: each option, else its ``ONEPIECE_*`` variable, else the default. Raises
+    ValueError (or KeyError) for a value that does not parse."""
+    from engine.worker.config import StageTiming
+    from engine.worker.manager import NodeSettings
+    from engine.worker.priority import parse_nice
     from engine.worker.threads import parse_threads
 
-    try:
-        threads = parse_threads(args.threads_per_instance if args.threads_per_instance is not None
-                                else envs.THREADS_PER_INSTANCE)
-    except ValueError as exc:
-        print(f"error: {exc}")
-        return 2
-    static = Assignment.from_json(args.assignment.read_text()) if args.assignment else None
-    settings = NodeSettings(
-        node=node, etcd_url=etcd_url, redis_url=redis_url,
+    timing = StageTiming.parse(args.stage_time or envs.STAGE_TIME_S, args.stage_stretch or envs.STAGE_STRETCH,
+                               args.step_time or envs.STEP_TIME_S)
+    threads = parse_threads(args.threads_per_instance if args.threads_per_instance is not None
+                            else envs.THREADS_PER_INSTANCE)
+    nice = parse_nice(args.worker_nice if args.worker_nice is not None else envs.WORKER_NICE)
+    return NodeSettings(
+        node=args.node or envs.NODE_NAME or socket.gethostname(), etcd_url=etcd_url, redis_url=redis_url,
         run_dir=(args.run_dir or envs.STATE_DIR / "node").resolve(), ring_prefix=args.ring_prefix,
         ring_slots=args.ring_slots or min(envs.RING_SLOTS, 256), ring_bytes=args.ring_bytes or envs.RING_BYTES,
         lease_ttl_s=envs.NODE_LEASE_TTL_S, deliver=args.deliver or envs.DELIVER,
         progress_interval_s=envs.PROGRESS_INTERVAL_MS / 1000, result_ttl_s=envs.RESULT_TTL_S,
         route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing, transport=args.transport or envs.TRANSPORT,
         data_host=args.data_host or envs.BIND_HOST, workflow_set=args.workflow_set or envs.WORKFLOW_SET,
-        threads_per_instance=threads,
+        threads_per_instance=threads, worker_nice=nice,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from engine.coord import redact
+    from engine.worker.config import Assignment
+    from engine.worker.manager import TaskManager
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s node %(levelname)s %(message)s")
+    etcd_url, redis_url = args.etcd_url or envs.ETCD_URL, args.redis_url or envs.REDIS_URL
+    if not etcd_url or not redis_url:
+        print("error: --etcd-url and --redis-url (or ONEPIECE_ETCD_URL / ONEPIECE_REDIS_URL) are required")
+        return 2
+    try:
+        settings = settings_from(args, etcd_url, redis_url)
+    except (ValueError, KeyError) as exc:
+        print(f"error: {exc}")
+        return 2
+    node = settings.node
+    static = Assignment.from_json(args.assignment.read_text()) if args.assignment else None
     stop = {"flag": False}
 
     def _on_signal(signum: int, frame: object) -> None:

@@ -22,8 +22,12 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine.worker.taskworker import WorkerConfig
+from engine.worker import priority
+
+if TYPE_CHECKING:  # imported in main, after the priority is lowered: the import alone takes most of a second
+    from engine.worker.taskworker import WorkerConfig
 
 
 def config_to_json(config: WorkerConfig) -> str:
@@ -31,6 +35,14 @@ def config_to_json(config: WorkerConfig) -> str:
 
 
 CONFIG_ENV = "ONEPIECE_WORKER_CONFIG"
+
+
+def _write_ready(path: str, info: dict[str, object]) -> None:
+    """The ready file the TaskManager waits for (none when ``path`` is empty)."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(path)  # atomic: the manager never reads a half-written file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,10 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     if not raw:
         print(f"engine.worker.proc {args[0]}: no configuration in {CONFIG_ENV}", file=sys.stderr)
         return 2
-    config = WorkerConfig(**json.loads(raw))
+    fields = json.loads(raw)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {config.instance} %(levelname)s %(message)s")
+                        format=f"%(asctime)s {fields.get('instance')} %(levelname)s %(message)s")
     log = logging.getLogger("onepiece.worker")
+    # below the control plane before any import starts a thread: every later thread inherits the niceness
+    nice = priority.lower(int(fields.get("nice", 0)), log)
+    from engine.worker.taskworker import WorkerConfig
+
+    config = WorkerConfig(**fields)
     stop: dict[str, float | bool | None] = {"flag": False, "drain": None}
 
     def _on_signal(signum: int, frame: object) -> None:
@@ -104,12 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         return isinstance(since, float) and time.monotonic() - max(since, worker.last_active) >= quiet
 
     try:
-        if config.ready_file:
-            tmp = Path(config.ready_file + ".tmp")
-            # start-up parts: imports (process_s), model load (load_s), rings, store and routes (ring_s)
-            tmp.write_text(json.dumps({"pid": os.getpid(), "threads": threads, "process_s": round(t_load - t_start, 3),
-                                       "load_s": round(t_ring - t_load, 3), "ring_s": round(t_ready - t_ring, 3)}))
-            tmp.replace(config.ready_file)  # atomic: the manager never reads a half-written file
+        # start-up parts: imports (process_s), model load (load_s), rings, store and routes (ring_s)
+        _write_ready(config.ready_file, {"pid": os.getpid(), "threads": threads, "nice": nice,
+                                         "process_s": round(t_load - t_start, 3), "load_s": round(t_ring - t_load, 3),
+                                         "ring_s": round(t_ready - t_ring, 3)})
         log.info("serving %s/%s on %s", config.workflow, config.stage, config.address)
         worker.serve(should_stop)
     finally:

@@ -51,6 +51,7 @@ class Route:
     workflow_set: str = "default"  # its Workflow Set: requests never leave the set whose Proxy took them
     # what the model this instance loaded allows (engine.workflow.limits): intake binds the spec to it
     limits: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False, hash=False)
+    max_message: int = 0  # the largest message its inbox ring takes (0: not published); intake checks every hop
 
     @property
     def ring_id(self) -> str:
@@ -59,7 +60,11 @@ class Route:
     def to_json(self) -> str:
         return json.dumps({"address": self.address, "node": self.node, "instance": self.instance,
                            "generation": self.generation, "collab": self.collab, "set": self.workflow_set,
-                           "limits": self.limits})
+                           "limits": self.limits, "max_message": self.max_message})
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def publish_route(client: Any, route: Route, lease: Any = None, keys: Keyspace | None = None) -> None:
@@ -144,7 +149,7 @@ class RouteTable:
             found.setdefault((workflow, stage), []).append(
                 Route(workflow, stage, instance, str(data["address"]), str(data.get("node", "")),
                       int(data.get("generation", 0)), str(data.get("collab", "")), str(data.get("set", "default")),
-                      model_limits.parse(data.get("limits")) or {}))
+                      model_limits.parse(data.get("limits")) or {}, _int(data.get("max_message"))))
         if self.workflow_set is not None:
             found = {k: [r for r in rs if r.workflow_set == self.workflow_set] for k, rs in found.items()}
         for rs in found.values():
@@ -193,6 +198,12 @@ class RouteTable:
                     for r in rs:
                         found = model_limits.merge(found, r.limits or None)
             return found
+
+    def max_message(self, workflow: str, stage: str) -> int | None:
+        """The largest message every published instance of ``stage`` takes (None: none published one)."""
+        with self._lock:
+            sizes = [r.max_message for r in self._routes.get((workflow, stage), ()) if r.max_message]
+        return min(sizes) if sizes else None
 
     def base_latency(self, workflow: str) -> float:
         """Seconds ``workflow`` takes through an idle pipeline: the sum of the stage times the Node

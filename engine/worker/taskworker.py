@@ -43,6 +43,20 @@ RECV_BATCH = 8  # messages taken from the inbox ring per call
 STAGE_FAILED = "stage_failed"  # the code of a job an exception inside a stage ended (keys.FAILED's detail)
 
 
+@dataclass
+class Run:
+    """One request's run of this stage: its cost shares (for progress), its context and where it stands."""
+
+    costs: dict[str, float]
+    before: float
+    share: float
+    total: float
+    ctx: Any = None
+    step: int = 0
+    steps: int = 0
+    reported: float = 0.0
+
+
 def stage_failed(stage: str, exc: BaseException) -> str:
     """The public detail of a job failed by ``exc`` in ``stage``: ``stage_failed: <stage>: <kind>``."""
     return f"{STAGE_FAILED}: the {stage} stage failed ({type(exc).__name__}); the request was not completed"
@@ -74,6 +88,7 @@ class WorkerConfig:
     stage_time_s: float = 0.0  # the same (engine.worker.config.StageTiming); 0 / 1: off
     stage_stretch: float = 1.0
     threads: int = 0  # CPU threads for torch's pools (engine.worker.threads); 0: whatever the environment says
+    nice: int = 0  # nice levels below its TaskManager, applied first thing (engine.worker.priority); 0: none
 
 
 def open_ring(address: str, config: RingConfig) -> RingConsumer:
@@ -147,14 +162,7 @@ class TaskWorker:
             if self._admit(h) and self._run(h, msg):
                 self._record(time.perf_counter() - t0)
         except Exception as exc:  # one bad request must not stop the instance
-            log.exception("request %s failed in %s", h.uid, self.config.stage)
-            try:
-                # the client gets a stable code, the stage and the kind of error; the message and the
-                # traceback are internals (tensor shapes, paths): the log has them, and the stage run
-                # the ledger records (the admin's view) has the message
-                self.store.finish(h.uid, h.workflow, keys.FAILED, self.config.stage,
-                                  detail=stage_failed(self.config.stage, exc))
-            except Exception:
+            if not self.fail(h, exc):
                 # The store itself is unreachable: the failure cannot be recorded, so
                 # keep the input unreleased and let this process die; the restarted
                 # worker recovers the ring and gets the request again.
@@ -220,53 +228,94 @@ class TaskWorker:
 
     def _run(self, h: wm.Header, msg: wm.Message) -> bool:
         """Run the stage and hand its output on; False when it stopped early (cancel, deadline)."""
-        from engine.stages.components import to_torch, values_to_message
+        run = self.open_run(h)
+        values = self.values_of(msg)
+        stage = self.spec.stage(self.config.stage)
+        if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
+            run.ctx.cfg_parallel = self.collab.remote_for(h, self.routes)
+        t0 = time.perf_counter()
+        try:
+            out = self.executor.run({k: values[k] for k in stage.inputs}, h.params, run.ctx)
+        except (Cancelled, DeadlineExceeded) as exc:
+            self.stopped(h, run, exc)
+            return False
+        except Exception as exc:
+            self.errored(h, exc)
+            raise
+        self.close_run(h, run, values, out, time.perf_counter() - t0)
+        return True
 
-        cfg, uid, st = self.config, h.uid, self.config.stage
+    def open_run(self, h: wm.Header) -> Run:
+        """The stage starts on ``h``: its ``stage_started`` event, and the context its steps report to."""
+        uid, st, cfg = h.uid, self.config.stage, self.config
         costs = self.spec.estimate_cost(h.params)
         total = sum(costs.values()) or 1.0
         before = sum(costs.get(s, 0.0) for s in self.route[:self.route.index(st)])
         share = costs.get(st, 0.0)
         self.store.event(uid, keys.STAGE_STARTED, st, int(100 * before / total), state=keys.IN_PROGRESS)
-        last = {"t": 0.0, "step": 0, "total": 0}
+        run = Run(costs, before, share, total)
 
         def progress(step: int, n: int) -> None:
-            last["step"], last["total"] = step, n
+            run.step, run.steps = step, n
             now = time.monotonic()
-            if step == n or now - last["t"] >= cfg.progress_interval_s:
-                last["t"] = now
+            if step == n or now - run.reported >= cfg.progress_interval_s:
+                run.reported = now
                 pct = int(100 * (before + share * step / max(n, 1)) / total)
                 self.store.event(uid, keys.PROGRESS, st, pct, detail=f"step {step}/{n}", state=keys.IN_PROGRESS)
 
-        ctx = StageContext(progress=progress, cancelled=lambda: self.store.cancel_requested(uid), deadline=h.deadline)
-        if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
-            ctx.cfg_parallel = self.collab.remote_for(h, self.routes)
+        run.ctx = StageContext(progress=progress, cancelled=lambda: self.store.cancel_requested(uid),
+                               deadline=h.deadline)
+        return run
+
+    @staticmethod
+    def values_of(msg: wm.Message) -> dict[str, Any]:
+        from engine.stages.components import to_torch
+
         values: dict[str, Any] = {k: to_torch(t) for k, t in msg.tensors.items()}
         values.update(msg.blobs)
-        stage = self.spec.stage(st)
-        t0 = time.perf_counter()
+        return values
+
+    def stopped(self, h: wm.Header, run: Run, exc: Exception) -> None:
+        """The stage gave up between steps (cancel, deadline): recorded where, and the job ended so."""
+        st = self.config.stage
+        where = f"stopped at step {run.step} of {run.steps}: {exc}"
+        self.store.event(h.uid, keys.STAGE_STOPPED, st, detail=where)
+        state = keys.CANCELLED if isinstance(exc, Cancelled) else keys.EXPIRED
+        self.store.finish(h.uid, h.workflow, state, st, detail=where)
+
+    def errored(self, h: wm.Header, exc: Exception) -> None:
+        # the device time spent until the error is on record before handle() fails the job; the full
+        # message goes to the stage run (the admin's view), never to the job's public detail
+        self.store.event(h.uid, keys.STAGE_STOPPED, self.config.stage, detail=f"{type(exc).__name__}: {exc}"[:500])
+
+    def fail(self, h: wm.Header, exc: Exception) -> bool:
+        """Fail the job an exception in this stage ended; False when the store cannot record it (the input
+        must then stay unreleased, and the caller lets the process die: its restart gets it again)."""
+        log.error("request %s failed in %s", h.uid, self.config.stage, exc_info=exc)
         try:
-            out = self.executor.run({k: values[k] for k in stage.inputs}, h.params, ctx)
-        except (Cancelled, DeadlineExceeded) as exc:
-            where = f"stopped at step {last['step']} of {last['total']}: {exc}"
-            self.store.event(uid, keys.STAGE_STOPPED, st, detail=where)
-            state = keys.CANCELLED if isinstance(exc, Cancelled) else keys.EXPIRED
-            self.store.finish(uid, h.workflow, state, st, detail=where)
+            # the client gets a stable code, the stage and the kind of error; the message and the
+            # traceback are internals (tensor shapes, paths): the log has them, and the stage run
+            # the ledger records (the admin's view) has the message
+            self.store.finish(h.uid, h.workflow, keys.FAILED, self.config.stage, detail=stage_failed(self.config.stage, exc))
+        except Exception:
             return False
-        except Exception as exc:
-            # the device time spent until the error is on record before handle() fails the job; the full
-            # message goes to the stage run (the admin's view), never to the job's public detail
-            self.store.event(uid, keys.STAGE_STOPPED, st, detail=f"{type(exc).__name__}: {exc}"[:500])
-            raise
-        elapsed = time.perf_counter() - t0
+        return True
+
+    def close_run(self, h: wm.Header, run: Run, values: dict[str, Any], out: dict[str, Any], elapsed: float,
+                  batch: int = 1) -> None:
+        """The stage's outputs handed on (or the result written), timed and sampled for pricing."""
+        from engine.stages.components import values_to_message
+
+        uid, st, costs, share = h.uid, self.config.stage, run.costs, run.share
         if share > 0:  # (seconds, predicted cost) of this run, for _fastest_for
             self._runs.setdefault(self._mode(h), deque(maxlen=32)).append((elapsed, share))
         model = self.spec.costs.get(st)
         if model is not None and self.runs:  # a process's first run pays one-off costs (see _record)
             d = self.spec.dims(h.params)
             self.fit = self.samples.add(model.units(d), model.steps(d), elapsed)
+        ctx = run.ctx
         helped = f" (collaboration: {ctx.cfg_parallel.steps_helped} halves by {ctx.cfg_parallel.helper.instance})" \
-            if ctx.cfg_parallel is not None else ""
+            if ctx is not None and ctx.cfg_parallel is not None else ""
         values.update(out)
         tensors, blobs = values_to_message({k: values[k] for k in self.spec.carried_after(st)})
         h.timestamps[st] = time.time()
@@ -276,15 +325,14 @@ class TaskWorker:
                 raise RuntimeError(f"last stage {st} did not produce {self.spec.final_output!r}")
         # Before the hand-off (or the terminal event): once the next stage has the message it may finish
         # the job before this line runs, and the stream must show this stage's end first.
-        self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (before + share) / total),
-                         detail=f"{elapsed:.3f}s{helped}")
+        self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (run.before + share) / run.total),
+                         detail=f"{elapsed:.3f}s{helped}" + (f" batch={batch}" if batch > 1 else ""))
         if self.next_stage is None:
             self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
         else:
             h.stage = self.next_stage
             self._send(h, tensors, blobs, costs.get(self.next_stage, 0.0))
         self.store.mark_done(uid, st)
-        return True
 
     def _record(self, occupied: float) -> None:
         """Report how long the instance was occupied by one request, from taking it off the ring to handing

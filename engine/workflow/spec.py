@@ -390,6 +390,27 @@ class WorkflowSpec:
             elif got != want_dim:
                 raise InvalidTensor(f"{name!r}: dimension {rule} is {got}, expected {want_dim} (shape {shape})")
 
+    # -- sizes -----------------------------------------------------------------
+    def hop_bytes(self, params: Mapping[str, Any]) -> dict[str, int]:
+        """stage -> a lower bound on the bytes of the message that enters it (after the first): the
+        tensors it carries whose every dimension the parameters fix (decoded frames, pixels), counted at
+        their dtype (a compute dtype at 2 bytes). What a model dimension sizes counts once per element."""
+        from engine.workflow.message import DTYPE_SIZES
+
+        dims, out, route = self.dims(params), {}, self.route()
+        for before, stage in zip(route, route[1:], strict=False):
+            total = 0
+            for name in self.carried_after(before):
+                spec = self.value_spec(name)
+                if spec.kind != "tensor":
+                    continue
+                n = 1
+                for d in spec.shape:
+                    n *= d if isinstance(d, int) else dims.get(d, 1)
+                total += n * (2 if spec.dtype == "compute" else DTYPE_SIZES.get(spec.dtype, 1))
+            out[stage] = total
+        return out
+
     # -- cost ------------------------------------------------------------------
     def estimate_cost(self, params: Mapping[str, Any]) -> dict[str, float]:
         """GPU-seconds per stage for one request with these (resolved) parameters."""

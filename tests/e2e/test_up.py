@@ -13,7 +13,9 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.e2e import first_minute
 from tests.e2e.up import start_up, stop_up
+from tests.fixtures.web import png
 
 
 @pytest.mark.timeout(600)
@@ -82,6 +84,12 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
             [hook] = receiver.wait_for(1, timeout=30)
             event = client.webhooks.unwrap(hook.body, hook.headers, secret=secret)
             assert event.type == "video.completed" and event.data.id == video.id
+            # what a new user meets in the first minute (issue 25), on this same system
+            client.timeout = 150
+            first_minute.check_defaults_and_limits(lines, client, tmp_path / "state")
+            first_minute.check_other_clients(lines, client, png())
+            took = first_minute.check_priced_admission(lines, client, tmp_path / "state")
+            print(f"a 512x512 50-step image refused by priced admission in {took * 1e3:.0f} ms (web + Proxy)")
             client.close()
         finally:
             receiver.stop()

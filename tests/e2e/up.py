@@ -17,7 +17,7 @@ def start_up(state: Path, *args: str, timeout: float = 400) -> tuple[subprocess.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEPIECE_", "DJANGO_"))}
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "onepiece"), "up", "--state-dir", str(state), "--web-port", "0",
-         "--proxy-port", "0", "--ring-bytes", str(4 << 20), *args],
+         "--proxy-port", "0", "--ring-bytes", str(16 << 20), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: dict[str, str] = {}
     deadline = time.monotonic() + timeout  # a first run builds the tiny models and starts every stage worker

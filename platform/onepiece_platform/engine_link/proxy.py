@@ -151,7 +151,7 @@ class ProxyEngineClient(EngineClient):
         if code == 202:
             return Accepted(str(doc["uid"]), float(doc.get("cost_gpu_s", 0.0)),
                             float(doc.get("predicted_wait_s", 0.0)))
-        if code in (400, 409, 503):
+        if code in (400, 409, 413, 503):
             retry = headers.get("Retry-After")
             raise EngineRejected(code, str(doc.get("error", "")), str(doc.get("field", "")),
                                  int(retry) if retry and retry.isdigit() else None)

@@ -3,15 +3,20 @@
 Two inputs, one set of idempotent transitions (:mod:`onepiece_platform.jobs.ledger`):
 
 * ``step``: events from ``onepiece:events`` after the cursor stored in the
-  database. The cursor never passes an event that was not dealt with: each
-  event is applied, held or dead-lettered in one transaction with the cursor's
-  move and its counters, so a reconciler killed at any instant resumes at the
-  first event whose transaction did not commit (and re-applying an event whose
-  side effects outside the database ran is harmless: transitions happen once,
-  quota settlements are idempotent). A transient error (a locked or lost
-  database, Redis away while settling) is retried with backoff, the cursor
-  standing still; an event that can never apply goes to :class:`DeadLetter`
-  with its reason: malformed fields, or an error that is not transient;
+  database, in batches. The cursor never passes an event that was not dealt
+  with: every event of a batch is applied, held or dead-lettered (each in a
+  savepoint of its own, so one event's error undoes only that event) in one
+  transaction with the cursor's move to the batch's last event and the
+  batch's counters. A reconciler killed at any instant resumes at the first
+  event of the batch that did not commit (and re-applying an event whose side
+  effects outside the database ran is harmless: transitions happen once,
+  quota settlements are idempotent). One transaction per batch instead of one
+  per event: the commit and the cursor's update were most of the reconciler's
+  CPU under load (``onepiece bench e2e``'s ``control_plane_breakdown``). A
+  transient error (a locked or lost database, Redis away while settling)
+  rolls the batch back and is retried with backoff, the cursor standing
+  still; an event that can never apply goes to :class:`DeadLetter` with its
+  reason: malformed fields, or an error that is not transient;
 * held events: an event for a UID the ledger does not know yet is parked in
   :class:`HeldEvent` and retried every tick, and dead-lettered as
   ``unknown_job`` after ``HOLD_UNKNOWN_S`` (the platform names its jobs before
@@ -82,14 +87,25 @@ def parse(fields: dict[str, str]) -> dict[str, Any]:
 
 
 FOREIGN_REMEMBERED = 100_000  # UIDs of foreign jobs kept (a bounded memory, oldest forgotten)
+# events per transaction at most, and the time one transaction may take: long enough to amortise the commit
+# and the cursor's update over many events, short enough that the web process's writes (which wait for the
+# write lock on SQLite) do not notice
+BATCH, BATCH_S = 200, 0.25
+LINGER_MS = 100  # how long a batch may fill under load: the ledger lags by at most this (reads refresh anyway)
 
 
 class Reconciler:
     def __init__(self, engine: EngineClient | None = None, block_ms: int = 1000, count: int = 500,
-                 max_backoff_s: float = 5.0) -> None:
+                 max_backoff_s: float = 5.0, batch: int = BATCH, linger_ms: int = LINGER_MS,
+                 batch_s: float = BATCH_S) -> None:
         self.engine = engine or get_engine()
         self.block_ms = block_ms
         self.count = count
+        self.batch = max(1, batch)
+        # a blocking reader (the loop) lets a batch fill for linger_ms; a one-shot step (block_ms 0) waits for
+        # nothing, events or batches
+        self.linger_s = linger_ms / 1e3 if block_ms else 0.0
+        self.batch_s = batch_s
         self.max_backoff_s = max_backoff_s
         self.stop = threading.Event()  # set by run()'s caller: a transient retry gives up, the cursor stays
         self.unsaved_retries = 0  # transient failures not yet added to the cursor's count
@@ -116,12 +132,20 @@ class Reconciler:
         from engine.store import JobStore
         from onepiece_platform.redis_conn import get_redis
 
-        entries = JobStore(get_redis()).read_entries(last_id, self.block_ms or None, self.count)
+        store = JobStore(get_redis())
+        entries = store.read_entries(last_id, self.block_ms or None, self.count)
         if not entries:
             return 0
-        for eid, f in entries:
-            if not self._until_done(lambda _, e=eid, f=f: self._one(e, f)):
-                break  # stopping: the cursor is at the last event dealt with
+        if len(entries) < min(self.batch, self.count) and self.linger_s and not self.stop.wait(self.linger_s):
+            # under load events come a few at a time: a moment's wait makes one transaction of many
+            entries += store.read_entries(entries[-1][0], None, self.count - len(entries))
+        done = 0
+        while done < len(entries):
+            took: dict[str, int] = {}
+            rest = entries[done:done + self.batch]
+            if not self._until_done(lambda _, r=rest, t=took: t.update(n=self._batch(r))):
+                break  # stopping: the cursor is at the last batch that committed
+            done += took["n"]
         return len(entries)
 
     def _until_done(self, attempt: Callable[[int], None]) -> bool:
@@ -144,20 +168,33 @@ class Reconciler:
                     return False
                 delay = min(delay * 2, self.max_backoff_s)
 
-    def _one(self, entry_id: str, fields: dict[str, str]) -> None:
-        """One stream event: applied, held or dead-lettered, with the cursor's move, in one transaction."""
-        counts = {"retried": self.unsaved_retries}
+    def _batch(self, entries: list[tuple[str, dict[str, str]]]) -> int:
+        """The first events of ``entries`` (all, or as many as fit in ``batch_s``) applied, held or
+        dead-lettered, with the cursor's move past the last of them and their counts, in one transaction:
+        all of them or none. Returns how many."""
+        counts = {"retried": self.unsaved_retries, "applied": 0, "held": 0, "dead": 0}
+        started = time.monotonic()
+        n = 0
         with transaction.atomic():
-            try:
-                ev = parse(fields)
-            except Malformed as exc:
-                self._dead(entry_id, fields.get("uid", ""), fields, DeadLetter.MALFORMED, str(exc))
-                counts["dead"] = 1
-            else:
-                counts[self._apply(entry_id, ev, fields)] = 1
+            for entry_id, fields in entries:
+                counts[self._outcome(entry_id, fields)] += 1
+                n += 1
+                if time.monotonic() - started >= self.batch_s:
+                    break  # on SQLite the batch holds the write lock: the web process's writes wait for it
             StreamCursor.objects.filter(name=CURSOR).update(
-                last_id=entry_id, updated_at=timezone.now(), **{k: F(k) + v for k, v in counts.items() if v})
+                last_id=entries[n - 1][0], updated_at=timezone.now(),
+                **{k: F(k) + v for k, v in counts.items() if v})
         self.unsaved_retries = 0
+        return n
+
+    def _outcome(self, entry_id: str, fields: dict[str, str]) -> str:
+        """One stream event inside the batch's transaction: applied, held or dead (the count it adds to)."""
+        try:
+            ev = parse(fields)
+        except Malformed as exc:
+            self._dead(entry_id, fields.get("uid", ""), fields, DeadLetter.MALFORMED, str(exc))
+            return "dead"
+        return self._apply(entry_id, ev, fields)
 
     def _apply(self, entry_id: str, ev: dict[str, Any], fields: dict[str, str]) -> str:
         """Apply in a savepoint; returns the outcome counted: applied, held or dead."""

@@ -15,9 +15,16 @@ from engine.bench import e2e
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Path]) -> None:
+def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Path], redis_server: Any,
+                                        etcd_server: Any) -> None:
+    processes = {"proxy": cluster.proxy_proc.pid, "node": cluster.node.pid, "redis": redis_server.proc.pid,
+                 "etcd": etcd_server.proc.pid}
     r = e2e.run(cluster.proxy, str(tiny_models["sd-t2i"]), "sd-t2i", n=3, seconds=1.5, deadline_s=10.0,
-                hog=1, saturate_in_flight=6, loads=(1.0, 10.0))
+                hog=1, saturate_in_flight=6, loads=(1.0, 10.0), processes=processes)
+    # the control plane's CPU per completed request while saturated, per process, the workers apart
+    assert set(r["control_plane_breakdown"]) == set(processes), r["control_plane_breakdown"]
+    assert r["control_plane_breakdown"]["proxy"] > 0 and r["stage_workers_cpu_ms_per_request"] > 0
+    assert r["control_plane_cpu_ms_per_request"] == sum(r["control_plane_breakdown"].values())
     for name in ("staged_latency_p50_s", "staged_latency_p50_quiet_s", "hog_vs_quiet_p50", "one_call_latency_p50_s",
                  "added_per_hop_ms", "capacity_rps", "monolith_capacity_rps", "staged_vs_monolith_capacity"):
         assert isinstance(r[name], float), (name, r.get(name))

@@ -77,3 +77,19 @@ def test_published_limits_never_widen_and_merge_to_the_strictest() -> None:
     spec = get_workflow("wan2.1-t2v")
     # a published maximum above the spec's is ignored: the spec's bound stays
     assert spec.bound({"width": {"maximum": 5000}}).param("width").maximum == spec.param("width").maximum
+
+
+def test_every_hop_must_fit_the_ring_of_the_stage_it_enters() -> None:
+    from engine.proxy.intake import BadRequest, Intake
+
+    spec = get_workflow("wan2.1-t2v")
+    params = spec.resolve_params({"prompt": "x", "width": 224, "height": 128, "num_frames": 81})
+    hops = spec.hop_bytes(params)
+    assert hops["video_encode"] == 81 * 128 * 224 * 3  # uint8 frames, every dimension from the request
+    assert 0 < hops["denoise"] < hops["video_encode"]
+    intake = Intake()
+    ticket = intake.ticket(intake.submission("wan2.1-t2v", {"prompt": "x", "width": 224, "height": 128}, {}))
+    intake.check_fits(ticket, 1 << 20, lambda wf, stage: 8 << 20)  # 7 MiB of frames into an 8 MiB ring
+    with pytest.raises(BadRequest) as e:
+        intake.check_fits(ticket, 1 << 20, lambda wf, stage: (4 << 20) if stage == "video_encode" else None)
+    assert e.value.status == 413 and e.value.field == "num_frames" and "video_encode" in str(e.value)
