@@ -88,6 +88,10 @@ class WorkerConfig:
     stage_time_s: float = 0.0  # the same (engine.worker.config.StageTiming); 0 / 1: off
     stage_stretch: float = 1.0
     threads: int = 0  # CPU threads for torch's pools (engine.worker.threads); 0: whatever the environment says
+    # step-level batching (engine.worker.batching) for a stage that steps (engine.stages.base.SteppedStage):
+    # at most this many requests share a step (1: one at a time), and a new batch waits this long for more
+    max_batch: int = 1
+    batch_wait_ms: float = 0.0
     nice: int = 0  # nice levels below its TaskManager, applied first thing (engine.worker.priority); 0: none
 
 
@@ -124,6 +128,7 @@ class TaskWorker:
         self.handled = 0
         self._runs: dict[str, deque[tuple[float, float]]] = {}  # mode -> (seconds, cost) of the last runs
         self.runs = 0  # stage runs completed by this process
+        self.batcher: Any = None  # engine.worker.batching.StepBatcher, when this stage batches
         self.samples = Samples()  # (units, steps, seconds) of recent runs: the Proxy prices requests by their fit
         self.fit: Fit | None = None
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
@@ -137,6 +142,15 @@ class TaskWorker:
         before. Each message is still released on its own, last, by :meth:`handle`: a stop or a crash
         in the middle of a batch leaves the rest unreleased, exactly like messages not yet taken.
         """
+        from engine.stages.base import SteppedStage
+
+        if self.config.max_batch > 1 and isinstance(self.executor, SteppedStage) and self.collab is None:
+            from engine.worker.batching import StepBatcher
+
+            self.batcher = StepBatcher(self, self.executor, self.config.max_batch,
+                                       self.config.batch_wait_ms / 1000.0, RECV_BATCH)
+            self.batcher.serve(should_stop)
+            return
         while not should_stop():
             batch = self.consumer.recv_many(RECV_BATCH, timeout=0.1)
             if not batch:

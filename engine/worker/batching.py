@@ -1,0 +1,249 @@
+"""Step-level batching: the requests a stage instance holds share one model call per step.
+
+A :class:`engine.stages.base.SteppedStage` (SD's denoise) advances requests one
+step at a time. This loop keeps up to ``max_batch`` of them active: between two
+steps it takes what the inbox ring has, lets compatible requests (the stage's
+``batch_key``) join, steps every active request in one call, and hands on each
+request as soon as its own steps are done. So requests with different step
+counts share a batch, a late arrival waits at most one step, and each request
+keeps its own seed, scheduler, progress, cancel, deadline and error:
+
+* a cancelled or expired request leaves the batch at the next step boundary;
+* a batched step that raises starts every request of the batch again from its
+  first step (a request's output depends only on its own inputs), each stepped
+  alone once before it shares again, so a failing request fails alone and the
+  others complete, none lost or repeated;
+* a request that cannot share (``batch_key`` None, or another key while a
+  batch runs) waits in arrival order; while one waits no newer request joins,
+  so it starts when the current batch's longest request ends (its bound).
+
+Every delivery is released last, after its request was handed on or ended, as
+:meth:`engine.worker.taskworker.TaskWorker.handle` does. A request's service
+time (what the Node Manager and pricing see) is its share of each step's time.
+
+:func:`joiners` is the batch-forming decision, pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.stages.base import Cancelled, DeadlineExceeded, SteppedStage
+from engine.transport.ring import Delivery
+from engine.workflow import message as wm
+
+log = logging.getLogger("onepiece.worker")
+
+
+@dataclass
+class Waiting:
+    """A decoded, admitted request not yet begun."""
+
+    d: Delivery
+    msg: wm.Message
+    key: Hashable | None
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Active:
+    w: Waiting
+    run: Any  # engine.worker.taskworker.Run
+    values: dict[str, Any]
+    state: Any
+    began: float
+    share_s: float = 0.0  # this request's share of the steps' time
+    widest: int = 1  # the largest batch it stepped in
+    alone: bool = False  # its batch failed: it starts again and steps alone once before it shares again
+
+
+def joiners(active_key: Hashable | None, active: int, waiting: list[Hashable | None], max_batch: int) -> int:
+    """How many of the waiting requests (their keys, oldest first) join now: the oldest run of requests
+    with the batch's key (or, with no batch, the first request's key; a None key runs alone), up to
+    ``max_batch`` in all, stopping at the first one that cannot share (it keeps its place in line)."""
+    n = 0
+    key = active_key
+    for k in waiting:
+        if active + n >= max_batch:
+            break
+        if active + n == 0:
+            key = k
+            n += 1
+            if k is None:
+                break
+            continue
+        if k is None or k != key:
+            break
+        n += 1
+    return n
+
+
+class StepBatcher:
+    """Serves a TaskWorker whose executor is a :class:`SteppedStage` (see the module docstring)."""
+
+    def __init__(self, worker: Any, executor: SteppedStage, max_batch: int, wait_s: float = 0.0,
+                 recv_batch: int = 8) -> None:
+        self.w, self.ex = worker, executor
+        self.max_batch, self.wait_s, self.recv_batch = max(1, max_batch), max(0.0, wait_s), recv_batch
+        self.waiting: deque[Waiting] = deque()
+        self.active: list[Active] = []
+        self.sizes: list[int] = []  # the batch size of every step taken (metrics, tests)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def serve(self, should_stop: Callable[[], bool]) -> None:
+        while not should_stop():
+            idle = not self.active and not self.waiting
+            self.take(0.1 if idle else 0.0)
+            if not self.active and not self.waiting:
+                self.w.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
+                continue
+            self.admit_joiners()
+            if self.active:
+                self.step()
+            self.w.last_active = time.monotonic()
+
+    def take(self, timeout: float) -> None:
+        """Decode and admit what the inbox holds (waiting up to ``timeout`` for a first message)."""
+        for d in self.w.consumer.recv_many(self.recv_batch, timeout=timeout):
+            try:
+                msg = wm.decode(d.view)
+            except wm.MessageError as exc:
+                self.w._undecodable(d, exc)
+                continue
+            try:
+                admitted = self.w._admit(msg.header)
+            except Exception as exc:  # a misrouted message: failed like any bad request
+                self._fail(Waiting(d, msg, None), exc)
+                continue
+            if not admitted:
+                d.release()
+                self.w.handled += 1
+                continue
+            self.waiting.append(Waiting(d, msg, self.ex.batch_key(msg.header.params)))
+
+    def admit_joiners(self) -> None:
+        key = self.active[0].w.key if self.active else None
+        if not self.active and self.waiting and self.waiting[0].key is None:
+            self._alone(self.waiting.popleft())  # cannot share: served as the plain path serves it
+            return
+        n = joiners(key, len(self.active), [w.key for w in self.waiting], self.max_batch)
+        if not self.active and 0 < n < self.max_batch and self.wait_s > 0:
+            n = self._wait_for_more(n)
+        for _ in range(n):
+            self._begin(self.waiting.popleft())
+
+    def _wait_for_more(self, n: int) -> int:
+        """A batch about to start with room left waits up to ``wait_s`` after its oldest request arrived
+        (never past a deadline) for compatible ones; a started batch takes joiners at step boundaries."""
+        first = self.waiting[0]
+        until = first.arrived + self.wait_s
+        deadlines = [w.msg.header.deadline for w in list(self.waiting)[:n] if w.msg.header.deadline]
+        while n < self.max_batch and time.monotonic() < until and not any(time.time() >= d for d in deadlines):
+            self.take(min(0.005, max(0.0, until - time.monotonic())))
+            n = joiners(None, 0, [w.key for w in self.waiting], self.max_batch)
+        return n
+
+    # -- one request's life ---------------------------------------------------------------------------
+    def _begin(self, w: Waiting) -> None:
+        h = w.msg.header
+        run = self.w.open_run(h)
+        try:
+            values = self.w.values_of(w.msg)
+            inputs = {k: values[k] for k in self.w.spec.stage(self.w.config.stage).inputs}
+            self.active.append(Active(w, run, values, self.ex.begin(inputs, h.params), time.perf_counter()))
+        except Exception as exc:
+            self.w.errored(h, exc)
+            self._fail(w, exc)
+
+    def _alone(self, w: Waiting) -> None:
+        """A request that shares with nothing: the TaskWorker's plain path, released last."""
+        release = True
+        try:
+            t0 = time.perf_counter()
+            if self.w._run(w.msg.header, w.msg):
+                self.w._record(time.perf_counter() - t0)
+        except Exception as exc:
+            release = self.w.fail(w.msg.header, exc)
+            if not release:
+                raise
+        finally:
+            if release:
+                w.d.release()
+            self.w.handled += 1
+
+    def _fail(self, w: Waiting, exc: Exception) -> None:
+        if not self.w.fail(w.msg.header, exc):
+            raise exc  # the store is away: keep the input, let the process die (see TaskWorker.handle)
+        w.d.release()
+        self.w.handled += 1
+
+    def _leave(self, a: Active) -> None:
+        self.active.remove(a)
+        a.w.d.release()
+        self.w.handled += 1
+
+    # -- a step -------------------------------------------------------------------------------------
+    def step(self) -> None:
+        for a in list(self.active):  # cancel and deadline, between steps, each on its own
+            try:
+                a.run.ctx.check()
+            except (Cancelled, DeadlineExceeded) as exc:
+                self.w.stopped(a.w.msg.header, a.run, exc)
+                self._leave(a)
+        group = self._group()
+        if not group:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.ex.step([a.state for a in group])
+        except Exception as exc:
+            self._step_failed(group, exc)
+            return
+        spent = time.perf_counter() - t0
+        self.sizes.append(len(group))
+        for a in group:
+            a.alone = False  # it steps on its own: proven, it may share again (the broken one fails alone)
+            a.share_s += spent / len(group)
+            a.widest = max(a.widest, len(group))
+            done, total = self.ex.progress(a.state)
+            a.run.ctx.step_done(done, total)
+            if done >= total:
+                self._finish(a)
+
+    def _group(self) -> list[Active]:
+        alone = [a for a in self.active if a.alone]
+        return alone[:1] if alone else list(self.active)
+
+    def _step_failed(self, group: list[Active], exc: Exception) -> None:
+        if len(group) > 1:  # which request broke it is unknown: each starts again, alone
+            log.warning("a batched step of %d requests failed (%s); running each alone", len(group), exc)
+            for a in group:
+                inputs = {k: a.values[k] for k in self.w.spec.stage(self.w.config.stage).inputs}
+                try:
+                    a.state, a.alone = self.ex.begin(inputs, a.w.msg.header.params), True
+                except Exception as again:
+                    self._drop(a, again)
+            return
+        self._drop(group[0], exc)
+
+    def _drop(self, a: Active, exc: Exception) -> None:
+        self.w.errored(a.w.msg.header, exc)
+        self.active.remove(a)
+        self._fail(a.w, exc)
+
+    def _finish(self, a: Active) -> None:
+        h = a.w.msg.header
+        try:
+            out = self.ex.end(a.state)
+            self.w.close_run(h, a.run, a.values, out, time.perf_counter() - a.began, a.widest)
+            self.w._record(a.share_s)
+        except Exception as exc:
+            self.active.remove(a)
+            self._fail(a.w, exc)
+            return
+        self._leave(a)
