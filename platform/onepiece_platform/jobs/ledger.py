@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 
 from django.db import transaction
 from django.db.models import F
@@ -47,6 +48,8 @@ from onepiece_platform.webhooks import outbox
 log = logging.getLogger(__name__)
 
 TIMELINE = (keys.STAGE_STARTED, keys.STAGE_FINISHED, keys.STAGE_STOPPED)
+# a stage_finished event's detail names the batch its run shared steps with (engine.worker.taskworker.close_run)
+BATCH = re.compile(r"\bbatch=(\d+)\b")
 
 
 def _measured(job_pk: int) -> float | None:
@@ -115,7 +118,9 @@ def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail
     runs = StageRun.objects.filter(pk=run.pk)
     if type_ == keys.STAGE_STARTED:
         return bool(runs.filter(started__isnull=True).update(started=ts))
-    extra = {"stopped": True, "detail": detail[:500]} if type_ == keys.STAGE_STOPPED else {}
+    extra: dict[str, object] = {"stopped": True, "detail": detail[:500]} if type_ == keys.STAGE_STOPPED else {}
+    if type_ == keys.STAGE_FINISHED and (m := BATCH.search(detail)):
+        extra["batch_size"] = min(int(m.group(1)), 32767)
     return bool(runs.filter(finished__isnull=True).update(finished=ts, **extra))
 
 
@@ -161,11 +166,12 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
             settle(job)
         return changed_run
     if type_ == keys.STAGE_FINISHED and changed_run:
+        from onepiece_platform.ops import metrics
+
         run = StageRun.objects.get(job=job, stage=stage, attempt=attempt)
         if run.device_s is not None:
-            from onepiece_platform.ops import metrics
-
             metrics.STAGE_SECONDS.labels(workflow=job.workflow, stage=stage).observe(run.device_s)
+        metrics.STAGE_BATCH_SIZE.labels(workflow=job.workflow, stage=stage).observe(run.batch_size)
     job.refresh_from_db()
     push_job(job)
     return True

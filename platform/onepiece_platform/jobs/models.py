@@ -137,6 +137,8 @@ class StageRun(models.Model):
     finished = models.FloatField(null=True, blank=True)
     stopped = models.BooleanField(default=False, help_text="gave up early (cancel, deadline, error)")
     detail = models.CharField(max_length=500, blank=True)
+    batch_size = models.PositiveSmallIntegerField(default=1, help_text="the most requests it shared a step with "
+                                                  "(itself included; engine.worker.batching)")
 
     class Meta:
         ordering = ["job", "attempt", "started", "id"]

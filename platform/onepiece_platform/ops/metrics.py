@@ -18,6 +18,9 @@ JOBS_FINISHED = Counter("onepiece_jobs_finished_total", "Jobs that reached a ter
 STAGE_SECONDS = Histogram("onepiece_stage_latency_seconds", "Stage run time reported by the engine's events",
                           ["workflow", "stage"], buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 
+STAGE_BATCH_SIZE = Histogram("onepiece_stage_batch_size", "Requests a stage run shared its steps with (itself "
+                             "included; 1: alone)", ["workflow", "stage"], buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32))
+
 
 class JobStateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:

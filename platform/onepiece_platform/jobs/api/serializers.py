@@ -43,6 +43,8 @@ class StageRunSerializer(serializers.Serializer):
     finished = serializers.FloatField(allow_null=True, help_text="unix s")
     device_s = serializers.FloatField(allow_null=True, help_text="finished - started: what the run is charged")
     stopped = serializers.BooleanField(help_text="gave up early (cancel, deadline, error)")
+    batch_size = serializers.IntegerField(help_text="the most requests this run shared a step with, itself included "
+                                          "(1: alone)")
 
 
 class JobSerializer(serializers.ModelSerializer):
