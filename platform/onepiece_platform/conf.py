@@ -47,6 +47,13 @@ DEFAULTS: dict[str, Any] = {
     "RESUBMIT_MAX": 2,
     # An engine event for a UID the ledger does not know is held and retried this long, then dead-lettered.
     "HOLD_UNKNOWN_S": 60.0,
+    # The reconciler applies events in batches, one transaction each (engine_link/reconciler.py): at most
+    # this many events, and no more once a batch has taken RECONCILER_BATCH_S (on SQLite a batch holds the
+    # write lock, and the web process's writes wait for it); under load a batch fills for up to
+    # RECONCILER_LINGER_MS first (the ledger then lags the stream by that much; reads refresh anyway).
+    "RECONCILER_BATCH": 200,
+    "RECONCILER_BATCH_S": 0.25,
+    "RECONCILER_LINGER_MS": 100,
     # /v1/images/generations waits this long for its image.
     "IMAGE_WAIT_S": 120.0,
     # Ledger rows of finished jobs are deleted by the clean-up task after this many days.

@@ -8,8 +8,8 @@ from django.db import models
 
 class StreamCursor(models.Model):
     """Where the reconciler stopped, and what it did with the events before it. The cursor moves in the
-    same transaction as the event it passes is applied (or held, or dead-lettered), so the counts are
-    exact across restarts and kills."""
+    same transaction as the batch of events it passes is applied (or held, or dead-lettered), so the
+    counts are exact across restarts and kills."""
 
     name = models.CharField(max_length=64, primary_key=True)
     last_id = models.CharField(max_length=64, default="0-0")

@@ -87,25 +87,23 @@ def parse(fields: dict[str, str]) -> dict[str, Any]:
 
 
 FOREIGN_REMEMBERED = 100_000  # UIDs of foreign jobs kept (a bounded memory, oldest forgotten)
-# events per transaction at most, and the time one transaction may take: long enough to amortise the commit
-# and the cursor's update over many events, short enough that the web process's writes (which wait for the
-# write lock on SQLite) do not notice
-BATCH, BATCH_S = 200, 0.25
-LINGER_MS = 100  # how long a batch may fill under load: the ledger lags by at most this (reads refresh anyway)
 
 
 class Reconciler:
     def __init__(self, engine: EngineClient | None = None, block_ms: int = 1000, count: int = 500,
-                 max_backoff_s: float = 5.0, batch: int = BATCH, linger_ms: int = LINGER_MS,
-                 batch_s: float = BATCH_S) -> None:
+                 max_backoff_s: float = 5.0, batch: int | None = None, linger_ms: float | None = None,
+                 batch_s: float | None = None) -> None:
         self.engine = engine or get_engine()
         self.block_ms = block_ms
         self.count = count
-        self.batch = max(1, batch)
-        # a blocking reader (the loop) lets a batch fill for linger_ms; a one-shot step (block_ms 0) waits for
-        # nothing, events or batches
-        self.linger_s = linger_ms / 1e3 if block_ms else 0.0
-        self.batch_s = batch_s
+        # events per transaction at most, and the time one may take: enough to spread the commit and the
+        # cursor's update over many events, short enough that the web process's writes do not notice
+        # (settings RECONCILER_BATCH, RECONCILER_BATCH_S, RECONCILER_LINGER_MS)
+        self.batch = max(1, int(batch if batch is not None else conf.get("RECONCILER_BATCH")))
+        self.batch_s = float(batch_s if batch_s is not None else conf.get("RECONCILER_BATCH_S"))
+        linger = float(linger_ms if linger_ms is not None else conf.get("RECONCILER_LINGER_MS"))
+        # a blocking reader (the loop) lets a batch fill; a one-shot step (block_ms 0) waits for nothing
+        self.linger_s = linger / 1e3 if block_ms else 0.0
         self.max_backoff_s = max_backoff_s
         self.stop = threading.Event()  # set by run()'s caller: a transient retry gives up, the cursor stays
         self.unsaved_retries = 0  # transient failures not yet added to the cursor's count

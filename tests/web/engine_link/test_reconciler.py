@@ -235,3 +235,29 @@ def test_events_of_a_job_accepted_outside_the_platform_are_passed_over(alice, st
     store.event(foreign, keys.STAGE_FINISHED, "denoise", 50)  # a timeline event after its end
     r.step()
     assert not HeldEvent.objects.exists() and not DeadLetter.objects.exists()
+
+
+def test_events_are_applied_in_batches_one_cursor_move_each(alice, store) -> None:
+    """One transaction per batch, not per event: the cursor (and its counts) move once per batch, and every
+    event is still counted once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _, c, _ = alice
+    uids = _submit(c, 3)
+    for uid in uids:
+        store.event(uid, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
+        store.event(uid, keys.STAGE_FINISHED, "text_encode", 10)
+
+    def cursor_moves(r: Reconciler) -> int:
+        with CaptureQueriesContext(connection) as q:
+            assert r.step() == 9  # 3 accepted + 6 stage events
+        return sum(1 for x in q.captured_queries
+                   if x["sql"].startswith("UPDATE") and "streamcursor" in x["sql"].lower())
+
+    assert cursor_moves(Reconciler(block_ms=0)) == 1
+    assert _stream_counts() == {"applied": 9, "retried": 0, "held": 0, "dead": 0}
+    StreamCursor.objects.all().delete()  # read again in batches of 4: three of them
+    assert cursor_moves(Reconciler(block_ms=0, batch=4)) == 3
+    assert _stream_counts() == {"applied": 9, "retried": 0, "held": 0, "dead": 0}
+    assert all("finished" in Job.objects.get(uid=u).stage_times["text_encode"] for u in uids)

@@ -1,0 +1,104 @@
+"""The control plane's CPU per completed request, read from /proc (through psutil) over a window.
+
+Every process of a deployment that is not a stage worker is control plane: the Proxy, the reconciler,
+the web process, the webhook deliverer, Redis, etcd, the Node Manager, the TaskManager (``onepiece
+node`` itself) and ``onepiece up``'s supervisor. Each is named by a role and a pid; its descendants are
+counted with it (uvicorn's or Redis's forks), except stage workers (``engine.worker.proc``), which are
+the work and are summed apart. A process that starts inside the window counts from zero; one that ends
+inside it is missing from the figure (its CPU cannot be read after it is reaped), and said so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+WORKER_MARK = "engine.worker.proc"  # a stage worker's command line (the TaskManager's _spawn)
+WORKERS = "stage_workers"
+
+
+def _cpu(p: Any) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def _is_worker(p: Any) -> bool:
+    import psutil
+
+    try:
+        return WORKER_MARK in " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+class ControlPlaneMeter:
+    """``begin()`` and ``end(completed)`` around a saturated window; ``report()`` gives the figures."""
+
+    def __init__(self, roles: dict[str, int]) -> None:
+        self.roles = dict(roles)
+        self._start: dict[tuple[int, float], tuple[str, float]] = {}
+        self.result: dict[str, Any] = {}
+
+    def sample(self) -> dict[tuple[int, float], tuple[str, float]]:
+        """(pid, create time) -> (role, CPU seconds so far) for every process of every role, now. A process
+        below several roles' processes (the supervisor is everyone's parent) is its nearest one's."""
+        import psutil
+
+        by_pid = {pid: role for role, pid in self.roles.items()}
+        seen: dict[tuple[int, float], tuple[str, float]] = {}
+        for role, pid in self.roles.items():
+            try:
+                root = psutil.Process(pid)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue  # gone (restarted by the supervisor under a new pid): not counted
+            for p in tree:
+                try:
+                    nearest = next(a.pid for a in [p, *p.parents()] if a.pid in by_pid)
+                    if nearest != pid:
+                        continue  # another role's, counted with it
+                    key = (p.pid, p.create_time())
+                    seen[key] = (WORKERS if p is not root and _is_worker(p) else role, _cpu(p))
+                except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                    continue  # ended between the listing and the read
+        return seen
+
+    def begin(self) -> None:
+        self._start = self.sample()
+
+    def end(self, completed: int, seconds: float) -> None:
+        now = self.sample()
+        per_role: dict[str, float] = {role: 0.0 for role in self.roles}
+        per_role[WORKERS] = 0.0
+        for key, (role, cpu) in now.items():
+            per_role[role] = per_role.get(role, 0.0) + cpu - self._start.get(key, (role, 0.0))[1]
+        ended = [key[0] for key in self._start if key not in now]
+        n = max(1, completed)
+        control = {role: s * 1e3 / n for role, s in per_role.items() if role != WORKERS}
+        self.result = {
+            "control_plane_cpu_ms_per_request": sum(control.values()) if completed else None,
+            "control_plane_breakdown": {r: round(v, 3) for r, v in sorted(control.items(), key=lambda kv: -kv[1])},
+            "stage_workers_cpu_ms_per_request": per_role[WORKERS] * 1e3 / n if completed else None,
+            "control_plane_window_s": round(seconds, 3), "control_plane_window_completed": completed,
+            "control_plane_cores_busy": {r: round(per_role[r] / seconds, 3) for r in per_role} if seconds else {},
+            "control_plane_pids_ended": ended,
+        }
+
+    def report(self) -> dict[str, Any]:
+        return dict(self.result)
+
+
+def roles_from_state(state: str | Path) -> dict[str, int]:
+    """role -> pid of every process ``onepiece up`` supervises, from ``<state>/processes.json``, and the
+    supervisor itself; empty when the file is missing (an engine not started by ``onepiece up``)."""
+    from engine.embedded.supervisor import STATUS_FILE
+
+    try:
+        doc = json.loads((Path(state) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    roles = {name: int(c["pid"]) for name, c in doc.get("processes", {}).items() if c.get("pid")}
+    if doc.get("supervisor_pid"):
+        roles["supervisor"] = int(doc["supervisor_pid"])
+    return roles

@@ -1,0 +1,87 @@
+"""The control plane's CPU meter (``engine.bench.cpu``) over real processes: a role's CPU is its process
+tree's, stage workers below it are counted apart, and a window counts only what was spent inside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.bench.cpu import WORKER_MARK, ControlPlaneMeter, roles_from_state
+
+# burns CPU until it has spent the seconds given (process time, not wall time), says "done", then waits
+BURN = ("import sys, time\n"
+        "end = time.process_time() + float(sys.argv[1])\n"
+        "while time.process_time() < end: pass\n"
+        "print('done', flush=True); sys.stdin.read()\n")
+# a TaskManager stand-in: starts a stage worker (its command line carries the worker's module name) that
+# burns 0.4 s, burns 0.1 s itself, and says "done" after the worker said it
+NODE = ("import subprocess, sys, time\n"
+        f"w = subprocess.Popen([sys.executable, '-c', {BURN!r}, '0.4', '{WORKER_MARK}'],"
+        " stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
+        "assert w.stdout.readline().strip() == 'done'\n"
+        "end = time.process_time() + 0.1\n"
+        "while time.process_time() < end: pass\n"
+        "print('done', flush=True); sys.stdin.read(); w.stdin.close(); w.wait()\n")
+
+
+def _start(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def test_roles_trees_and_workers_apart(procs: list[subprocess.Popen[str]]) -> None:
+    # started idle: the window opens before any of the work
+    gate = "import sys; sys.stdin.readline()\n"
+    proxy = _start(gate + BURN, "0.3")
+    node = _start(gate + NODE)
+    procs += [proxy, node]
+    # this test's process stands for onepiece up's supervisor: everyone's parent, yet each child is its own role's
+    meter = ControlPlaneMeter({"supervisor": os.getpid(), "proxy": proxy.pid, "node": node.pid})
+    meter.begin()
+    for p in (proxy, node):
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for p in (proxy, node):
+        assert p.stdout is not None and p.stdout.readline().strip() == "done"
+    meter.end(completed=10, seconds=1.0)
+    r = meter.report()
+    b = r["control_plane_breakdown"]
+    assert set(b) == {"supervisor", "proxy", "node"}
+    # 0.3 s over 10 requests = 30 ms; interpreter start-up and the spawn add a little, never the worker's 40
+    assert 29 <= b["proxy"] <= 36, r
+    assert 9 <= b["node"] <= 25, r
+    assert 39 <= r["stage_workers_cpu_ms_per_request"] <= 50, r
+    assert r["control_plane_cpu_ms_per_request"] == pytest.approx(sum(b.values()), abs=0.01)
+
+
+def test_work_before_the_window_is_not_counted(procs: list[subprocess.Popen[str]]) -> None:
+    p = _start(BURN, "0.3")
+    procs.append(p)
+    assert p.stdout is not None and p.stdout.readline().strip() == "done"  # its CPU was spent before begin()
+    meter = ControlPlaneMeter({"redis": p.pid})
+    meter.begin()
+    meter.end(completed=5, seconds=1.0)
+    assert meter.report()["control_plane_breakdown"]["redis"] < 2.0
+
+
+def test_roles_from_state(tmp_path: Path) -> None:
+    assert roles_from_state(tmp_path) == {}
+    (tmp_path / "processes.json").write_text(json.dumps({
+        "supervisor_pid": 10, "processes": {"proxy": {"pid": 11}, "web": {"pid": None}, "redis": {"pid": 12}}}))
+    assert roles_from_state(tmp_path) == {"proxy": 11, "redis": 12, "supervisor": 10}
