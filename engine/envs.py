@@ -66,6 +66,11 @@ _VARS: dict[str, Callable[[], Any]] = {
     # How many nice levels below the node each stage worker runs (0..19; 0: off), so the Proxy, the
     # reconciler and the web process are not queued behind a denoise step. See engine.worker.priority.
     "WORKER_NICE": _str("ONEPIECE_WORKER_NICE", "10"),
+    # Step-level batching per stage (engine.worker.batching): "denoise=8,sd-t2i/denoise=4" requests share a
+    # step at most; unset stages take their spec's max_batch. ONEPIECE_BATCH_WAIT_MS: how long a new batch
+    # waits after its oldest request for more (default 0: later requests join at the next step).
+    "MAX_BATCH": _str("ONEPIECE_MAX_BATCH", None),
+    "BATCH_WAIT_MS": _str("ONEPIECE_BATCH_WAIT_MS", None),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
     # Seconds results, status hashes and cancel flags live in Redis.

@@ -132,6 +132,30 @@ class StageTiming:
         return pick(self.floor_s, 0.0), pick(self.factor, 1.0)
 
 
+@dataclass(frozen=True)
+class Batching:
+    """Step-level batching per stage (``onepiece node --max-batch STAGE=N --batch-wait-ms STAGE=T``): at most
+    N requests share a step, and a new batch waits T ms after its oldest request for more (0: joiners come at
+    step boundaries). Keys are a stage or ``workflow/stage``; unset stages take the spec's ``max_batch`` and 0."""
+
+    max_batch: dict[str, float] = field(default_factory=dict)
+    wait_ms: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, max_batch: str | None, wait_ms: str | None) -> Batching:
+        sizes = parse_stage_map(max_batch, "max batch")
+        bad = [k for k, v in sizes.items() if v < 1 or v != int(v)]
+        if bad:
+            raise ValueError(f"max batch: {bad[0]} needs a whole number >= 1")
+        return cls(sizes, parse_stage_map(wait_ms, "batch wait"))
+
+    def for_stage(self, workflow: str, stage: str) -> tuple[int, float]:
+        """(max batch, wait ms) of one stage: ``workflow/stage`` wins over ``stage``, over the spec."""
+        default = get_workflow(workflow).stage(stage).max_batch
+        size = self.max_batch.get(f"{workflow}/{stage}", self.max_batch.get(stage, default))
+        return int(size), self.wait_ms.get(f"{workflow}/{stage}", self.wait_ms.get(stage, 0.0))
+
+
 def default_assignment(model_dirs: dict[str, str], device: str | None = None,
                        step_delay_s: float = 0.0) -> Assignment:
     """One instance per stage of every workflow in ``model_dirs`` (what ``onepiece up`` runs)."""

@@ -50,7 +50,7 @@ from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
 from engine.embedded import children
 from engine.worker import priority
-from engine.worker.config import Assignment, InstanceSpec, StageTiming
+from engine.worker.config import Assignment, Batching, InstanceSpec, StageTiming
 from engine.worker.routes import Route, publish_route, withdraw_route
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
 from engine.workflow import get_workflow
@@ -102,6 +102,7 @@ class NodeSettings:
     result_ttl_s: int = 3600
     route_refresh_s: float = 1.0
     timing: StageTiming = field(default_factory=StageTiming)  # stretched stage times (benchmarks, tests)
+    batching: Batching = field(default_factory=Batching)  # step-level batching per stage (engine.worker.batching)
     transport: str = "shm"  # the inbox rings: "shm" (one host), "tcp" or "verbs" (reachable from other hosts)
     data_host: str = "127.0.0.1"  # tcp/verbs: the address peers reach this node's rings at
     workflow_set: str = "default"  # the node's home Workflow Set (the Node Manager may lend it to another)
@@ -262,6 +263,7 @@ class TaskManager:
         ready.unlink(missing_ok=True)
         inst.threads = self.thread_budget(inst)
         floor_s, factor = self.s.timing.for_stage(inst.spec.workflow, inst.spec.stage)
+        max_batch, wait_ms = self.s.batching.for_stage(inst.spec.workflow, inst.spec.stage)
         cfg = WorkerConfig(
             instance=inst.spec.id, workflow=inst.spec.workflow, stage=inst.spec.stage, model_dir=inst.model_dir,
             address=inst.address, redis_url=self.s.redis_url, etcd_url=self.s.etcd_url,
@@ -272,6 +274,7 @@ class TaskManager:
             route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
             stage_time_s=floor_s, stage_stretch=factor, collab_address=inst.collab,
             workflow_set=inst.spec.workflow_set, threads=inst.threads, nice=self.s.worker_nice,
+            max_batch=max_batch, batch_wait_ms=wait_ms,
         )
         env = apply_env(dict(os.environ), inst.threads)  # before the worker loads torch
         # its configuration holds the Redis and etcd passwords: in its environment, never on its command line
@@ -381,6 +384,8 @@ class TaskManager:
                                "restarts": inst.restarts, "startup": inst.startup, "threads": inst.threads,
                                # read live: what the scheduler applies now (an operator's renice included)
                                "nice": priority.niceness(inst.proc.pid) if inst.proc else None,
+                               # step-level batching: the most requests that may share a step here
+                               "max_batch": self.s.batching.for_stage(inst.spec.workflow, inst.spec.stage)[0],
                                "ring": local_backlog(inst.address) if inst.ready else None}
         try:
             stats = self.store.instance_stats(inst.spec.id) if self.store is not None else {}

@@ -43,6 +43,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-nice", default=None, metavar="N",
                    help="run every stage worker N nice levels below this node (0..19, 0: off), so the Proxy, the "
                    "reconciler and the web process are not queued behind a stage (default: ONEPIECE_WORKER_NICE or 10)")
+    p.add_argument("--max-batch", default=None, metavar="STAGE=N,...",
+                   help="step-level batching: at most N requests share a step of STAGE or WORKFLOW/STAGE (1: one "
+                   "at a time; default: the spec's, 8 for sd-t2i's denoise; ONEPIECE_MAX_BATCH)")
+    p.add_argument("--batch-wait-ms", default=None, metavar="STAGE=T,...",
+                   help="a new batch waits up to T ms after its oldest request for more (default 0: later ones "
+                   "join at the next step; ONEPIECE_BATCH_WAIT_MS)")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
                    help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
     p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
@@ -54,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def settings_from(args: argparse.Namespace, etcd_url: str, redis_url: str) -> NodeSettings:
     """The node's settings: each option, else its ``ONEPIECE_*`` variable, else the default. Raises
     ValueError (or KeyError) for a value that does not parse."""
-    from engine.worker.config import StageTiming
+    from engine.worker.config import Batching, StageTiming
     from engine.worker.manager import NodeSettings
     from engine.worker.priority import parse_nice
     from engine.worker.threads import parse_threads
@@ -73,6 +79,7 @@ def settings_from(args: argparse.Namespace, etcd_url: str, redis_url: str) -> No
         route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing, transport=args.transport or envs.TRANSPORT,
         data_host=args.data_host or envs.BIND_HOST, workflow_set=args.workflow_set or envs.WORKFLOW_SET,
         threads_per_instance=threads, worker_nice=nice,
+        batching=Batching.parse(args.max_batch or envs.MAX_BATCH, args.batch_wait_ms or envs.BATCH_WAIT_MS),
     )
 
 

@@ -76,6 +76,10 @@ class StageSpec:
     #: one instance: a stage whose model makes the two predictions in separate calls (Wan2.1), not one
     #: that batches them into one call (SD's UNet: batch 2 and two batch-1 calls differ in the last bits).
     cfg_parallel: bool = False
+    #: Step-level batching (engine.worker.batching): how many requests share a step by default, for a stage
+    #: whose executor steps (engine.stages.base.SteppedStage) and gives batched requests their solo bytes;
+    #: 1: one at a time. Chosen by measurement (benchmarks/e2e.md); ``onepiece node --max-batch`` overrides.
+    max_batch: int = 1
 
 
 @dataclass(frozen=True)

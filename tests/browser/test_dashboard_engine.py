@@ -139,6 +139,11 @@ def test_submitted_jobs_move_live_to_completed_with_timeline_and_image(platform_
         budget = max(1, usable_cores() // len(get_workflow(WF).route()))
         cell = page.wait_for_selector(f'[data-node="browser-node"] tr[data-instance="{WF}.denoise.0"] td.threads')
         assert cell.inner_text() == str(budget)
+        # the most requests that may share a step there, as the node reports it (the spec's, unless set)
+        row = f'[data-node="browser-node"] tr[data-instance="{WF}.denoise.0"]'
+        want = get_workflow(WF).stage("denoise").max_batch
+        assert page.inner_text(f"{row} td.batch") == str(want)
+        assert page.inner_text(f"{row} td.nice") != "–"
         shot(page, "engine-cluster")
         page.click('nav a[data-view="jobs"]')
         page.evaluate("window.__noReload = true")

@@ -35,12 +35,14 @@ function renderNodes(nodes, drained) {
         return `<tr data-instance="${esc(id)}"><td>${esc(id)}</td><td>${esc(i.stage)}</td>` +
           `<td>${pct(i.utilisation == null ? null : i.utilisation * 100)}</td><td>${secs(i.last_stage_s)}</td>` +
           `<td class="threads" title="CPU threads this instance may use (its thread budget)">${esc(i.threads || "–")}</td>` +
+          `<td class="batch" title="the most requests that may share one step here (step-level batching)">` +
+          `${esc(i.max_batch || 1)}</td><td class="nice" title="nice levels below its node">${esc(i.nice ?? "–")}</td>` +
           `<td>${esc(i.requests ?? "–")}</td><td>${i.ready === false ? "starting" : "ready"}</td></tr>`;
       }).join("");
       return `<article class="node" data-node="${esc(name)}"><h3>${esc(name)}` +
         `${drained.includes(name) ? ' <span class="badge">drained</span>' : ""}</h3>${deviceRows(n)}` +
         `<table class="instances"><thead><tr><th>instance</th><th>stage</th><th>util</th><th>last stage</th>` +
-        `<th>CPU threads</th><th>requests</th><th>state</th></tr></thead><tbody>${rows}</tbody></table></article>`;
+        `<th>CPU threads</th><th>max batch</th><th>nice</th><th>requests</th><th>state</th></tr></thead><tbody>${rows}</tbody></table></article>`;
     }).join("");
   }
   document.getElementById("device-count").textContent = `${names.length} nodes · ${devices} devices`;

@@ -1,0 +1,31 @@
+"""onepiece node --max-batch / --batch-wait-ms reach each stage worker's configuration."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from engine.worker.config import Batching
+from engine.worker.node_cli import add_arguments, settings_from
+
+
+def test_defaults_come_from_the_spec_and_flags_override_per_stage_or_workflow_stage() -> None:
+    b = Batching()
+    assert b.for_stage("sd-t2i", "denoise") == (8, 0.0)  # measured: 1.51x the requests/s at 8 (64x64)
+    assert b.for_stage("sd-t2i", "text_encode") == (1, 0.0)
+    assert b.for_stage("wan2.1-t2v", "denoise") == (1, 0.0)  # its transformer's batch of 2 differs in bytes
+    b = Batching.parse("denoise=4,sd-t2i/denoise=2", "denoise=5")
+    assert b.for_stage("sd-t2i", "denoise") == (2, 5.0) and b.for_stage("wan2.1-t2v", "denoise") == (4, 5.0)
+    for bad in ("denoise=0", "denoise=2.5", "denoise", "=3"):
+        with pytest.raises(ValueError):
+            Batching.parse(bad, None)
+
+
+def test_the_node_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    s = settings_from(p.parse_args(["--max-batch", "denoise=3", "--batch-wait-ms", "denoise=20"]), "http://e", "redis://r")
+    assert s.batching.for_stage("sd-t2i", "denoise") == (3, 20.0)
+    s = settings_from(p.parse_args([]), "http://e", "redis://r")
+    assert s.batching.for_stage("sd-t2i", "denoise") == (8, 0.0)
