@@ -310,6 +310,11 @@ def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -
 
         shutil.rmtree(scratch, ignore_errors=True)
     found = {w: str(root / w) for w in workflows() if (root / w / "model_index.json").exists()}
+    if args.models is None:  # tiny models of an earlier run: their serving defaults, if they predate them
+        from engine.stages.tiny import ensure_serving
+
+        for w, folder in found.items():
+            ensure_serving(Path(folder), w)
     if getattr(args, "workflows", None):
         wanted = [w.strip() for w in args.workflows.split(",") if w.strip()]
         unknown = [w for w in wanted if w not in found]

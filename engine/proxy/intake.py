@@ -170,7 +170,7 @@ class Intake:
         runs out of room). ``limits(workflow)``: the loaded model's parameter limits
         (:mod:`engine.workflow.limits`; the Proxy's come with the routes), None where unknown: the spec's
         own apply. ``price(spec, params)``: the request's seconds of stage work as measured on this
-        deployment (:mod:`engine.proxy.pricing`), None where nothing was measured yet."""
+        deployment (:mod:`engine.workflow.pricing`), None where nothing was measured yet."""
         self.max_image_bytes = max_image_bytes
         self.max_image_pixels = max_image_pixels
         self.monitor = monitor

@@ -147,7 +147,7 @@ class SteppedStage(StageExecutor):
     one model call per step (step-level batching, :mod:`engine.worker.batching`): a request joins at a step
     boundary and leaves when its own steps are done, whatever the others' step counts.
 
-    ``run`` is ``begin``, ``step`` until ``remaining`` is 0, then ``end``: a request served alone takes
+    ``run`` is ``begin``, ``step`` until ``progress`` says every step is done, then ``end``: a request served alone takes
     exactly the code path it takes in a batch of one. Contract: ``step(states)`` advances every state by
     one step and gives each the same bytes it would get stepped alone (checked per stage by the tests;
     ``batch_key`` returns None for requests where that does not hold, and those run alone).

@@ -177,15 +177,33 @@ WAN_SERVING = {"defaults": {"width": 224, "height": 128, "num_frames": 81},
 def _serving(build: Callable[[Path, int], Path], serving: dict[str, Any]) -> Callable[[Path, int], Path]:
     """``build``, then the folder's serving defaults (engine.workflow.limits.SERVING_FILE)."""
     def run(out: Path, seed: int = 0) -> Path:
-        import json
-
-        from engine.workflow.limits import SERVING_FILE
-
         folder = build(out, seed)
-        (folder / SERVING_FILE).write_text(json.dumps(serving, indent=2) + "\n")
+        write_serving(folder, serving)
         return folder
 
     return run
+
+
+def write_serving(folder: Path, serving: dict[str, Any]) -> None:
+    import json
+
+    from engine.workflow.limits import SERVING_FILE
+
+    (folder / SERVING_FILE).write_text(json.dumps(serving, indent=2) + "\n")
+
+
+SERVING = {"wan2.1-i2v": WAN_SERVING, "wan2.1-t2v": WAN_SERVING}
+
+
+def ensure_serving(folder: Path, workflow: str) -> bool:
+    """Give a tiny model folder built before serving defaults existed its own (``onepiece up`` reuses the
+    tiny models of an earlier run); True if it wrote one."""
+    from engine.workflow.limits import SERVING_FILE
+
+    if workflow not in SERVING or (folder / SERVING_FILE).exists():
+        return False
+    write_serving(folder, SERVING[workflow])
+    return True
 
 
 BUILDERS: dict[str, Callable[[Path, int], Path]] = {

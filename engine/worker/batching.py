@@ -10,8 +10,9 @@ keeps its own seed, scheduler, progress, cancel, deadline and error:
 
 * a cancelled or expired request leaves the batch at the next step boundary;
 * a batched step that raises starts every request of the batch again from its
-  first step (a request's output depends only on its own inputs), each stepped
-  alone once before it shares again, so a failing request fails alone and the
+  first step (a request's output depends only on its own inputs), and each
+  steps alone to its end (an error that only a batch meets, such as running out
+  of device memory, must not recur), so a failing request fails alone and the
   others complete, none lost or repeated;
 * a request that cannot share (``batch_key`` None, or another key while a
   batch runs) waits in arrival order; while one waits no newer request joins,
@@ -59,7 +60,7 @@ class Active:
     began: float
     share_s: float = 0.0  # this request's share of the steps' time
     widest: int = 1  # the largest batch it stepped in
-    alone: bool = False  # its batch failed: it starts again and steps alone once before it shares again
+    alone: bool = False  # a batch it was in failed: it starts again and steps alone to its end
 
 
 def joiners(active_key: Hashable | None, active: int, waiting: list[Hashable | None], max_batch: int) -> int:
@@ -92,7 +93,7 @@ class StepBatcher:
         self.max_batch, self.wait_s, self.recv_batch = max(1, max_batch), max(0.0, wait_s), recv_batch
         self.waiting: deque[Waiting] = deque()
         self.active: list[Active] = []
-        self.sizes: list[int] = []  # the batch size of every step taken (metrics, tests)
+        self.sizes: deque[int] = deque(maxlen=1024)  # the batch sizes of the last steps taken (tests, debugging)
 
     # -- the loop ---------------------------------------------------------------------------------
     def serve(self, should_stop: Callable[[], bool]) -> None:
@@ -151,8 +152,8 @@ class StepBatcher:
     # -- one request's life ---------------------------------------------------------------------------
     def _begin(self, w: Waiting) -> None:
         h = w.msg.header
-        run = self.w.open_run(h)
         try:
+            run = self.w.open_run(h)
             values = self.w.values_of(w.msg)
             inputs = {k: values[k] for k in self.w.spec.stage(self.w.config.stage).inputs}
             self.active.append(Active(w, run, values, self.ex.begin(inputs, h.params), time.perf_counter()))
@@ -207,7 +208,6 @@ class StepBatcher:
         spent = time.perf_counter() - t0
         self.sizes.append(len(group))
         for a in group:
-            a.alone = False  # it steps on its own: proven, it may share again (the broken one fails alone)
             a.share_s += spent / len(group)
             a.widest = max(a.widest, len(group))
             done, total = self.ex.progress(a.state)
@@ -216,6 +216,7 @@ class StepBatcher:
                 self._finish(a)
 
     def _group(self) -> list[Active]:
+        """Who steps now: a request that must step alone (oldest first) or every sharing one."""
         alone = [a for a in self.active if a.alone]
         return alone[:1] if alone else list(self.active)
 
@@ -240,9 +241,12 @@ class StepBatcher:
         h = a.w.msg.header
         try:
             out = self.ex.end(a.state)
-            self.w.close_run(h, a.run, a.values, out, time.perf_counter() - a.began, a.widest)
+            # its share of the steps is what it cost the instance (pricing, the deadline check, Theorem 1);
+            # the wall time since it began (others' shares included) is only reported
+            self.w.close_run(h, a.run, a.values, out, a.share_s, a.widest, wall_s=time.perf_counter() - a.began)
             self.w._record(a.share_s)
         except Exception as exc:
+            self.w.errored(h, exc)
             self.active.remove(a)
             self._fail(a.w, exc)
             return

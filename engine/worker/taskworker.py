@@ -58,7 +58,8 @@ class Run:
 
 
 def stage_failed(stage: str, exc: BaseException) -> str:
-    """The public detail of a job failed by ``exc`` in ``stage``: ``stage_failed: <stage>: <kind>``."""
+    """The public detail of a job failed by ``exc`` in ``stage``: ``stage_failed: the <stage> stage failed
+    (<kind of error>); ...`` (the message and traceback stay in the log and the stage run)."""
     return f"{STAGE_FAILED}: the {stage} stage failed ({type(exc).__name__}); the request was not completed"
 
 
@@ -140,7 +141,9 @@ class TaskWorker:
         What the ring holds is taken as one batch (``recv_many``: a run of records verified by one
         native call) and handled in ring order, with ``should_stop()`` checked between messages as
         before. Each message is still released on its own, last, by :meth:`handle`: a stop or a crash
-        in the middle of a batch leaves the rest unreleased, exactly like messages not yet taken.
+        in the middle of a batch leaves the rest unreleased, exactly like messages not yet taken. A stage
+        that steps (SteppedStage) with ``max_batch`` > 1 is served by :class:`engine.worker.batching.StepBatcher`
+        instead, under the same release rule.
         """
         from engine.stages.base import SteppedStage
 
@@ -316,8 +319,10 @@ class TaskWorker:
         return True
 
     def close_run(self, h: wm.Header, run: Run, values: dict[str, Any], out: dict[str, Any], elapsed: float,
-                  batch: int = 1) -> None:
-        """The stage's outputs handed on (or the result written), timed and sampled for pricing."""
+                  batch: int = 1, wall_s: float | None = None) -> None:
+        """The stage's outputs handed on (or the result written), timed and sampled for pricing. ``elapsed``:
+        the seconds the request cost the instance (its share of batched steps); ``wall_s``: since it began,
+        when that differs (reported in the stage_finished event)."""
         from engine.stages.components import values_to_message
 
         uid, st, costs, share = h.uid, self.config.stage, run.costs, run.share
@@ -340,7 +345,8 @@ class TaskWorker:
         # Before the hand-off (or the terminal event): once the next stage has the message it may finish
         # the job before this line runs, and the stream must show this stage's end first.
         self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (run.before + share) / run.total),
-                         detail=f"{elapsed:.3f}s{helped}" + (f" batch={batch}" if batch > 1 else ""))
+                         detail=f"{elapsed if wall_s is None else wall_s:.3f}s{helped}"
+                                + (f" batch={batch}" if batch > 1 else ""))
         if self.next_stage is None:
             self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
         else:

@@ -95,16 +95,24 @@ def merge(a: Overrides | None, b: Overrides | None) -> Overrides | None:
     return out
 
 
+def _whole(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return int(value) if float(value).is_integer() else None
+
+
 def parse(raw: Any) -> Overrides | None:
-    """Overrides as published (JSON), or None when malformed: a bad entry never widens a limit."""
+    """Overrides as published (JSON: whole numbers, ints or integral floats), or None when the document is
+    not a mapping of mappings. An entry that does not parse is left out, so where a publisher's document
+    is malformed the spec's own bounds apply to that parameter (and the stage refuses what its model cannot
+    run, as ``stage_failed``): never a 500 at intake. Readers log a malformed document."""
     if not isinstance(raw, dict):
         return None
     out: Overrides = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict):
             return None
-        kept = {k: entry[k] for k in ("default", "maximum") if isinstance(entry.get(k), int)
-                and not isinstance(entry.get(k), bool)}
+        kept = {k: v for k in ("default", "maximum") if (v := _whole(entry.get(k))) is not None}
         if kept:
             out[str(name)] = {**kept, "why": str(entry.get("why", ""))}
     return out

@@ -36,14 +36,13 @@ MAX_SAMPLES = 64  # a worker's recent runs that its fit is made of
 
 @dataclass(frozen=True)
 class Fit:
-    """Per-step seconds ``alpha + beta * u`` for ``u`` up to ``u_max`` (the largest run seen), and the
-    fixed seconds of a run besides its steps (``fixed``); ``n`` runs behind it."""
+    """Per-step seconds ``alpha + beta * u`` for ``u`` up to ``u_max`` (the largest run seen); ``n`` runs
+    behind it. A run's time besides its steps is folded into them (the fit is of seconds per step)."""
 
     alpha: float
     beta: float
     u_max: float
     n: int
-    fixed: float = 0.0
 
     def per_step(self, u: float, growth: float) -> float:
         if u <= self.u_max or self.u_max <= 0:
@@ -52,11 +51,10 @@ class Fit:
         return (self.alpha + self.beta * self.u_max) * (u / self.u_max) ** growth
 
     def predict(self, u: float, steps: float, growth: float) -> float:
-        return self.fixed + max(1.0, steps) * self.per_step(u, growth)
+        return max(1.0, steps) * self.per_step(u, growth)
 
     def to_json(self) -> str:
-        return json.dumps({"alpha": self.alpha, "beta": self.beta, "u_max": self.u_max, "n": self.n,
-                           "fixed": self.fixed})
+        return json.dumps({"alpha": self.alpha, "beta": self.beta, "u_max": self.u_max, "n": self.n})
 
     @staticmethod
     def from_json(raw: str | bytes | None) -> Fit | None:
@@ -64,10 +62,10 @@ class Fit:
             return None
         try:
             d = json.loads(raw)
-            fit = Fit(float(d["alpha"]), float(d["beta"]), float(d["u_max"]), int(d["n"]), float(d.get("fixed", 0)))
+            fit = Fit(float(d["alpha"]), float(d["beta"]), float(d["u_max"]), int(d["n"]))
         except (ValueError, KeyError, TypeError):
             return None
-        ok = all(x >= 0 and x == x and x != float("inf") for x in (fit.alpha, fit.beta, fit.u_max, fit.fixed))
+        ok = all(x >= 0 and x == x and x != float("inf") for x in (fit.alpha, fit.beta, fit.u_max))
         return fit if ok and fit.n > 0 else None
 
 

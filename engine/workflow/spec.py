@@ -259,9 +259,15 @@ class WorkflowSpec:
         params = []
         for p in self.params:
             o = overrides.get(p.name) or {}
-            maximum = p.maximum if "maximum" not in o or p.maximum is None else min(p.maximum, o["maximum"])
+            maximum = p.maximum
+            if "maximum" in o:
+                maximum = o["maximum"] if p.maximum is None else min(p.maximum, o["maximum"])
             why = str(o.get("why", "")) if maximum != p.maximum else p.why
             default = o.get("default", p.default)
+            if isinstance(default, (int, float)) and not isinstance(default, bool) and p.type in (int, float):
+                # a default is always one the bounds take: never a 400 on a field the client did not send
+                default = max(p.minimum if p.minimum is not None else default,
+                              min(maximum if maximum is not None else default, default))
             params.append(replace(p, maximum=maximum, default=default, why=why))
         out = replace(self, params=tuple(params))
         cache[key] = (self, out)

@@ -127,7 +127,7 @@ class StrictCharField(serializers.CharField):
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, str):
-            self.fail("invalid")
+            raise serializers.ValidationError(f"must be a string, got {type(data).__name__}")
         return super().to_internal_value(data)
 
 

@@ -62,12 +62,13 @@ def model_limits(configs: limits.Configs) -> limits.Overrides:
         limits.tighten(out, name, rope * patch * spatial, f"{src}: at most {rope} patches of {patch * spatial} px")
     frames = (rope // max(1, pt) - 1) * temporal + 1
     limits.tighten(out, "num_frames", frames, f"{src}: at most {rope // max(1, pt)} latent frames")
-    height, width = (p.default for p in PARAMS if p.name in ("height", "width"))
+    default = {p.name: p.default for p in PARAMS}
+    height, width = default["height"], default["width"]
     scale = min(1.0, out["width"]["maximum"] / width, out["height"]["maximum"] / height)
     if scale < 1.0:  # both sides shrink by the same factor: the default clip keeps its shape
         out["width"]["default"] = limits.fit_default(int(width * scale), out["width"]["maximum"], SIZE_MULTIPLE)
         out["height"]["default"] = limits.fit_default(int(height * scale), out["height"]["maximum"], SIZE_MULTIPLE)
-    out["num_frames"]["default"] = min(81, frames)
+    out["num_frames"]["default"] = min(default["num_frames"], frames)
     return out
 
 

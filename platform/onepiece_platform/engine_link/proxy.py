@@ -40,7 +40,7 @@ class ProxyEngineClient(EngineClient):
         self.timeout = float(timeout if timeout is not None else conf.get("PROXY_TIMEOUT_S"))
         self._chosen: dict[str, tuple[float, str]] = {}
         self._etcd: Any = None
-        self._limits: tuple[float, dict[str, Any]] | None = None  # (when asked, workflow -> limits)
+        self._limits: dict[str, tuple[float, dict[str, Any] | None]] = {}  # workflow -> (when asked, limits)
 
     def _base_for(self, workflow: str | None) -> str:
         if self.base != DISCOVER:
@@ -122,20 +122,27 @@ class ProxyEngineClient(EngineClient):
         return doc
 
     def limits(self, workflow: str) -> dict[str, dict[str, Any]] | None:
-        """The Proxy's ``GET /v1/workflows`` (the limits its routes carry), asked at most every
-        :data:`LIMITS_TTL_S`; None while it cannot be asked (the Proxy checks every request again)."""
+        """The loaded model's limits for ``workflow`` as the Proxy that would take its submissions has them
+        (its ``GET /v1/workflows``, from its routes), reused for :data:`LIMITS_TTL_S`; a workflow the Proxy
+        has none for yet (no route published) is asked again after a second, never cached as "none". None
+        while no Proxy answers (the Proxy checks every request again). Malformed entries are dropped
+        (engine.workflow.limits.parse): never a 500 here."""
+        from engine.workflow import limits as model_limits
+
         now = time.monotonic()
-        if self._limits is None or now - self._limits[0] > LIMITS_TTL_S:
-            try:
-                code, raw, _ = self._call("GET", "/v1/workflows")
-                found = self._json(raw).get("workflows") if code == 200 else None
-            except EngineError as exc:
-                log.warning("cannot read the loaded models' limits: %s", exc)
-                found = None
-            if not isinstance(found, dict):
-                return self._limits[1].get(workflow) if self._limits else None
-            self._limits = (now, {k: (v.get("limits") or None) for k, v in found.items() if isinstance(v, dict)})
-        return self._limits[1].get(workflow)
+        got = self._limits.get(workflow)
+        if got is not None and now - got[0] < (LIMITS_TTL_S if got[1] is not None else 1.0):
+            return got[1]
+        try:
+            code, raw, _ = self._send(self._base_for(workflow), "GET", "/v1/workflows", None)
+            found = self._json(raw).get("workflows") if code == 200 else None
+        except (EngineError, EngineRejected) as exc:
+            log.warning("cannot read the loaded models' limits: %s", exc)
+            return got[1] if got is not None else None
+        entry = found.get(workflow) if isinstance(found, dict) else None
+        parsed = model_limits.parse(entry.get("limits")) if isinstance(entry, dict) else None
+        self._limits[workflow] = (now, parsed or None)
+        return parsed or None
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
                deadline_s: float | None = None, uid: str | None = None) -> Accepted:

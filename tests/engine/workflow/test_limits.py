@@ -93,3 +93,13 @@ def test_every_hop_must_fit_the_ring_of_the_stage_it_enters() -> None:
     with pytest.raises(BadRequest) as e:
         intake.check_fits(ticket, 1 << 20, lambda wf, stage: (4 << 20) if stage == "video_encode" else None)
     assert e.value.status == 413 and e.value.field == "num_frames" and "video_encode" in str(e.value)
+
+
+def test_bound_defaults_stay_within_the_bounds_and_whole_floats_parse() -> None:
+    spec = get_workflow("wan2.1-t2v")
+    # a published default above the model's maximum is brought within it: never a 400 on an unsent field
+    bound = spec.bound({"num_frames": {"maximum": 41, "default": 81}})
+    assert bound.resolve_params({"prompt": "x"})["num_frames"] == 41
+    assert lim.parse({"width": {"maximum": 512.0, "default": 224.0}}) == {"width": {"maximum": 512, "default": 224,
+                                                                                    "why": ""}}
+    assert lim.parse({"width": {"maximum": 512.5}}) == {}

@@ -186,5 +186,10 @@ class WorkflowListView(APIView):
 
     @extend_schema(operation_id="listWorkflows", responses={200: WorkflowSerializer(many=True), **_errors(401)})
     def get(self, request: Request) -> Response:
+        from onepiece_platform.engine_link.client import get_engine
+
         limits = limits_for(request.user.pk).__dict__
-        return Response([describe_workflow(spec, limits) for _, spec in sorted(workflows().items())])
+        engine = get_engine()
+        # the parameters as the loaded models allow them (their defaults and bounds), where the engine says
+        return Response([describe_workflow(spec.bound(engine.limits(name)), limits)
+                         for name, spec in sorted(workflows().items())])
