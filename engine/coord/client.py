@@ -28,8 +28,10 @@ id and refreshes, revokes and reads it through whichever endpoint is up.
 
 Watches (``watch``, ``watch_prefix``, ``watch_once``, ``watch_prefix_once``)
 are opened on the preferred endpoint after checking that it answers; a
-watch's stream stays on that endpoint. The engine does not use watches (route
-tables and assignments are polled), so nothing depends on re-opening them.
+watch's stream stays on that endpoint. The engine's route tables watch through
+:class:`engine.coord.watch.PrefixWatch` (on :meth:`FailoverClient.member`),
+whose end shows, and open their watches again (on whichever member answers)
+when one ends.
 
 Credentials: an endpoint URL may carry a user and password, as Redis URLs do
 (``http://onepiece:s3cret@10.0.0.2:2379``; percent-encode reserved characters).
@@ -268,6 +270,10 @@ class FailoverClient:
         assert error is not None
         raise error
 
+    def member(self) -> Any:
+        """The ``etcd3gw`` client of a member that answers now (a stream, a watch, stays on one member)."""
+        return self._call(lambda c: (c.status(), c)[1])
+
     # leases ------------------------------------------------------------------------------------
     def lease(self, ttl: int = 30) -> FailoverLease:
         """Grant a lease of ``ttl`` seconds (through whichever endpoint answers)."""
@@ -285,8 +291,7 @@ class FailoverClient:
             raise AttributeError(name)
         if name in self._WATCHES:
             def watch(*args: Any, **kwargs: Any) -> Any:
-                client = self._call(lambda c: (c.status(), c)[1])  # a member that answers now
-                return getattr(client, name)(*args, **kwargs)
+                return getattr(self.member(), name)(*args, **kwargs)
             return watch
 
         def call(*args: Any, **kwargs: Any) -> Any:

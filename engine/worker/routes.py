@@ -12,15 +12,24 @@ Read from (keys: :mod:`engine.coord.keys`)::
 A TaskManager publishes a route once the instance's worker is ready and removes
 it when the instance is stopped; routes are bound to the node's lease, so a
 node that dies takes its routes with it. Readers (workers, the Proxy) keep a
-:class:`RouteTable`: a cached copy that a background thread refreshes every
-``refresh_s`` (:meth:`RouteTable.start`), so the etcd round trip is never on a
-request's path. Without the thread (tests, tools) the cache refreshes lazily.
+:class:`RouteTable`: a cached copy kept by a background thread
+(:meth:`RouteTable.start`), so the etcd round trip is never on a request's path.
+The thread watches the three prefixes (:class:`engine.coord.watch.PrefixWatch`)
+and applies each change from the watch's event itself (no read), and reads them
+all again once every ``full_read_s`` (30 s) as a safety net: etcd's load is a
+watch stream per prefix and reader and a read per reader every 30 s, not three
+reads per reader and second (every worker and the Proxy polled every second
+before, a load that grew with every instance added). When a watch cannot be opened or breaks
+(etcd restarted, a member lost), the thread says so once and polls every
+``refresh_s`` until a watch opens again. Without the thread (tests, tools) the
+cache refreshes lazily, every ``refresh_s``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -28,9 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.coord.keys import Keyspace, read_prefix
+from engine.coord.watch import Change, PrefixWatch, WatchEnded
 from engine.workflow import limits as model_limits
 
 log = logging.getLogger(__name__)
+FULL_READ_S = 30.0  # the safety net under the watches: every prefix read again this often anyway
 
 @dataclass(frozen=True)
 class Route:
@@ -93,8 +104,13 @@ class RouteTable:
     """
 
     def __init__(self, client: Any, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 workflow_set: str | None = None, keys: Keyspace | None = None) -> None:
+                 workflow_set: str | None = None, keys: Keyspace | None = None, watch: bool = True,
+                 full_read_s: float = FULL_READ_S) -> None:
         self.client = client
+        self.watch = watch  # False: the background thread polls every refresh_s (as before watches)
+        self.full_read_s = full_read_s
+        self._changed = threading.Event()  # a watch saw a change, or ended
+        self.watching = False  # the thread keeps the cache from watches now (not polling)
         self.keys = keys or Keyspace.from_env()
         self._failing = False  # the last refresh failed (logged once per outage)
         self.workflow_set = workflow_set  # a set's Proxy or worker sees only that set's routes (None: all)
@@ -105,6 +121,8 @@ class RouteTable:
         self._modes: dict[str, str] = {}
         self._service: dict[str, dict[str, float]] = {}  # workflow -> stage -> the stage time the NM used
         self._fetched = -1e18
+        self._raw: dict[str, dict[str, Any]] = {}  # what the cache was built from: prefix -> {key: value}
+        self._malformed: set[str] = set()  # routes whose published limits did not parse (logged once)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,13 +137,107 @@ class RouteTable:
 
     def stop(self) -> None:
         self._stop.set()
+        self._changed.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.refresh_s):
+        while not self._stop.is_set():
+            if self.watch:
+                try:
+                    self._serve_watched()
+                    continue  # stopped, or a watch went quiet: open them again
+                except Exception as exc:  # etcd away, a member lost, a refused watch: poll meanwhile
+                    log.warning("routes: etcd watch failed (%s); polling every %.1fs until a watch opens again",
+                                exc, self.refresh_s)
+            self._poll(self.full_read_s if self.watch else float("inf"))
+
+    def _poll(self, for_s: float) -> None:
+        """Read every ``refresh_s`` for ``for_s`` (then the watches are tried again)."""
+        until = time.monotonic() + for_s
+        while time.monotonic() < until and not self._stop.wait(self.refresh_s):
             self._try_refresh()
+
+    def _prefixes(self) -> list[str]:
+        found = [self.keys.routes(), self.keys.capacities()]
+        return found + ([self.keys.set_capacities(self.workflow_set)] if self.workflow_set is not None else [])
+
+    def _serve_watched(self) -> None:
+        """Keep the cache from watches until stopped (returns), a watch goes quiet (returns: open them
+        again) or one fails (raises :class:`WatchEnded`)."""
+        watches: list[PrefixWatch] = []
+        readers: list[threading.Thread] = []
+        ended: list[WatchEnded] = []  # this round's: a reader of an earlier round, closed, may still append there
+        changes: queue.SimpleQueue[tuple[str, list[Change]]] = queue.SimpleQueue()  # (prefix, its changes)
+        try:
+            for prefix in self._prefixes():
+                watches.append(PrefixWatch(self.client, prefix, quiet_s=3 * self.full_read_s))
+            self._changed.clear()
+            for w in watches:
+                readers.append(threading.Thread(target=self._read_watch, args=(w, changes, ended),
+                                                name="onepiece-routes-watch", daemon=True))
+                readers[-1].start()
+            self._try_refresh()  # after the watches opened: a change between this read and them is not missed
+            self.watching = True
+            next_full = time.monotonic() + self.full_read_s
+            while not self._stop.is_set():
+                changed = self._changed.wait(max(0.0, next_full - time.monotonic()))
+                self._changed.clear()
+                if self._stop.is_set():
+                    return
+                if ended:
+                    if all(e.quiet for e in ended):
+                        return
+                    raise next(e for e in ended if not e.quiet)
+                if changed:
+                    self._apply(changes)  # from the events themselves: no read
+                else:
+                    self._try_refresh()  # the safety net's time: the prefixes read again
+                    next_full = time.monotonic() + self.full_read_s
+        finally:
+            self.watching = False
+            for w in watches:
+                w.close()
+            for t in readers:  # each wakes from its closed stream at once
+                t.join(timeout=5)
+
+    def _apply(self, changes: queue.SimpleQueue[tuple[str, list[Change]]]) -> None:
+        """The watches' changes, in their order, applied to a copy of what the cache was built from."""
+        raw = {p: dict(v) for p, v in self._raw.items()}
+        applied = 0
+        while True:
+            try:
+                prefix, batch = changes.get_nowait()
+            except queue.Empty:
+                break
+            kept = raw.setdefault(prefix, {})
+            for c in batch:
+                applied += 1
+                name = c.key[len(prefix):]
+                if c.value is None:
+                    kept.pop(name, None)
+                    continue
+                try:
+                    kept[name] = json.loads(c.value)
+                except ValueError:  # as read_prefix does: a malformed value is left out, never fatal
+                    log.warning("ignoring a malformed value at %s", c.key)
+                    kept.pop(name, None)
+        if applied:
+            self._install(raw)
+
+    def _read_watch(self, w: PrefixWatch, changes: queue.SimpleQueue[tuple[str, list[Change]]],
+                    ended: list[WatchEnded]) -> None:
+        try:
+            for batch in w.changes():
+                changes.put((w.prefix, batch))
+                self._changed.set()
+        except WatchEnded as exc:  # told to the serving loop, which decides: open again, or poll
+            ended.append(exc)
+        except Exception as exc:  # a bug in reading: the same, never a silently dead watch
+            log.exception("routes: reading the watch on %s failed", w.prefix)
+            ended.append(WatchEnded(f"{type(exc).__name__}: {exc}"))
+        self._changed.set()
 
     def _try_refresh(self) -> None:
         try:
@@ -140,8 +252,13 @@ class RouteTable:
             self._failing = False
 
     def refresh(self) -> None:
+        """Read every prefix again (start, the safety net, polling)."""
+        self._install({p: read_prefix(self.client, p) for p in self._prefixes()})
+
+    def _install(self, raw: dict[str, dict[str, Any]]) -> None:
+        """Serve ``raw`` (prefix -> {key under it: parsed value}) from now on."""
         found: dict[tuple[str, str], list[Route]] = {}
-        for name, data in read_prefix(self.client, self.keys.routes()).items():  # a malformed one is skipped
+        for name, data in raw.get(self.keys.routes(), {}).items():  # a malformed one is skipped
             parts = name.split("/")
             if len(parts) != 3 or not isinstance(data, dict):
                 continue
@@ -149,7 +266,7 @@ class RouteTable:
             found.setdefault((workflow, stage), []).append(
                 Route(workflow, stage, instance, str(data["address"]), str(data.get("node", "")),
                       int(data.get("generation", 0)), str(data.get("collab", "")), str(data.get("set", "default")),
-                      model_limits.parse(data.get("limits")) or {}, _int(data.get("max_message"))))
+                      self._parsed_limits(name, data.get("limits")), _int(data.get("max_message"))))
         if self.workflow_set is not None:
             found = {k: [r for r in rs if r.workflow_set == self.workflow_set] for k, rs in found.items()}
         for rs in found.values():
@@ -157,7 +274,7 @@ class RouteTable:
         capacity: dict[str, float] = {}
         modes: dict[str, str] = {}
         service: dict[str, dict[str, float]] = {}
-        for workflow, body in read_prefix(self.client, self.keys.capacities()).items():
+        for workflow, body in raw.get(self.keys.capacities(), {}).items():
             try:
                 capacity[workflow] = float(body["rps"])
                 modes[workflow] = str(body.get("mode", "individual"))
@@ -165,12 +282,13 @@ class RouteTable:
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         if self.workflow_set is not None:  # a set's own capacity, where the Node Manager published one
-            for workflow, body in read_prefix(self.client, self.keys.set_capacities(self.workflow_set)).items():
+            for workflow, body in raw.get(self.keys.set_capacities(self.workflow_set), {}).items():
                 try:
                     capacity[workflow] = float(body["rps"])
                 except (ValueError, KeyError, TypeError):
                     continue
         with self._lock:
+            self._raw = raw
             self._routes = found
             self._capacity = capacity
             self._modes = modes
@@ -187,6 +305,15 @@ class RouteTable:
         """Requests/s the Node Manager measured ``workflow`` sustains now, if it published one."""
         with self._lock:
             return self._capacity.get(workflow)
+
+    def _parsed_limits(self, name: str, raw: Any) -> dict[str, dict[str, Any]]:
+        found = model_limits.parse(raw) if raw is not None else {}
+        if found is None:
+            if name not in self._malformed:  # said once per route: the spec's own bounds apply meanwhile
+                self._malformed.add(name)
+                log.warning("routes: %s publishes malformed model limits %r; the spec's own apply", name, raw)
+            return {}
+        return found
 
     def limits(self, workflow: str) -> dict[str, dict[str, Any]] | None:
         """The loaded model's parameter limits for ``workflow``: the strictest over its published instances
