@@ -137,11 +137,19 @@ def _load_pipeline(model_dir: str, device: str) -> Any:
     return pipe
 
 
-def _one_call(pipe: Any, params: dict[str, Any], device: str) -> None:
+def _one_call(pipe: Any, params: dict[str, Any], device: str, batch: int = 1) -> None:
+    """One call of the pipeline; with ``batch`` > 1, that many requests in one call (a prompt and a generator
+    each: what a batching monolith serves)."""
     import torch
 
     p = {k: v for k, v in params.items() if k != "seed"}
-    pipe(generator=torch.Generator(device="cpu").manual_seed(params.get("seed", 0)), output_type="np", **p)
+    seed = params.get("seed", 0)
+    if batch > 1:
+        p["prompt"] = [p["prompt"]] * batch
+        generator: Any = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(batch)]
+    else:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+    pipe(generator=generator, output_type="np", **p)
     if device == "cuda":
         torch.cuda.synchronize()
 
@@ -182,8 +190,9 @@ def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> tuple[l
 
 
 def _monolith_worker(model_dir: str, params: dict[str, Any], threads: int, device: str, ready: Any, go: Any,
-                     window: tuple[float, float] | Any, out: Any) -> None:
-    """One monolithic replica: the whole pipeline per request, with its share of the cores."""
+                     window: tuple[float, float] | Any, out: Any, batch: int = 1) -> None:
+    """One monolithic replica: the whole pipeline per request (or per ``batch`` requests), with its share of
+    the cores."""
     from engine.worker.threads import apply_env
 
     apply_env(os.environ, threads)  # as a stage worker's budget, before torch loads (spawned: nothing is yet)
@@ -191,28 +200,29 @@ def _monolith_worker(model_dir: str, params: dict[str, Any], threads: int, devic
 
     torch.set_num_threads(threads)
     pipe = _load_pipeline(model_dir, device)
-    _one_call(pipe, params, device)  # warm-up
+    _one_call(pipe, params, device, batch)  # warm-up
     ready.put(os.getpid())
     go.wait()
     seconds = window.value
     done, t_end = 0, time.perf_counter() + seconds
     while time.perf_counter() < t_end:
-        _one_call(pipe, params, device)
-        done += 1
+        _one_call(pipe, params, device, batch)
+        done += batch
     out.put(done)
 
 
-def monolith_capacity(model_dir: str, params: dict[str, Any], seconds: float, device: str = "cpu"
-                      ) -> tuple[float, int, dict[int, float]]:
-    """(requests/s, best K, requests/s per K): the one-call pipeline in K processes on the same cores."""
+def monolith_capacity(model_dir: str, params: dict[str, Any], seconds: float, device: str = "cpu",
+                      batch: int = 1, ks: list[int] | None = None) -> tuple[float, int, dict[int, float]]:
+    """(requests/s, best K, requests/s per K): the one-call pipeline in K processes on the same cores, each
+    call serving ``batch`` requests."""
     ctx = mp.get_context("spawn")
     per_k: dict[int, float] = {}
     cores = _cores()
-    for k in range(1, cores + 1):
+    for k in ks or range(1, cores + 1):
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         window = ctx.Value("d", seconds)
         procs = [ctx.Process(target=_monolith_worker, daemon=True,
-                             args=(model_dir, params, max(1, cores // k), device, ready, go, window, out))
+                             args=(model_dir, params, max(1, cores // k), device, ready, go, window, out, batch))
                  for _ in range(k)]
         for p in procs:
             p.start()
@@ -399,7 +409,7 @@ def hogs(n: int) -> Any:
 
 def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadline_s: float, hog: int = 0,
         saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS,
-        processes: dict[str, int] | None = None) -> dict[str, Any]:
+        processes: dict[str, int] | None = None, batches: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
     """Every figure; ``processes`` (role -> pid of the engine's processes) adds the control plane's CPU per
     completed request while saturated (:mod:`engine.bench.cpu`)."""
     from engine.workflow import get_workflow
@@ -424,6 +434,9 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         if hog:
             out["hog_vs_quiet_p50"] = med / out["staged_latency_p50_quiet_s"]
         mono, k, per_k = monolith_capacity(model_dir, params, seconds, device)
+        # the one-call pipeline batched at its best batch size (with the K processes found best above)
+        by_batch = {b: monolith_capacity(model_dir, params, seconds, device, b, [k])[0] for b in batches}
+        best_b = max(by_batch, key=lambda b: by_batch[b]) if by_batch else 1
         meter = ControlPlaneMeter(processes) if processes else None
         capacity, windows = asyncio.run(saturate(proxy, workflow, params, saturate_in_flight, seconds, meter=meter))
         if meter is not None:
@@ -431,7 +444,10 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         out.update(capacity_windows_rps=windows, monolith_capacity_rps=mono, monolith_processes=k,
                    monolith_rps_by_processes={str(kk): v for kk, v in per_k.items()},
                    capacity_rps=capacity, saturate_in_flight=saturate_in_flight,
-                   staged_vs_monolith_capacity=capacity / mono)
+                   staged_vs_monolith_capacity=capacity / mono,
+                   batched_monolith_rps_by_batch={str(b): v for b, v in by_batch.items()},
+                   batched_monolith_batch=best_b, batched_monolith_capacity_rps=by_batch.get(best_b),
+                   staged_vs_batched_monolith_capacity=capacity / by_batch[best_b] if by_batch else None)
         rows = []
         for i, f in enumerate(loads):
             r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s))
@@ -486,6 +502,10 @@ def main(args: Any) -> int:
     print(f"capacity: {r['capacity_rps']:.2f} requests/s at saturation ({r['saturate_in_flight']} in flight) vs "
           f"monolith {r['monolith_capacity_rps']:.2f} requests/s ({r['monolith_processes']} process(es)) = "
           f"{r['staged_vs_monolith_capacity']:.2f}x; open-loop requests carry a {r['deadline_s']:.0f} s deadline")
+    if r.get("staged_vs_batched_monolith_capacity") is not None:
+        print(f"batched monolith: {r['batched_monolith_capacity_rps']:.2f} requests/s at batch "
+              f"{r['batched_monolith_batch']} (its best of {', '.join(r['batched_monolith_rps_by_batch'])}) = "
+              f"{r['staged_vs_batched_monolith_capacity']:.2f}x")
     if r.get("control_plane_cpu_ms_per_request") is not None:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in r["control_plane_breakdown"].items())
         print(f"control plane: {r['control_plane_cpu_ms_per_request']:.1f} ms CPU per completed request at "

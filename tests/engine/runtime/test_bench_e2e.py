@@ -20,17 +20,20 @@ def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Pat
     processes = {"proxy": cluster.proxy_proc.pid, "node": cluster.node.pid, "redis": redis_server.proc.pid,
                  "etcd": etcd_server.proc.pid}
     r = e2e.run(cluster.proxy, str(tiny_models["sd-t2i"]), "sd-t2i", n=3, seconds=1.5, deadline_s=10.0,
-                hog=1, saturate_in_flight=6, loads=(1.0, 10.0), processes=processes)
+                hog=1, saturate_in_flight=6, loads=(1.0, 10.0), processes=processes, batches=(2,))
     # the control plane's CPU per completed request while saturated, per process, the workers apart
     assert set(r["control_plane_breakdown"]) == set(processes), r["control_plane_breakdown"]
     assert r["control_plane_breakdown"]["proxy"] > 0 and r["stage_workers_cpu_ms_per_request"] > 0
-    assert r["control_plane_cpu_ms_per_request"] == sum(r["control_plane_breakdown"].values())
+    assert r["control_plane_cpu_ms_per_request"] == pytest.approx(sum(r["control_plane_breakdown"].values()))
     for name in ("staged_latency_p50_s", "staged_latency_p50_quiet_s", "hog_vs_quiet_p50", "one_call_latency_p50_s",
-                 "added_per_hop_ms", "capacity_rps", "monolith_capacity_rps", "staged_vs_monolith_capacity"):
+                 "added_per_hop_ms", "capacity_rps", "monolith_capacity_rps", "staged_vs_monolith_capacity",
+                 "batched_monolith_capacity_rps", "staged_vs_batched_monolith_capacity"):
         assert isinstance(r[name], float), (name, r.get(name))
     assert r["capacity_rps"] > 0 and r["monolith_capacity_rps"] > 0 and r["hog"] == 1
     assert set(r["one_call_p50_by_threads"]) == {str(t) for t in range(1, r["cores"] + 1)}
     assert len(r["capacity_windows_rps"]) >= 2
+    # the one-call pipeline batched: a prompt and a generator per request, in one call
+    assert r["batched_monolith_batch"] == 2 and set(r["batched_monolith_rps_by_batch"]) == {"2"}
     for row in r["open_loop"]:
         for name in ("offered", "accepted", "completed_in_deadline", "completed_late", "expired", "refused",
                      "reject_latency_p99_ms", "goodput_x_capacity"):
