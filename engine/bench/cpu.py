@@ -78,7 +78,8 @@ class ControlPlaneMeter:
         control = {role: s * 1e3 / n for role, s in per_role.items() if role != WORKERS}
         self.result = {
             "control_plane_cpu_ms_per_request": sum(control.values()) if completed else None,
-            "control_plane_breakdown": {r: round(v, 3) for r, v in sorted(control.items(), key=lambda kv: -kv[1])},
+            # unrounded: the total is their sum
+            "control_plane_breakdown": dict(sorted(control.items(), key=lambda kv: -kv[1])),
             "stage_workers_cpu_ms_per_request": per_role[WORKERS] * 1e3 / n if completed else None,
             "control_plane_window_s": round(seconds, 3), "control_plane_window_completed": completed,
             "control_plane_cores_busy": {r: round(per_role[r] / seconds, 3) for r in per_role} if seconds else {},
