@@ -97,6 +97,8 @@ class StepBatcher:
 
     # -- the loop ---------------------------------------------------------------------------------
     def serve(self, should_stop: Callable[[], bool]) -> None:
+        """Serve until ``should_stop()``; then the requests already stepping are finished (as the plain path
+        finishes the request at hand) and those not begun stay unreleased, like messages not yet taken."""
         while not should_stop():
             idle = not self.active and not self.waiting
             self.take(0.1 if idle else 0.0)
@@ -107,6 +109,8 @@ class StepBatcher:
             if self.active:
                 self.step()
             self.w.last_active = time.monotonic()
+        while self.active:
+            self.step()
 
     def take(self, timeout: float) -> None:
         """Decode and admit what the inbox holds (waiting up to ``timeout`` for a first message)."""

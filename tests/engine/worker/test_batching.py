@@ -215,3 +215,56 @@ def test_a_step_that_fails_only_in_a_batch_does_not_loop(redis_server: Any, etcd
     assert done == want and _D.released == 3  # each finished once, with its own result, released once
     assert steps.calls.count(3) == 3 and max(steps.calls[3:]) == 1  # after the failure, alone to the end
     store.close()
+
+
+def test_a_stop_finishes_the_requests_stepping_and_leaves_the_rest_unreleased() -> None:
+    """SIGTERM mid-batch: the requests already stepping are finished and handed on (as the plain path
+    finishes the request at hand); one not begun stays unreleased, for the next incarnation."""
+    from engine.stages.base import StageContext
+    from engine.worker.batching import StepBatcher, Waiting
+    from engine.worker.taskworker import Run
+
+    steps = _Steps()
+    done: dict[str, int] = {}
+    released: list[str] = []
+
+    class _Ring:
+        def recv_many(self, n: int, timeout: float) -> list[Any]:
+            return []
+
+    class _Worker:
+        spec = SPEC
+        config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
+                              redis_url="", etcd_url="")
+        consumer = _Ring()
+        handled = 0
+        last_active = 0.0
+
+        def open_run(self, h: Any) -> Any:
+            return Run({}, 0.0, 0.0, 1.0, StageContext())
+
+        def values_of(self, msg: Any) -> dict[str, Any]:
+            return {"prompt_embeds": None, "negative_prompt_embeds": None}
+
+        def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
+            done[h.uid] = out["x"]
+
+        def _record(self, s: float) -> None:
+            pass
+
+    class _D:
+        def __init__(self, uid: str) -> None:
+            self.uid = uid
+
+        def release(self) -> None:
+            released.append(self.uid)
+
+    batcher = StepBatcher(_Worker(), steps, 2)  # type: ignore[arg-type]
+    for seed in range(3):  # two share a batch; the third waits for room
+        h = wm.Header(uid=f"u{seed}", workflow="sd-t2i", stage="denoise", route=SPEC.route(),
+                      params={"num_inference_steps": 2 if seed else 4, "seed": seed})
+        batcher.waiting.append(Waiting(_D(f"u{seed}"), wm.Message(h, {}, {}), "all"))  # type: ignore[arg-type]
+    calls = iter([False, True])  # one turn of the loop, then SIGTERM
+    batcher.serve(lambda: next(calls, True))
+    assert sorted(done) == ["u0", "u1"] and sorted(released) == ["u0", "u1"]  # finished, handed on, released
+    assert [w.msg.header.uid for w in batcher.waiting] == ["u2"] and not batcher.active  # never begun: kept
