@@ -117,11 +117,18 @@ def test_sigkill_of_the_denoise_worker_mid_request(cluster: Cluster, tiny_models
 
 
 def test_a_deadline_denoise_cannot_meet_stops_it(cluster: Cluster) -> None:
-    """100 steps take > 5 s here; with 2 s left, denoise either stops between steps when the deadline
-    passes or, once it has served a request of this kind (an earlier test may have), does not start it at
-    all, since even its fastest run would end too late. Either way nothing reaches vae_decode. (The check
-    between steps itself: tests/engine/stages/test_denoise_control.py.)"""
-    uid = cluster.submit("sd-t2i", SLOW, deadline_s=2.0)
+    """100 steps take > 5 s here; with 2 s left, the request never reaches vae_decode: the Proxy refuses it
+    at once when the stages it needs have published their measured times (an earlier test's requests
+    priced it: engine/workflow/pricing.py); else denoise either stops between steps when the deadline
+    passes or, once it has served a request of this kind, does not start it at all, since even its fastest
+    run would end too late. (The check between steps itself: tests/engine/stages/test_denoise_control.py.)"""
+    status, doc, headers = cluster.call("POST", "/v1/requests", {"workflow": "sd-t2i", "params": SLOW,
+                                                                 "inputs": {}, "deadline_s": 2.0})
+    if status == 503:  # priced at intake: nothing entered the engine
+        assert "of stage work here" in doc["error"] and int(headers["Retry-After"]) >= 1, doc
+        return
+    assert status == 202, doc
+    uid = str(doc["uid"])
     done = cluster.wait(uid, {"expired", "completed", "failed", "cancelled"}, timeout=60)
     assert done["state"] == "expired", done
     stopped = [e for e in cluster.events(uid) if e["type"] == "stage_stopped"]

@@ -108,12 +108,16 @@ def _until(what: str, check: Any, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_watched_table_takes_changes_from_the_watch_and_reads_nothing(etcd: Any, etcd_server: Any) -> None:
+def test_a_watched_table_takes_changes_from_the_watch_and_reads_nothing(tmp_path: Any) -> None:
     import json
     import threading
 
     from engine.coord.keys import Keyspace
+    from engine.embedded import EtcdServer
 
+    # an etcd of its own: the session's member serves other tests' tables too, whose reads it would count
+    server = EtcdServer("etcd", tmp_path / "etcd").start()
+    etcd, etcd_server = etcd_client(server.url), server
     # refresh_s is what it would poll at: 40 reads a second, if it polled
     table = RouteTable(etcd, refresh_s=0.05).start()
     try:
@@ -137,6 +141,7 @@ def test_a_watched_table_takes_changes_from_the_watch_and_reads_nothing(etcd: An
             f"sd-t2i.denoise.{i}" for i in range(1, 5)]
     finally:
         table.stop()
+        server.stop()
 
 
 def test_a_broken_watch_falls_back_to_polling_with_a_warning_then_watches_again(
