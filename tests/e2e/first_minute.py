@@ -5,6 +5,7 @@ too large for its wait is refused at once instead of answered 504 after it."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import time
@@ -72,8 +73,6 @@ def check_other_clients(lines: dict[str, str], client: openai.OpenAI, png: bytes
         "output_format": "jpeg", "output_compression": 90, "quality": "standard", "style": "natural",
         "background": "auto", "moderation": "auto", "stream": False, "num_inference_steps": 3})
     assert img.status_code == 200, img.text
-    import base64
-
     decoded = Image.open(io.BytesIO(base64.b64decode(img.json()["data"][0]["b64_json"])))
     assert decoded.format == "JPEG" and decoded.size == (64, 64)
 

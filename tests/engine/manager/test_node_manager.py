@@ -44,7 +44,8 @@ def cluster(etcd_server):
 
 def _manager(client, key, clock, **cfg) -> NodeManager:
     e = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=2, key=key)
-    assert e.try_acquire() is not None or True
+    # every test makes its manager while nobody leads (a deposed one's lease is revoked first): it must win
+    assert e.try_acquire() is not None, "another candidate holds the election key"
     return NodeManager(client, e, ManagerConfig(workflows={WF: "/models/sd"}, root=ROOT, **cfg), clock=clock)
 
 

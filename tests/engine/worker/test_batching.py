@@ -155,53 +155,67 @@ class _Steps:
         return {"x": state["x"]}
 
 
-def test_a_step_that_fails_only_in_a_batch_does_not_loop(redis_server: Any, etcd_server: Any) -> None:
-    from engine.worker.batching import StepBatcher
+class _FakeWorker:
+    """The TaskWorker calls a StepBatcher makes, recorded: each handed-on result in ``done``."""
 
-    store = JobStore.from_url(redis_server.url, ttl=60)
-    steps = _Steps()
-    done: dict[str, int] = {}
+    spec = SPEC
+    config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
+                          redis_url="", etcd_url="")
 
-    class _Worker:  # the TaskWorker calls the batcher makes, recorded
-        spec = SPEC
-        config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
-                              redis_url="", etcd_url="")
-        handled = 0
-        last_active = 0.0
+    def __init__(self) -> None:
+        self.done: dict[str, int] = {}
+        self.handled = 0
+        self.last_active = 0.0
+        self.consumer = self  # an inbox that never holds anything new
 
-        def open_run(self, h: Any) -> Any:
-            from engine.stages.base import StageContext
-            from engine.worker.taskworker import Run
+    def recv_many(self, n: int, timeout: float) -> list[Any]:
+        return []
 
-            return Run({}, 0.0, 0.0, 1.0, StageContext())
+    def open_run(self, h: Any) -> Any:
+        from engine.stages.base import StageContext
+        from engine.worker.taskworker import Run
 
-        def values_of(self, msg: Any) -> dict[str, Any]:
-            return {"prompt_embeds": None, "negative_prompt_embeds": None}
+        return Run({}, 0.0, 0.0, 1.0, StageContext())
 
-        def close_run(self, h: Any, run: Any, values: Any, out: Any, elapsed: float, batch: int = 1,
-                      wall_s: float | None = None) -> None:
-            done[h.uid] = out["x"]
+    def values_of(self, msg: Any) -> dict[str, Any]:
+        return {"prompt_embeds": None, "negative_prompt_embeds": None}
 
-        def _record(self, s: float) -> None:
-            pass
+    def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
+        self.done[h.uid] = out["x"]
 
-        def errored(self, h: Any, exc: Exception) -> None:
-            raise AssertionError(f"{h.uid} failed: {exc}")
+    def _record(self, s: float) -> None:
+        pass
 
-    class _D:
-        released = 0
+    def errored(self, h: Any, exc: Exception) -> None:
+        raise AssertionError(f"{h.uid} failed: {exc}")
 
-        def release(self) -> None:
-            _D.released += 1
 
-    batcher = StepBatcher(_Worker(), steps, 4)  # type: ignore[arg-type]
+class _Delivery:
+    """A ring delivery that records its release."""
+
+    def __init__(self, uid: str, released: list[str]) -> None:
+        self.uid, self.released = uid, released
+
+    def release(self) -> None:
+        self.released.append(self.uid)
+
+
+def _waiting(batcher: Any, uid: str, steps: int, seed: int, released: list[str]) -> None:
     from engine.worker.batching import Waiting
 
+    h = wm.Header(uid=uid, workflow="sd-t2i", stage="denoise", route=SPEC.route(),
+                  params={"num_inference_steps": steps, "seed": seed})
+    batcher.waiting.append(Waiting(_Delivery(uid, released), wm.Message(h, {}, {}), "all"))  # type: ignore[arg-type]
+
+
+def test_a_step_that_fails_only_in_a_batch_does_not_loop() -> None:
+    from engine.worker.batching import StepBatcher
+
+    steps, worker, released = _Steps(), _FakeWorker(), []
+    batcher = StepBatcher(worker, steps, 4)  # type: ignore[arg-type]
     want = {}
     for seed in range(3):
-        h = wm.Header(uid=f"u{seed}", workflow="sd-t2i", stage="denoise", route=SPEC.route(),
-                      params={"num_inference_steps": 5, "seed": seed})
-        batcher.waiting.append(Waiting(_D(), wm.Message(h, {}, {}), "all"))  # type: ignore[arg-type]
+        _waiting(batcher, f"u{seed}", 5, seed, released)
         x = seed
         for _ in range(5):
             x = x * 3 + 1
@@ -212,59 +226,21 @@ def test_a_step_that_fails_only_in_a_batch_does_not_loop(redis_server: Any, etcd
         batcher.admit_joiners()
         if batcher.active:
             batcher.step()
-    assert done == want and _D.released == 3  # each finished once, with its own result, released once
+    # each finished once, with its own result, and released once
+    assert worker.done == want and sorted(released) == ["u0", "u1", "u2"]
     assert steps.calls.count(3) == 3 and max(steps.calls[3:]) == 1  # after the failure, alone to the end
-    store.close()
 
 
 def test_a_stop_finishes_the_requests_stepping_and_leaves_the_rest_unreleased() -> None:
     """SIGTERM mid-batch: the requests already stepping are finished and handed on (as the plain path
     finishes the request at hand); one not begun stays unreleased, for the next incarnation."""
-    from engine.stages.base import StageContext
-    from engine.worker.batching import StepBatcher, Waiting
-    from engine.worker.taskworker import Run
+    from engine.worker.batching import StepBatcher
 
-    steps = _Steps()
-    done: dict[str, int] = {}
-    released: list[str] = []
-
-    class _Ring:
-        def recv_many(self, n: int, timeout: float) -> list[Any]:
-            return []
-
-    class _Worker:
-        spec = SPEC
-        config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
-                              redis_url="", etcd_url="")
-        consumer = _Ring()
-        handled = 0
-        last_active = 0.0
-
-        def open_run(self, h: Any) -> Any:
-            return Run({}, 0.0, 0.0, 1.0, StageContext())
-
-        def values_of(self, msg: Any) -> dict[str, Any]:
-            return {"prompt_embeds": None, "negative_prompt_embeds": None}
-
-        def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
-            done[h.uid] = out["x"]
-
-        def _record(self, s: float) -> None:
-            pass
-
-    class _D:
-        def __init__(self, uid: str) -> None:
-            self.uid = uid
-
-        def release(self) -> None:
-            released.append(self.uid)
-
-    batcher = StepBatcher(_Worker(), steps, 2)  # type: ignore[arg-type]
+    steps, worker, released = _Steps(), _FakeWorker(), []
+    batcher = StepBatcher(worker, steps, 2)  # type: ignore[arg-type]
     for seed in range(3):  # two share a batch; the third waits for room
-        h = wm.Header(uid=f"u{seed}", workflow="sd-t2i", stage="denoise", route=SPEC.route(),
-                      params={"num_inference_steps": 2 if seed else 4, "seed": seed})
-        batcher.waiting.append(Waiting(_D(f"u{seed}"), wm.Message(h, {}, {}), "all"))  # type: ignore[arg-type]
+        _waiting(batcher, f"u{seed}", 2 if seed else 4, seed, released)
     calls = iter([False, True])  # one turn of the loop, then SIGTERM
     batcher.serve(lambda: next(calls, True))
-    assert sorted(done) == ["u0", "u1"] and sorted(released) == ["u0", "u1"]  # finished, handed on, released
+    assert sorted(worker.done) == ["u0", "u1"] and sorted(released) == ["u0", "u1"]  # finished, handed on, released
     assert [w.msg.header.uid for w in batcher.waiting] == ["u2"] and not batcher.active  # never begun: kept
