@@ -86,7 +86,7 @@ def check_priced_admission(lines: dict[str, str], client: openai.OpenAI, state: 
     small = {"workflow": "sd-t2i", "params": {"prompt": "a small one", "height": 64, "width": 64,
                                               "num_inference_steps": 3}}
     uids = []
-    for _ in range(6):
+    for _ in range(3):  # the demo user's quota runs 4 jobs at once: 3 queued small ones and the large one
         req = urllib.request.Request(lines["web"] + "api/v1/jobs", data=json.dumps(small).encode(), headers=auth,
                                      method="POST")
         with urllib.request.urlopen(req, timeout=30) as r:
