@@ -64,7 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", type=Path, default=None,
                    help="folder with one model folder per workflow (default: tiny models built in the state dir)")
     p.add_argument("--workflows", default=None, metavar="NAME[,NAME...]",
-                   help="serve only these workflows (default: every workflow with a model folder); each workflow "
+                   help="serve these workflows, or all (default: sd-t2i and the Wan2.1 pair on tiny models, every "
+                   "workflow with a folder under --models); each workflow "
                    "costs one worker process per stage, each ~430 MB and seconds of imports")
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per stage inbox ring")
     p.add_argument("--spare-slots", type=int, default=0, metavar="N",
@@ -288,8 +289,30 @@ def _ensure_admin(manage: list[str], env: dict[str, str], state: Path) -> tuple[
 
 
 
+# What `onepiece up` serves on its own tiny models without --workflows: the first workflows, which every
+# test and demo uses. Each workflow costs worker processes (~430 MB each) on a small machine; the others
+# (make-tiny builds them on demand) are one flag away: --workflows NAME,... or --workflows all.
+DEFAULT_WORKFLOWS = ("sd-t2i", "wan2.1-i2v", "wan2.1-t2v")
+
+
+def _wanted(args: argparse.Namespace) -> list[str] | None:
+    """The workflows --workflows names (every known one for ``all``); None without the flag."""
+    from engine.workflow import workflows
+
+    text = (getattr(args, "workflows", None) or "").strip()
+    if not text:
+        return None
+    if text == "all":
+        return sorted(workflows())
+    wanted = [w.strip() for w in text.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in workflows()]
+    if unknown:
+        raise ServiceError(f"--workflows: unknown workflow {', '.join(unknown)} (known: {', '.join(sorted(workflows()))})")
+    return wanted
+
+
 def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -> dict[str, str]:
-    """workflow -> model folder; builds the tiny models once (with progress bars) when none are given.
+    """workflow -> model folder; builds the tiny models it serves once (with progress bars) when none are given.
 
     The build goes to a scratch folder renamed into place, so an interrupted
     first run never leaves a half-written model behind.
@@ -297,26 +320,35 @@ def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -
     from engine.workflow import workflows
 
     root = (args.models or state / "models").resolve()
-    if args.models is None and not all((root / w / "model_index.json").exists() for w in workflows()):
-        _say(f"building tiny models into {root} (first run only)")
-        scratch = state / f"models.tmp-{os.getpid()}"
-        subprocess.run([sys.executable, "-m", "engine.cli", "models", "make-tiny", "--out", str(scratch)],
-                       env=env, check=True, cwd=REPO_ROOT, stdout=subprocess.DEVNULL)
-        root.mkdir(parents=True, exist_ok=True)
-        for folder in scratch.iterdir():
-            if not (root / folder.name).exists():
-                folder.rename(root / folder.name)
-        import shutil
+    wanted = _wanted(args)
+    if args.models is None:
+        from engine.stages.tiny import BUILDERS
 
-        shutil.rmtree(scratch, ignore_errors=True)
+        serve = wanted if wanted is not None else list(DEFAULT_WORKFLOWS)
+        missing = [w for w in serve if w in BUILDERS and not (root / w / "model_index.json").exists()]
+        if missing:
+            _say(f"building tiny models ({', '.join(missing)}) into {root} (first run only)")
+            scratch = state / f"models.tmp-{os.getpid()}"
+            for w in missing:
+                subprocess.run([sys.executable, "-m", "engine.cli", "models", "make-tiny", "--workflow", w,
+                                "--out", str(scratch / w)], env=env, check=True, cwd=REPO_ROOT,
+                               stdout=subprocess.DEVNULL)
+            root.mkdir(parents=True, exist_ok=True)
+            for folder in scratch.iterdir():
+                if not (root / folder.name).exists():
+                    folder.rename(root / folder.name)
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
     found = {w: str(root / w) for w in workflows() if (root / w / "model_index.json").exists()}
     if args.models is None:  # tiny models of an earlier run: their serving defaults, if they predate them
         from engine.stages.tiny import ensure_serving
 
         for w, folder in found.items():
             ensure_serving(Path(folder), w)
-    if getattr(args, "workflows", None):
-        wanted = [w.strip() for w in args.workflows.split(",") if w.strip()]
+    if wanted is None and args.models is None:
+        wanted = [w for w in DEFAULT_WORKFLOWS if w in found]
+    if wanted is not None:
         unknown = [w for w in wanted if w not in found]
         if unknown:
             raise ServiceError(f"--workflows: no model folder for {', '.join(unknown)} under {root} "

@@ -27,3 +27,19 @@ def test_workflows_picks_a_subset_and_refuses_one_without_a_model(tmp_path: Path
     (tmp_path / "wan2.1-t2v" / "model_index.json").unlink()
     with pytest.raises(ServiceError, match="no model folder for wan2.1-t2v"):
         _ensure_models(_args(tmp_path, "--workflows", "wan2.1-t2v"), {}, tmp_path)
+
+
+def test_tiny_models_serve_the_first_workflows_unless_asked_and_all_names_every_one(tmp_path: Path) -> None:
+    from engine.launcher import DEFAULT_WORKFLOWS
+    from engine.workflow import workflows
+
+    models = tmp_path / "models"
+    for name in workflows():  # as if make-tiny had built every one already (nothing is built here)
+        (models / name).mkdir(parents=True)
+        (models / name / "model_index.json").write_text("{}")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert set(_ensure_models(parser.parse_args([]), {}, tmp_path)) == set(DEFAULT_WORKFLOWS)
+    assert set(_ensure_models(parser.parse_args(["--workflows", "all"]), {}, tmp_path)) == set(workflows())
+    with pytest.raises(ServiceError, match="unknown workflow no-such-model"):
+        _ensure_models(parser.parse_args(["--workflows", "sd-t2i,no-such-model"]), {}, tmp_path)
