@@ -71,6 +71,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     # waits after its oldest request for more (default 0: later requests join at the next step).
     "MAX_BATCH": _str("ONEPIECE_MAX_BATCH", None),
     "BATCH_WAIT_MS": _str("ONEPIECE_BATCH_WAIT_MS", None),
+    # Benchmarks only: comma-separated modules whose SPEC is registered beside engine.workflow.specs' (the
+    # single-stage sd-t2i of `onepiece bench e2e`, engine.bench.single_stage); unset for every user deployment.
+    "BENCH_WORKFLOWS": _str("ONEPIECE_BENCH_WORKFLOWS", None),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
     # Seconds results, status hashes and cancel flags live in Redis.
@@ -112,6 +115,10 @@ _VARS: dict[str, Callable[[], Any]] = {
     "STAGE_STRETCH": _str("ONEPIECE_STAGE_STRETCH", None),
     # ... and ONEPIECE_STEP_TIME_S "denoise=0.05" adds that much after each denoising step (time grows with steps)
     "STEP_TIME_S": _str("ONEPIECE_STEP_TIME_S", None),
+    # LoRA adapters (engine.adapters): the store folder every node, the Proxy and the platform read (default
+    # <state dir>/adapters), and how many adapters a denoise instance keeps loaded (its LRU; --max-adapters).
+    "ADAPTER_STORE": _str("ONEPIECE_ADAPTER_STORE", None),
+    "MAX_ADAPTERS": _int("ONEPIECE_MAX_ADAPTERS", 8),
 }
 
 

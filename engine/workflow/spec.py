@@ -288,6 +288,12 @@ class WorkflowSpec:
         typo never silently falls back to a default.
         """
         known = {p.name: p for p in self.params}
+        adapters = None
+        if "lora" in params:  # LoRA adapters per request: names of the operators' registry (engine.adapters)
+            from engine.adapters.request import resolve_lora
+
+            adapters = resolve_lora(self.name, params["lora"])
+            params = {k: v for k, v in params.items() if k != "lora"}
         unknown = sorted(set(params) - set(known))
         if unknown:
             raise InvalidRequest(unknown[0], f"unknown parameter(s) for {self.name}: {', '.join(unknown)}")
@@ -321,6 +327,8 @@ class WorkflowSpec:
                 raise InvalidRequest(p.name, f"{p.name} must be <= {p.maximum:g} for {self.name}{why}, got {value}")
             out[p.name] = value
         self.check(out)
+        if adapters:
+            out["lora"] = adapters
         return out
 
     def validate_request(self, params: Mapping[str, Any], inputs: Mapping[str, bytes | bytearray | memoryview],

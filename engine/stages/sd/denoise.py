@@ -15,14 +15,23 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine.adapters.request import adapter_set
 from engine.stages.base import SteppedStage
 from engine.stages.components import TorchStage, load_component, read_config
+
+#: how long a step with no request ready (each waits for its own adapter's read) blocks on the loader
+ADAPTER_WAIT_S = 0.05
 
 
 class SDDenoise(TorchStage, SteppedStage):
     """``prompt_embeds`` + ``negative_prompt_embeds`` -> ``denoised`` latents."""
 
     components: ClassVar[tuple[str, ...]] = ("unet", "scheduler")
+    #: the workflow whose adapters this stage applies (engine.adapters.registry.ADAPTABLE)
+    workflow: ClassVar[str] = "sd-t2i"
+    #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
+    max_adapters: int | None = None
+    hot: Any = None  # engine.adapters.hot.HotAdapters, made on the first request with adapters
 
     def _load(self, model_dir: Path) -> None:
         from diffusers import StableDiffusionPipeline
@@ -39,11 +48,22 @@ class SDDenoise(TorchStage, SteppedStage):
         vae_config = read_config(model_dir, "vae")
         self.pipe.vae_scale_factor = 2 ** (len(vae_config["block_out_channels"]) - 1)
 
+    def adapters(self) -> Any:
+        """The instance's hot adapters (engine.adapters.hot), made on first use."""
+        if self.hot is None:
+            from engine import envs
+            from engine.adapters.hot import HotAdapters
+
+            self.hot = HotAdapters(self.pipe.unet, self.workflow,
+                                   self.max_adapters if self.max_adapters is not None else envs.MAX_ADAPTERS)
+        return self.hot
+
     def batch_key(self, params: Mapping[str, Any]) -> Any:
         # Requests share a step only as guided pairs (negative, positive) of the same latent shape: the UNet
         # gives a pair the same bytes in a batch of 2N as alone (measured at 8-64 latent pixels a side),
         # while an unguided request's batch of one differs from a batch of two in the last bits; a
-        # guidance-embedding model (time_cond_proj_dim) runs alone.
+        # guidance-embedding model (time_cond_proj_dim) runs alone. Requests with different LoRA adapter sets
+        # share the batch but not a UNet call: :meth:`step` makes one call per adapter set, each as if alone.
         if float(params["guidance_scale"]) <= 1.0 or self.pipe.unet.config.time_cond_proj_dim is not None:
             return None
         return (int(params["height"]), int(params["width"]))
@@ -78,10 +98,34 @@ class SDDenoise(TorchStage, SteppedStage):
             scale = torch.tensor(guidance - 1).repeat(1)
             timestep_cond = pipe.get_guidance_scale_embedding(
                 scale, embedding_dim=unet.config.time_cond_proj_dim).to(device=self.device, dtype=latents.dtype)
-        return _State(scheduler, list(timesteps), latents, embeds, guidance, cfg, extra, timestep_cond)
+        lora = adapter_set(params)
+        if lora:
+            self.adapters().request(lora)  # read off the request path; its first step waits for it alone
+        return _State(scheduler, list(timesteps), latents, embeds, guidance, cfg, extra, timestep_cond, lora)
 
     @torch.no_grad()
     def step(self, states: list[_State]) -> None:
+        """One step of every state whose adapters are loaded: one UNet call per adapter set (in order of
+        first appearance), with that set active. A state whose adapter is still being read does not step
+        (it keeps its place); when none can, this waits up to :data:`ADAPTER_WAIT_S` for a read."""
+        if self.hot is None:
+            self._step_group(states)
+            return
+        groups: dict[Any, list[_State]] = {}
+        for st in states:
+            groups.setdefault(st.lora, []).append(st)
+        from engine.adapters.hot import slot
+
+        needed = {slot(d) for st in states for _n, _s, d in st.lora}
+        ready = [(k, g) for k, g in groups.items() if self.hot.ready(k, needed)]
+        if not ready:
+            self.hot.wait_any(ADAPTER_WAIT_S)
+            return
+        for key, group in ready:
+            self.hot.activate(key)
+            self._step_group(group)
+
+    def _step_group(self, states: list[_State]) -> None:
         unet = self.pipe.unet
         inputs = []
         for st in states:
@@ -122,4 +166,5 @@ class _State:
     cfg: bool
     extra: dict[str, Any]
     timestep_cond: Any
+    lora: tuple[tuple[str, float, str], ...] = ()  # the request's adapter set (engine.adapters.request)
     i: int = 0
