@@ -211,6 +211,12 @@ BUILDERS: dict[str, Callable[[Path, int], Path]] = {
     "sd-t2i": build_sd_t2i,
 }
 
+# Wan2.2 (engine.stages.tiny_wan22: its A14B models reuse this module's umT5 and VAE, byte-identical)
+from engine.stages import tiny_wan22  # noqa: E402
+
+SERVING.update(tiny_wan22.SERVING)
+BUILDERS.update({n: _serving(b, tiny_wan22.SERVING[n]) for n, b in tiny_wan22.BUILDS.items()})
+
 
 def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> dict[str, Path]:
     """Build tiny checkpoints; returns workflow name -> model folder.

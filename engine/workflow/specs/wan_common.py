@@ -22,33 +22,38 @@ P = "engine.stages.wan"
 LATENT = (1, "C_lat", "T_lat", "H_lat", "W_lat")
 
 
-def derive(p: Mapping[str, Any]) -> dict[str, int]:
+def derive(p: Mapping[str, Any], spatial: int = SPATIAL) -> dict[str, int]:
+    """The dimensions of a request; ``spatial``: the VAE's spatial compression (Wan2.2's VAE: 16)."""
     return {
         "F": p["num_frames"], "H": p["height"], "W": p["width"], "L_text": p["max_sequence_length"],
-        "T_lat": (p["num_frames"] - 1) // TEMPORAL + 1, "H_lat": p["height"] // SPATIAL,
-        "W_lat": p["width"] // SPATIAL, "S": p["num_inference_steps"],
+        "T_lat": (p["num_frames"] - 1) // TEMPORAL + 1, "H_lat": p["height"] // spatial,
+        "W_lat": p["width"] // spatial, "S": p["num_inference_steps"],
     }
 
 
-def checker(workflow: str) -> Callable[[Mapping[str, Any]], None]:
-    """The request rules of a Wan2.1 workflow named ``workflow`` (named in its messages)."""
+def checker(workflow: str, multiple: int = SIZE_MULTIPLE,
+            max_pixels: int = MAX_PIXELS) -> Callable[[Mapping[str, Any]], None]:
+    """The request rules of a Wan workflow named ``workflow`` (named in its messages); ``multiple``: what
+    sides must be multiples of (the VAE's spatial factor times the patch), ``max_pixels``: the largest frame."""
     def check(p: Mapping[str, Any]) -> None:
         require_prompt(p)
         if (p["num_frames"] - 1) % TEMPORAL:
             raise InvalidRequest("num_frames", f"num_frames - 1 must be divisible by {TEMPORAL} (e.g. 5, 9, ..., 81), "
                                  f"got {p['num_frames']}")
-        require_multiple(p, "height", SIZE_MULTIPLE)
-        require_multiple(p, "width", SIZE_MULTIPLE)
-        require_pixels(p, MAX_PIXELS, workflow)
+        require_multiple(p, "height", multiple)
+        require_multiple(p, "width", multiple)
+        require_pixels(p, max_pixels, workflow)
 
     return check
 
 
-def model_limits(configs: limits.Configs) -> limits.Overrides:
+def model_limits(configs: limits.Configs, params: tuple[ParamSpec, ...] | None = None,
+                 multiple: int = SIZE_MULTIPLE) -> limits.Overrides:
     """What the loaded Wan transformer and VAE allow: its rotary embedding covers ``rope_max_seq_len``
     patches per axis (frames, height, width), so a side may span at most ``rope_max_seq_len x patch x
     the VAE's spatial factor`` pixels and a clip ``(rope_max_seq_len / patch_t - 1) x temporal + 1``
-    frames. Defaults that do not fit (the pipeline's 832x480) shrink to fit, keeping their aspect."""
+    frames. Defaults that do not fit (the pipeline's 832x480; ``params``' defaults where given) shrink to fit,
+    keeping their aspect, to sides that are multiples of ``multiple``."""
     out: limits.Overrides = {}
     tr, vae = configs.get("transformer") or {}, configs.get("vae") or {}
     rope = tr.get("rope_max_seq_len")
@@ -62,12 +67,12 @@ def model_limits(configs: limits.Configs) -> limits.Overrides:
         limits.tighten(out, name, rope * patch * spatial, f"{src}: at most {rope} patches of {patch * spatial} px")
     frames = (rope // max(1, pt) - 1) * temporal + 1
     limits.tighten(out, "num_frames", frames, f"{src}: at most {rope // max(1, pt)} latent frames")
-    default = {p.name: p.default for p in PARAMS}
+    default = {p.name: p.default for p in (PARAMS if params is None else params)}
     height, width = default["height"], default["width"]
     scale = min(1.0, out["width"]["maximum"] / width, out["height"]["maximum"] / height)
     if scale < 1.0:  # both sides shrink by the same factor: the default clip keeps its shape
-        out["width"]["default"] = limits.fit_default(int(width * scale), out["width"]["maximum"], SIZE_MULTIPLE)
-        out["height"]["default"] = limits.fit_default(int(height * scale), out["height"]["maximum"], SIZE_MULTIPLE)
+        out["width"]["default"] = limits.fit_default(int(width * scale), out["width"]["maximum"], multiple)
+        out["height"]["default"] = limits.fit_default(int(height * scale), out["height"]["maximum"], multiple)
     out["num_frames"]["default"] = min(default["num_frames"], frames)
     return out
 
@@ -119,12 +124,16 @@ COSTS = {
 
 
 def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], costs: Mapping[str, CostModel],
-                 request_inputs: tuple[TensorSpec, ...] = ()) -> WorkflowSpec:
-    """A Wan2.1 workflow: text_encode, then ``middle`` (ending in denoise), then vae_decode and video_encode;
-    ``costs`` covers the stages of ``middle``."""
+                 request_inputs: tuple[TensorSpec, ...] = (), params: tuple[ParamSpec, ...] = PARAMS,
+                 derive: Callable[[Mapping[str, Any]], dict[str, int]] = derive,
+                 check: Callable[[Mapping[str, Any]], None] | None = None,
+                 model_limits: Callable[[limits.Configs], limits.Overrides] = model_limits,
+                 limit_components: tuple[str, ...] = ("transformer", "vae")) -> WorkflowSpec:
+    """A Wan workflow: text_encode, then ``middle`` (ending in denoise), then vae_decode and video_encode;
+    ``costs`` covers the stages of ``middle``. Wan2.1's parameters, rules and limits unless given (Wan2.2)."""
     return WorkflowSpec(
         name=name, description=description, request_inputs=request_inputs,
-        stages=(TEXT_ENCODE, *middle, VAE_DECODE, VIDEO_ENCODE), params=PARAMS, derive=derive,
-        check=checker(name), costs={**COSTS, **costs}, final_output="video", frame_step=TEMPORAL, warm_up=WARM_UP,
-        model_limits=model_limits, limit_components=("transformer", "vae"),
+        stages=(TEXT_ENCODE, *middle, VAE_DECODE, VIDEO_ENCODE), params=params, derive=derive,
+        check=checker(name) if check is None else check, costs={**COSTS, **costs}, final_output="video",
+        frame_step=TEMPORAL, warm_up=WARM_UP, model_limits=model_limits, limit_components=limit_components,
     )

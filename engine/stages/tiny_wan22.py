@@ -1,0 +1,142 @@
+"""Deterministic tiny Wan2.2 checkpoints (the layouts of Wan-AI's Wan2.2 Diffusers releases).
+
+- ``wan2.2-t2v-a14b`` (``WanPipeline``) and ``wan2.2-i2v-a14b`` (``WanImageToVideoPipeline``): two experts,
+  ``transformer`` (high noise) and ``transformer_2`` (low noise), switched at ``boundary_ratio`` (recorded in
+  ``model_index.json`` as the releases record it: 0.875 for T2V, 0.9 for I2V). Their tokenizer, umT5 text
+  encoder and VAE are Wan2.1's, byte-identical to the tiny Wan2.1 models' files (same builders, same seeds),
+  as the A14B releases ship Wan2.1's umt5-xxl and VAE; the I2V release has no CLIP image encoder (its
+  transformer has no image cross-attention: ``image_dim`` None).
+- ``wan2.2-ti2v-5b`` (``WanPipeline`` with ``expand_timesteps``): one transformer over the Wan2.2 VAE
+  (``AutoencoderKLWan`` with its Wan2.2 config: 48 latent channels, patchified input, residual blocks,
+  16x spatial compression), served as text-and-image-to-video (``WanImageToVideoPipeline`` over the same folder).
+
+Same seed -> byte-identical files. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+# Wan2.2's own sampling settings (Wan-AI's configs): the T2V experts sample with flow shift 12, I2V and the
+# 5B model with 5.
+T2V_BOUNDARY, I2V_BOUNDARY = 0.875, 0.9
+
+
+def _tiny() -> ModuleType:
+    """engine.stages.tiny (its Wan2.1 builders), imported when a model is built: tiny imports this module."""
+    from engine.stages import tiny
+
+    return tiny
+
+
+def _scheduler(flow_shift: float) -> Any:
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                   num_train_timesteps=1000, flow_shift=flow_shift)
+
+
+def _experts(seed: int, in_channels: int) -> tuple[Any, Any]:
+    """The high-noise and the low-noise expert: the tiny Wan transformer with two other seeds (so that
+    neither equals the other nor a Wan2.1 model's transformer, and a swapped expert shows in the output)."""
+    return (_tiny()._wan_transformer(seed + 10, in_channels, None),
+            _tiny()._wan_transformer(seed + 20, in_channels, None))
+
+
+def build_wan22_t2v_a14b(out: Path, seed: int = 0) -> Path:
+    """A tiny Wan2.2-T2V-A14B (``WanPipeline`` with ``transformer_2`` and ``boundary_ratio``)."""
+    from diffusers import WanPipeline
+
+    bar = _tiny()._progress(3, "wan2.2-t2v-a14b")
+    tokenizer, text_encoder = _tiny()._wan_text(seed)
+    bar.update()
+    vae = _tiny()._wan_vae(seed)
+    high, low = _experts(seed, 16)
+    bar.update()
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(12.0),
+                       transformer=high, transformer_2=low, boundary_ratio=T2V_BOUNDARY)
+    pipe.save_pretrained(out)
+    bar.update()
+    bar.close()
+    return out
+
+
+def build_wan22_i2v_a14b(out: Path, seed: int = 0) -> Path:
+    """A tiny Wan2.2-I2V-A14B (``WanImageToVideoPipeline`` with two experts, no image encoder)."""
+    from diffusers import WanImageToVideoPipeline
+
+    bar = _tiny()._progress(3, "wan2.2-i2v-a14b")
+    tokenizer, text_encoder = _tiny()._wan_text(seed)
+    bar.update()
+    vae = _tiny()._wan_vae(seed)
+    high, low = _experts(seed, 36)  # 16 noise + 4 mask + 16 first-frame latents
+    bar.update()
+    pipe = WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+                                   scheduler=_scheduler(5.0), transformer=high, transformer_2=low,
+                                   boundary_ratio=I2V_BOUNDARY)
+    pipe.save_pretrained(out)
+    bar.update()
+    bar.close()
+    return out
+
+
+def _wan22_vae(seed: int) -> Any:
+    """The Wan2.2 VAE's layout (Wan2.2-TI2V-5B: z_dim 48, 2x2 patchified RGB in and out, residual
+    up/down-sampling, 4x temporal and 16x spatial compression), with tiny widths."""
+    import random
+
+    from diffusers import AutoencoderKLWan
+
+    rng = random.Random(seed + 31)
+    z = 48
+    mean = [round(rng.uniform(-1.0, 1.0), 4) for _ in range(z)]
+    std = [round(rng.uniform(0.5, 2.5), 4) for _ in range(z)]
+    _tiny()._seed(seed + 32)
+    return AutoencoderKLWan(base_dim=4, decoder_base_dim=8, z_dim=z, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                            temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
+                            out_channels=12, patch_size=2, scale_factor_temporal=4, scale_factor_spatial=16,
+                            latents_mean=mean, latents_std=std)
+
+
+def build_wan22_ti2v_5b(out: Path, seed: int = 0) -> Path:
+    """A tiny Wan2.2-TI2V-5B (``WanPipeline`` layout with ``expand_timesteps``, as the release records it)."""
+    from diffusers import WanPipeline
+
+    bar = _tiny()._progress(3, "wan2.2-ti2v-5b")
+    tokenizer, text_encoder = _tiny()._wan_text(seed)
+    bar.update()
+    vae = _wan22_vae(seed)
+    transformer = _tiny()._wan_transformer(seed + 40, 48, None)
+    # the 5B transformer predicts all 48 latent channels (the tiny builder's default is Wan2.1's 16)
+    transformer = _with_out_channels(transformer, seed + 40, 48)
+    bar.update()
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(5.0),
+                       transformer=transformer, expand_timesteps=True)
+    pipe.save_pretrained(out)
+    bar.update()
+    bar.close()
+    return out
+
+
+def _with_out_channels(transformer: Any, seed: int, channels: int) -> Any:
+    from diffusers import WanTransformer3DModel
+
+    config = dict(transformer.config)
+    config["out_channels"] = channels
+    _tiny()._seed(seed + 3)
+    return WanTransformer3DModel.from_config(config)
+
+
+# Default requests that run in seconds on one CPU thread (the tiny transformer's rope_max_seq_len of 32
+# bounds sides to 512 px for the A14B models and 1024 px for the 5B one): the pipeline's 832x480 shape
+# scaled (224x128), and a 1 s clip for the 5B model at its 24 fps (its native 1280x704 scaled to 320x192).
+A14B_SERVING = {"defaults": {"width": 224, "height": 128, "num_frames": 33, "num_inference_steps": 8},
+                "why": "tiny random-weight model: a default clip that runs in seconds on a CPU"}
+TI2V_SERVING = {"defaults": {"width": 320, "height": 192, "num_frames": 25, "num_inference_steps": 8},
+                "why": "tiny random-weight model: a default clip that runs in seconds on a CPU"}
+
+SERVING = {"wan2.2-t2v-a14b": A14B_SERVING, "wan2.2-i2v-a14b": A14B_SERVING, "wan2.2-ti2v-5b": TI2V_SERVING}
+BUILDS = {"wan2.2-t2v-a14b": build_wan22_t2v_a14b, "wan2.2-i2v-a14b": build_wan22_i2v_a14b,
+          "wan2.2-ti2v-5b": build_wan22_ti2v_5b}
