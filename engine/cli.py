@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("engine.bench", "benchmarks that print ratios against baselines run side by side"),
     "models": ("engine.stages.models_cli", "build tiny test checkpoints; check a model folder"),
     "run": ("engine.stages.run_cli", "run one request through a workflow's stages in this process"),
+    "adapters": ("engine.adapters.cli", "the operators' LoRA adapter registry: add, list, remove"),
 }
 
 

@@ -141,8 +141,8 @@ def inspect_file(path: str | Path, workflow: str, model_dir: str | Path) -> tupl
     for key, info in header.items():
         m = _KEY_RE.fullmatch(key)
         if m is None or not key.startswith(prefix):
-            raise AdapterError("path", f"{p.name}: tensor {key!r} is not in the diffusers/PEFT LoRA format "
-                                       f"({prefix}<module>.lora_A.weight / .lora_B.weight)")
+            raise AdapterError("path", f"{p.name}: tensor {key!r} is not a LoRA of {workflow}'s {component} in the "
+                                       f"diffusers/PEFT format ({prefix}<module>.lora_A.weight / .lora_B.weight)")
         if info["dtype"] not in _DTYPES:
             raise AdapterError("path", f"{p.name}: tensor {key!r} has dtype {info['dtype']}; want F32, F16 or BF16")
         module = m["module"][len(prefix):]

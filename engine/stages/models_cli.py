@@ -19,6 +19,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     make.add_argument("--out", required=True, help="output folder")
     make.add_argument("--workflow", default=None, help="only this workflow (wan2.1-i2v, wan2.1-t2v or sd-t2i)")
     make.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical files)")
+    lora = sub.add_parser(
+        "make-tiny-lora", help="write a deterministic random LoRA for a workflow's denoise model",
+        description="Write DIR/pytorch_lora_weights.safetensors: a random LoRA (diffusers/PEFT format) on the "
+                    "attention projections of the workflow's denoise model (sd-t2i's UNet, the Wan2.1 transformer).",
+    )
+    lora.add_argument("--workflow", required=True, help="sd-t2i, wan2.1-i2v or wan2.1-t2v")
+    lora.add_argument("--out", required=True, help="output folder")
+    lora.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical file)")
+    lora.add_argument("--rank", type=int, default=4, help="LoRA rank (default 4)")
+    lora.add_argument("--model", default=None, help="the model folder to fit (default: the workflow's tiny model)")
     check = sub.add_parser("check", help="check that a model folder has every component a workflow needs")
     check.add_argument("model_dir", help="model folder (diffusers layout)")
     check.add_argument("--workflow", required=True, help="workflow name")
@@ -27,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.models_command == "make-tiny":
         return _make_tiny(args)
+    if args.models_command == "make-tiny-lora":
+        return _make_tiny_lora(args)
     return _check(args)
 
 
@@ -40,6 +52,20 @@ def _make_tiny(args: argparse.Namespace) -> int:
         return 2
     for name, folder in make_tiny(args.out, args.workflow, args.seed).items():
         print(f"{name}: {folder}")
+    return 0
+
+
+def _make_tiny_lora(args: argparse.Namespace) -> int:
+    from engine.adapters.registry import AdapterError
+    from engine.adapters.tiny import make_tiny_lora
+    from engine.stages.quiet import quiet_libraries
+
+    quiet_libraries()
+    try:
+        print(make_tiny_lora(args.workflow, args.out, args.seed, args.rank, args.model))
+    except AdapterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
