@@ -8,6 +8,7 @@ whatever ``/onepiece/assignments/<node>`` holds and follows its changes.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 from pathlib import Path
@@ -49,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-wait-ms", default=None, metavar="STAGE=T,...",
                    help="a new batch waits up to T ms after its oldest request for more (default 0: later ones "
                    "join at the next step; ONEPIECE_BATCH_WAIT_MS)")
+    p.add_argument("--max-adapters", type=int, default=None, metavar="N",
+                   help="LoRA adapters each denoise instance keeps loaded (an LRU; default: ONEPIECE_MAX_ADAPTERS or 8)")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
                    help="benchmarks/tests: each run of a stage takes at least S seconds (default: ONEPIECE_STAGE_TIME_S)")
     p.add_argument("--stage-stretch", default=None, metavar="STAGE=F,...",
@@ -100,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         print(f"error: {exc}")
         return 2
+    if args.max_adapters is not None:  # the stage workers read it (engine.envs.MAX_ADAPTERS) from the environment
+        if args.max_adapters < 1:
+            print("error: --max-adapters must be at least 1")
+            return 2
+        os.environ["ONEPIECE_MAX_ADAPTERS"] = str(args.max_adapters)
     node = settings.node
     static = Assignment.from_json(args.assignment.read_text()) if args.assignment else None
     stop = {"flag": False}
