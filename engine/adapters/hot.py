@@ -26,7 +26,9 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+import queue
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +75,9 @@ class HotAdapters:
         self.loaded: OrderedDict[str, str] = OrderedDict()  # slot -> a name it was loaded for (LRU order)
         self.pending: dict[str, Future] = {}
         self.failed: dict[str, str] = {}  # slot -> why (until asked again)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onepiece-adapter-load")
+        self._jobs: queue.SimpleQueue[tuple[Future, Path, str] | None] = queue.SimpleQueue()
+        self._loader = threading.Thread(target=self._serve_reads, name="onepiece-adapter-load", daemon=True)
+        self._loader.start()
         self._active: tuple[tuple[str, float], ...] | None = None  # what the model has active now
         self.load_s: deque[float] = deque(maxlen=1024)  # read + install, per adapter loaded
         self.swap_s: deque[float] = deque(maxlen=4096)  # set_adapters / disable_lora, per change
@@ -90,10 +94,18 @@ class HotAdapters:
             state = expand(transformer=self.model, state_dict=state)
         return state, alphas, meta
 
-    def _timed_read(self, path: Path, digest: str) -> tuple[float, Any]:
-        t0 = time.perf_counter()
-        got = self.read(path, digest)
-        return time.perf_counter() - t0, got
+    def _serve_reads(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fut, path, digest = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            t0 = time.perf_counter()
+            try:
+                got = self.read(path, digest)
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result((time.perf_counter() - t0, got))
 
     # -- the serving thread -----------------------------------------------------------------
     def request(self, adapters: AdapterSet) -> None:
@@ -111,8 +123,10 @@ class HotAdapters:
             except Exception as exc:
                 self.failed[s] = str(exc)
                 continue
-            self.pending[s] = self._pool.submit(self._timed_read, path, digest)
-            self.pending[s].name = name  # type: ignore[attr-defined]
+            fut: Future = Future()
+            fut.name = name  # type: ignore[attr-defined]
+            self.pending[s] = fut
+            self._jobs.put((fut, path, digest))
 
     def _install(self, needed: Iterable[str] = ()) -> None:
         """Install every finished read into the model, then evict beyond ``max_adapters``."""
@@ -194,4 +208,7 @@ class HotAdapters:
 
     def close(self) -> None:
         """Stop the loader thread (a read in progress finishes first)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for fut in self.pending.values():
+            fut.cancel()
+        self._jobs.put(None)
+        self._loader.join()

@@ -2,7 +2,7 @@
 
 The adapter targets the attention projections (``to_q``, ``to_k``, ``to_v``,
 ``to_out.0``) of the denoise model (SD's UNet, Wan's transformer) and is written
-by the workflow pipeline's own ``save_lora_weights`` (the diffusers/PEFT format,
+in the layout of the workflow pipeline's ``save_lora_weights`` (the diffusers/PEFT format,
 with the PEFT ``LoraConfig`` in the file's metadata), so ``load_lora_weights``
 reads it as any published LoRA. Shapes come from the model's weights (the tiny
 model ``make-tiny`` writes for the workflow, or ``model_dir``); both factors are
@@ -12,11 +12,12 @@ drawn from a generator seeded with ``seed``: same seed, same bytes.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 from engine.adapters.formats import weight_shapes
-from engine.adapters.registry import ADAPTABLE, denoise_component
+from engine.adapters.registry import denoise_component
 
 TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
@@ -25,8 +26,8 @@ WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 def make_tiny_lora(workflow: str, out: str | Path, seed: int = 0, rank: int = 4,
                    model_dir: str | Path | None = None, std: float = 0.2) -> Path:
     """Write ``out/pytorch_lora_weights.safetensors`` for ``workflow``; returns the file."""
-    import diffusers
     import torch
+    from safetensors.torch import save_file
 
     component = denoise_component(workflow)
     if model_dir is None:
@@ -51,9 +52,12 @@ def make_tiny_lora(workflow: str, out: str | Path, seed: int = 0, rank: int = 4,
                                                                         m.endswith("to_out.0") else "to_out.0"
                                                                         for m in modules}),
               "init_lora_weights": True, "use_dora": False, "lora_bias": False}
-    pipeline = getattr(diffusers, ADAPTABLE[workflow][1])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    pipeline.save_lora_weights(out, **{f"{component}_lora_layers": layers,
-                                       f"{component}_lora_adapter_metadata": config}, weight_name=WEIGHT_NAME)
+    # the layout of the pipeline's save_lora_weights (keys "<component>.<module>.lora_A.weight", the LoraConfig as
+    # "<component>.<field>" in the metadata's lora_adapter_metadata), written with one metadata entry: safetensors
+    # orders several in a random order, and the same seed must give the same bytes
+    meta = json.dumps({f"{component}.{k}": v for k, v in config.items()}, indent=2, sort_keys=True)
+    save_file({f"{component}.{k}": v.contiguous() for k, v in layers.items()}, str(out / WEIGHT_NAME),
+              metadata={"lora_adapter_metadata": meta})
     return out / WEIGHT_NAME
