@@ -1,0 +1,223 @@
+"""Wan2.2 on tiny models: each workflow's staged run equals its one-call diffusers pipeline (frames and mp4
+bytes); the A14B experts are two stages, each holding one transformer, split exactly where the pipeline
+switches experts, with UniPC's whole state crossing between them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.models
+
+SMALL = dict(prompt="a cat on the moon", height=32, width=32, num_frames=5, num_inference_steps=4, seed=5)
+TI2V = {**SMALL, "height": 64, "width": 64}  # sides: multiples of 32 (16x VAE, 2x2 patches)
+A14B = ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b")
+ALL = (*A14B, "wan2.2-ti2v-5b")
+
+
+class Recorder:
+    """A stage context that records each stage's progress reports."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int]] = []
+
+    def __call__(self, step: int, total: int) -> None:
+        self.steps.append((step, total))
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_models: dict[str, Path]) -> dict[str, Any]:
+    from engine.stages.runner import LocalRunner
+
+    return {name: LocalRunner(name, tiny_models[name], "cpu") for name in ALL}
+
+
+def _params(name: str, **extra: Any) -> dict[str, Any]:
+    return {**(TI2V if name.endswith("5b") else SMALL), **extra}
+
+
+def _staged(runner: Any, params: dict[str, Any], png: bytes) -> tuple[np.ndarray, bytes, dict[str, list]]:
+    """(uint8 frames, mp4 bytes, stage -> the (step, total) progress it reported) of a staged run."""
+    from engine.stages.base import StageContext
+
+    captured: dict[str, Any] = {}
+    progress: dict[str, list[tuple[int, int]]] = {}
+    originals = {}
+    for stage, ex in runner.executors.items():
+        originals[stage] = ex.run
+
+        def spy(inputs: Any, p: Any, ctx: Any, stage: str = stage, run: Any = ex.run) -> Any:
+            rec = progress.setdefault(stage, [])
+            out = run(inputs, p, StageContext(progress=lambda s, n: rec.append((s, n))))
+            if stage == "vae_decode":
+                captured["frames"] = out["frames"].numpy().copy()
+            return out
+
+        ex.run = spy
+    try:
+        inputs = {"image": png} if runner.spec.image_inputs() else {}
+        result = runner.run(runner.spec.resolve_params(params), inputs)
+    finally:
+        for stage, ex in runner.executors.items():
+            del ex.run
+    return captured["frames"], bytes(result.outputs["video"]), progress
+
+
+def _pipeline(folder: Path, params: dict[str, Any], png: bytes, image: bool, hooks: bool = False) -> Any:
+    import torch
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    from engine.stages.components import decode_image
+
+    cls = WanImageToVideoPipeline if image else WanPipeline
+    pipe = cls.from_pretrained(folder)
+    calls: dict[str, int] = {"transformer": 0, "transformer_2": 0}
+    for name in calls:
+        module = getattr(pipe, name, None)
+        if module is not None:
+            module.register_forward_hook(lambda *a, name=name: calls.__setitem__(name, calls[name] + 1))
+    kwargs = {k: v for k, v in params.items() if k != "seed"}
+    if image:
+        kwargs["image"] = decode_image(png)
+    frames = pipe(generator=torch.Generator().manual_seed(params["seed"]), output_type="np", **kwargs).frames[0]
+    return (frames * 255).round().astype("uint8"), calls, pipe
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_staged_frames_and_mp4_equal_the_one_call_pipeline(name: str, runners: dict[str, Any],
+                                                          tiny_models: dict[str, Path], input_png: bytes) -> None:
+    from engine.stages.wan.video import encode_mp4
+
+    runner = runners[name]
+    params = _params(name)
+    frames, mp4, _ = _staged(runner, params, input_png)
+    # WanPipeline for text-to-video; the I2V pipeline (expand_timesteps from the folder: the 5B model) with an image
+    reference, _, _ = _pipeline(tiny_models[name], params, input_png, name != "wan2.2-t2v-a14b")
+    assert frames.shape == reference.shape == (5, params["height"], params["width"], 3)
+    assert frames.std() > 1.0  # not a blank video that would match anything
+    np.testing.assert_array_equal(frames, reference)
+    assert mp4[4:8] == b"ftyp" and mp4 == encode_mp4(reference, runner.spec.param("fps").default)
+    # the seed reaches the video
+    assert not np.array_equal(_staged(runner, _params(name, seed=6), input_png)[0], reference)
+
+
+@pytest.mark.parametrize("name", A14B)
+def test_the_request_crosses_experts_at_the_pipelines_boundary_step(name: str, runners: dict[str, Any],
+                                                                   tiny_models: dict[str, Path],
+                                                                   input_png: bytes) -> None:
+    from engine.stages.wan.experts import boundary_step
+
+    runner = runners[name]
+    params = _params(name, num_inference_steps=8, guidance_scale_2=2.0)  # the low expert's own guidance
+    frames, _, progress = _staged(runner, params, input_png)
+    reference, calls, pipe = _pipeline(tiny_models[name], params, input_png, name != "wan2.2-t2v-a14b")
+    np.testing.assert_array_equal(frames, reference)
+    # where the pipeline switched: its high-noise expert ran 2 predictions (guided) per step before the boundary
+    ratio = pipe.config.boundary_ratio
+    assert ratio == {"wan2.2-t2v-a14b": 0.875, "wan2.2-i2v-a14b": 0.9}[name]
+    pipe.scheduler.set_timesteps(8)
+    high = int((pipe.scheduler.timesteps >= ratio * 1000).sum())
+    assert 0 < high < 8 and calls == {"transformer": 2 * high, "transformer_2": 2 * (8 - high)}
+    assert boundary_step(pipe.scheduler.timesteps, ratio, 1000) == high
+    # the stages ran those steps: each reports its own steps, the high one up to the boundary
+    assert progress["denoise_high"] == [(i, high) for i in range(1, high + 1)]
+    assert progress["denoise_low"] == [(i, 8 - high) for i in range(1, 8 - high + 1)]
+    # guidance_scale_2 reaches the low-noise expert: another value, other frames (the high stage's are the same)
+    other = _staged(runner, {**params, "guidance_scale_2": 4.0}, input_png)[0]
+    assert not np.array_equal(other, frames)
+
+
+@pytest.mark.parametrize("name", A14B)
+def test_each_expert_stage_holds_one_transformer(name: str, runners: dict[str, Any],
+                                                 tiny_models: dict[str, Path]) -> None:
+    import torch
+    from diffusers import WanTransformer3DModel
+    from safetensors.torch import load_file
+
+    def transformers(ex: Any) -> list[Any]:
+        """Every Wan transformer an executor holds, itself or in a pipeline of its own."""
+        found = []
+        for v in vars(ex).values():
+            held = [v, *(v.components.values() if isinstance(getattr(v, "components", None), dict) else ())]
+            found += [m for o in held if isinstance(o, torch.nn.Module)
+                      for m in o.modules() if isinstance(m, WanTransformer3DModel)]
+        return found
+
+    ex = runners[name].executors
+    for stage, executor in ex.items():
+        held = transformers(executor)
+        assert len(held) == (1 if stage.startswith("denoise_") else 0), (stage, held)
+    spec = runners[name].spec
+    assert spec.stage("denoise_high").components == ("transformer", "scheduler", *(
+        ("vae",) if name == "wan2.2-t2v-a14b" else ()))
+    assert spec.stage("denoise_low").components == ("transformer_2", "scheduler")
+    for stage, folder in (("denoise_high", "transformer"), ("denoise_low", "transformer_2")):
+        [model] = transformers(ex[stage])
+        saved = load_file(str(tiny_models[name] / folder / "diffusion_pytorch_model.safetensors"))
+        state = model.state_dict()
+        assert set(saved) == set(state) and all(torch.equal(saved[k], state[k]) for k in saved), stage
+    # the two experts are different models (a swap would show in the frames)
+    high, low = transformers(ex["denoise_high"])[0], transformers(ex["denoise_low"])[0]
+    assert not torch.equal(high.proj_out.weight, low.proj_out.weight)
+
+
+def test_unipc_state_crosses_whole(tiny_models: dict[str, Path]) -> None:
+    """Every attribute of the high stage's scheduler at the boundary is the low stage's after the restore, and
+    both go on to the same samples: nothing of UniPC's multistep state is left behind."""
+    import torch
+    from diffusers import UniPCMultistepScheduler
+
+    from engine.stages.wan.experts import ExpertMismatch, restore_scheduler, scheduler_state
+
+    config = UniPCMultistepScheduler.load_config(tiny_models["wan2.2-t2v-a14b"] / "scheduler")
+    gen = torch.Generator().manual_seed(0)
+    outputs = [torch.randn(1, 16, 2, 4, 4, generator=gen) for _ in range(8)]
+
+    def fresh() -> Any:
+        s = UniPCMultistepScheduler.from_config(config)
+        s.set_timesteps(8)
+        s.set_begin_index(0)
+        return s
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        if isinstance(a, list):
+            return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return bool(a == b)
+
+    for boundary in (1, 2, 6):
+        a, sample = fresh(), torch.randn(1, 16, 2, 4, 4, generator=gen)
+        for i in range(boundary):
+            sample = a.step(outputs[i], a.timesteps[i], sample, return_dict=False)[0]
+        b = fresh()
+        restore_scheduler(b, scheduler_state(a, boundary), boundary, "cpu")
+        assert set(vars(a)) == set(vars(b))
+        differ = [k for k in vars(a) if not same(vars(a)[k], vars(b)[k])]
+        assert not differ, (boundary, differ)
+        x, y = sample, sample.clone()
+        for i in range(boundary, 8):
+            x = a.step(outputs[i], a.timesteps[i], x, return_dict=False)[0]
+            y = b.step(outputs[i], b.timesteps[i], y, return_dict=False)[0]
+        assert torch.equal(x, y)
+    # a low-noise stage on a folder that switches elsewhere refuses to continue
+    with pytest.raises(ExpertMismatch, match="step 2 of 8"):
+        restore_scheduler(fresh(), scheduler_state(a, 2), 3, "cpu")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_default_request_runs(name: str, runners: dict[str, Any], tiny_models: dict[str, Path],
+                                  input_png: bytes) -> None:
+    """The folder's defaults (serving.json within the model's limits) make a clip."""
+    from engine.workflow import get_workflow
+
+    spec = get_workflow(name).bound(get_workflow(name).limits_of(str(tiny_models[name])))
+    params = spec.resolve_params({"prompt": "a cat"})
+    assert params["num_frames"] > 5 and params["num_inference_steps"] == 8  # serving.json's, not the pipeline's
+    inputs = {"image": input_png} if spec.image_inputs() else {}
+    result = runners[name].run(params, inputs)
+    assert bytes(result.outputs["video"])[4:8] == b"ftyp"
+    assert result.stats["vae_decode"].out_bytes >= params["num_frames"] * params["height"] * params["width"] * 3
