@@ -16,6 +16,8 @@ _WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.j
 _KINDS: dict[str, tuple[str, bool]] = {
     "tokenizer": ("tokenizer_config.json", False),
     "text_encoder": ("config.json", True),
+    "tokenizer_2": ("tokenizer_config.json", False),  # FLUX.1's second (T5) text encoder
+    "text_encoder_2": ("config.json", True),
     "image_encoder": ("config.json", True),
     "image_processor": ("preprocessor_config.json", False),
     "feature_extractor": ("preprocessor_config.json", False),

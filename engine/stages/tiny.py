@@ -217,6 +217,12 @@ from engine.stages import tiny_wan22  # noqa: E402
 SERVING.update(tiny_wan22.SERVING)
 BUILDERS.update({n: _serving(b, tiny_wan22.SERVING[n]) for n, b in tiny_wan22.BUILDS.items()})
 
+# FLUX.1 and Qwen-Image (engine.stages.tiny_t2i)
+from engine.stages import tiny_t2i  # noqa: E402
+
+SERVING.update(tiny_t2i.SERVING)
+BUILDERS.update({n: _serving(b, tiny_t2i.SERVING[n]) if n in tiny_t2i.SERVING else b for n, b in tiny_t2i.BUILDS.items()})
+
 
 def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> dict[str, Path]:
     """Build tiny checkpoints; returns workflow name -> model folder.

@@ -54,10 +54,11 @@ def with_defaults(overrides: Overrides, defaults: Mapping[str, int]) -> Override
 
 
 def read_configs(folder: str | Path, components: list[str]) -> dict[str, dict[str, Any]]:
-    """component -> its ``config.json`` (or ``scheduler_config.json``) under ``folder``; missing ones are left out."""
+    """component -> its ``config.json`` (or ``scheduler_config.json``, ``tokenizer_config.json``) under ``folder``;
+    missing ones are left out."""
     out: dict[str, dict[str, Any]] = {}
     for name in components:
-        for file in ("config.json", "scheduler_config.json"):
+        for file in ("config.json", "scheduler_config.json", "tokenizer_config.json"):
             path = Path(folder) / name / file
             if path.is_file():
                 try:

@@ -1,0 +1,127 @@
+"""A stage that runs a named subset of a Modular Diffusers pipeline's blocks (diffusers.modular_pipelines).
+
+Modular Diffusers cuts a pipeline into blocks that declare their inputs and outputs and pass one
+``PipelineState`` along. A stage here is a list of those blocks by name (``blocks``: name -> class), run in
+order on a state built from the message's values and the request's parameters; what it hands on is the
+state values the workflow spec declares as its outputs (``outputs``), nothing else. Checked bit for bit
+against the one-call pipelines (FluxPipeline, QwenImagePipeline) by tests/engine/stages/test_flux_qwen.py.
+
+Two things the blocks do not do for a stage, done here:
+
+* A block pipeline holding no VAE assumes an 8x VAE (``vae_scale_factor``, the pitfall in MODELS.md): the
+  denoise stage of a model with another VAE would draw latents of the wrong size. The pipeline class is
+  subclassed once per stage with the factor read from the folder's ``vae/config.json``.
+* A denoise loop block (``LoopSequentialPipelineBlocks``) runs every step in one call: here its
+  ``loop_step`` is wrapped for the run, so the request's cancellation and deadline are checked before each
+  step and its progress published after, as every denoise stage does (the loop's own setup still runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from engine.stages.base import StageContext
+from engine.stages.components import TorchStage, read_config
+
+_MODULAR = "diffusers.modular_pipelines"
+
+
+def _block(path: str) -> Any:
+    """``"flux.encoders.FluxTextEncoderStep"`` (under diffusers.modular_pipelines) -> a block instance."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(f"{_MODULAR}.{module}"), name)()
+
+
+_CLASSES: dict[tuple[type, int], type] = {}
+
+
+def _staged_class(base: type, vae_scale_factor: int) -> type:
+    """``base`` whose ``vae_scale_factor`` is the model's, whether or not this stage holds the VAE."""
+    key = (base, vae_scale_factor)
+    if key not in _CLASSES:
+        _CLASSES[key] = type(f"Staged{base.__name__}", (base,), {"vae_scale_factor": property(lambda self: vae_scale_factor)})
+    return _CLASSES[key]
+
+
+class ModularStage(TorchStage):
+    """Runs ``blocks`` (name -> block class path under ``diffusers.modular_pipelines``) over the components in
+    ``classes``. Subclasses say how the request fills the state (:meth:`block_inputs`) and which state values
+    are the stage's outputs (``outputs``: output name -> state name)."""
+
+    pipeline: ClassVar[str] = ""  # the ModularPipeline class, e.g. "flux.FluxModularPipeline"
+    blocks: ClassVar[dict[str, str]] = {}
+    outputs: ClassVar[dict[str, str]] = {}
+    #: the folder's VAE config -> the pipeline's vae_scale_factor
+    vae_scale: ClassVar[Callable[[dict[str, Any]], int]]
+
+    def _load(self, model_dir: Path) -> None:
+        from diffusers.modular_pipelines import SequentialPipelineBlocks
+
+        self.block_seq = SequentialPipelineBlocks.from_blocks_dict({n: _block(p) for n, p in self.blocks.items()})
+        module, _, name = self.pipeline.rpartition(".")
+        base = getattr(importlib.import_module(f"{_MODULAR}.{module}"), name)
+        cls = _staged_class(base, type(self).vae_scale(read_config(model_dir, "vae")))
+        self.pipe = cls(blocks=self.block_seq, pretrained_model_name_or_path=str(model_dir))
+        # only this stage's components: every other one stays None in the block pipeline
+        self.pipe.update_components(**self.load_components(model_dir))
+
+    def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+        """The state the blocks start from: message values and request parameters, by block input name."""
+        raise NotImplementedError
+
+    def prepare(self, params: Mapping[str, Any]) -> None:
+        """Per-request settings of the pipeline's configurable components (a guider's scale)."""
+
+    def _state(self, kwargs: Mapping[str, Any]) -> Any:
+        """A PipelineState as ``ModularPipeline.__call__`` builds it: every block input, given or default."""
+        from diffusers.modular_pipelines import PipelineState
+
+        state, given = PipelineState(), dict(kwargs)
+        for param in self.block_seq.inputs:
+            if param.name in given:
+                state.set(param.name, given.pop(param.name), param.kwargs_type)
+            elif param.name is not None and param.name not in state.values:
+                state.set(param.name, param.default, param.kwargs_type)
+        if given:
+            raise TypeError(f"{type(self).__name__}: its blocks take no input {sorted(given)}")
+        return state
+
+    @torch.no_grad()
+    def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
+        from diffusers.modular_pipelines import LoopSequentialPipelineBlocks
+
+        self.prepare(params)
+        state = self._state(self.block_inputs(inputs, params))
+        for block in self.block_seq.sub_blocks.values():
+            if isinstance(block, LoopSequentialPipelineBlocks):
+                state = self._loop(block, state, ctx)
+            else:
+                _, state = block(self.pipe, state)
+        return {out: state.get(name) for out, name in self.outputs.items()}
+
+    def _loop(self, loop: Any, state: Any, ctx: StageContext) -> Any:
+        """The loop block's own ``__call__`` (its setup, then its sub-blocks once per timestep), with the
+        request's checks before each step and its progress after: its ``loop_step`` wrapped for this run."""
+        step, total = loop.loop_step, len(state.get("timesteps"))
+
+        def checked(components: Any, block_state: Any, **kwargs: Any) -> Any:
+            ctx.check()
+            out = step(components, block_state, **kwargs)
+            ctx.step_done(int(kwargs["i"]) + 1, total)
+            return out
+
+        loop.loop_step = checked
+        try:
+            return loop(self.pipe, state)[1]
+        finally:
+            del loop.loop_step
+
+
+def seeded(params: Mapping[str, Any]) -> torch.Generator:
+    """The request's generator, on the CPU as the one-call pipeline's tests make it."""
+    return torch.Generator(device="cpu").manual_seed(int(params["seed"]))
