@@ -1,8 +1,8 @@
 """Hot adapters of one denoise instance: an LRU of LoRA adapters loaded into its model, loaded off the
 request path, applied per group of requests with diffusers' PEFT integration.
 
-* **Off the request path.** :meth:`HotAdapters.request` hands a missing adapter to a loader thread
-  (``onepiece-adapter-load``), which reads and checks the file (its sha256 must be the digest the request
+* **Off the request path.** :meth:`HotAdapters.request` hands a missing adapter to a reader thread of its
+  own (``onepiece-adapter-load``), which reads and checks the file (its sha256 must be the digest the request
   carries) and converts it as the pipeline's ``load_lora_weights`` does (``lora_state_dict``; Wan's t2v-to-i2v
   expansion). The serving thread only installs a finished read (``load_lora_adapter``, between steps, so no
   forward ever sees a model half-changed) and goes on stepping the requests whose adapters are ready: a
@@ -26,7 +26,6 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-import queue
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
@@ -75,9 +74,7 @@ class HotAdapters:
         self.loaded: OrderedDict[str, str] = OrderedDict()  # slot -> a name it was loaded for (LRU order)
         self.pending: dict[str, Future] = {}
         self.failed: dict[str, str] = {}  # slot -> why (until asked again)
-        self._jobs: queue.SimpleQueue[tuple[Future, Path, str] | None] = queue.SimpleQueue()
-        self._loader = threading.Thread(target=self._serve_reads, name="onepiece-adapter-load", daemon=True)
-        self._loader.start()
+        self._readers: list[threading.Thread] = []
         self._active: tuple[tuple[str, float], ...] | None = None  # what the model has active now
         self.load_s: deque[float] = deque(maxlen=1024)  # read + install, per adapter loaded
         self.swap_s: deque[float] = deque(maxlen=4096)  # set_adapters / disable_lora, per change
@@ -94,18 +91,16 @@ class HotAdapters:
             state = expand(transformer=self.model, state_dict=state)
         return state, alphas, meta
 
-    def _serve_reads(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fut, path, digest = job
-            if not fut.set_running_or_notify_cancel():
-                continue
-            t0 = time.perf_counter()
-            try:
-                got = self.read(path, digest)
-            except BaseException as exc:
-                fut.set_exception(exc)
-            else:
-                fut.set_result((time.perf_counter() - t0, got))
+    def _read_into(self, fut: Future, path: Path, digest: str) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        t0 = time.perf_counter()
+        try:
+            got = self.read(path, digest)
+        except BaseException as exc:
+            fut.set_exception(exc)
+        else:
+            fut.set_result((time.perf_counter() - t0, got))
 
     # -- the serving thread -----------------------------------------------------------------
     def request(self, adapters: AdapterSet) -> None:
@@ -126,7 +121,11 @@ class HotAdapters:
             fut: Future = Future()
             fut.name = name  # type: ignore[attr-defined]
             self.pending[s] = fut
-            self._jobs.put((fut, path, digest))
+            # one reader thread per adapter being read: a slow read never holds up another adapter's
+            reader = threading.Thread(target=self._read_into, args=(fut, path, digest), daemon=True,
+                                      name="onepiece-adapter-load")
+            self._readers = [t for t in self._readers if t.is_alive()] + [reader]
+            reader.start()
 
     def _install(self, needed: Iterable[str] = ()) -> None:
         """Install every finished read into the model, then evict beyond ``max_adapters``."""
@@ -207,8 +206,7 @@ class HotAdapters:
                 "swap_s_p50": _percentile(self.swap_s, 0.5), "swap_s_p99": _percentile(self.swap_s, 0.99)}
 
     def close(self) -> None:
-        """Stop the loader thread (a read in progress finishes first)."""
-        for fut in self.pending.values():
-            fut.cancel()
-        self._jobs.put(None)
-        self._loader.join()
+        """Wait for the reads in progress (tests: no reader thread outlives them)."""
+        for reader in self._readers:
+            reader.join()
+        self._readers = []
