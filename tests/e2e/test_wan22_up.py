@@ -1,0 +1,105 @@
+"""``onepiece up --workflows wan2.2-t2v-a14b`` builds the tiny Wan2.2 model and serves it: the default
+``/v1/videos`` request of that model completes with the one-call pipeline's mp4 bytes, the request crosses from
+the high-noise expert's stage to the low-noise expert's at the pipeline's boundary step, the native API takes
+a request too, and requests over the loaded model's limits are refused at intake naming the field."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.up import start_up, stop_up
+
+pytestmark = [pytest.mark.models, pytest.mark.integration]
+WF = "wan2.2-t2v-a14b"
+
+
+def _call(lines: dict[str, str], method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(lines["web"] + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {lines['api key']}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _reference_mp4(folder: Path, params: dict[str, Any]) -> bytes:
+    """The one-call WanPipeline's video for these parameters, encoded as the video_encode stage encodes it (one
+    torch thread, as the stage workers run)."""
+    import torch
+    from diffusers import WanPipeline
+
+    from engine.stages.wan.video import encode_mp4
+
+    torch.set_num_threads(1)
+    pipe = WanPipeline.from_pretrained(folder)
+    keys = ("prompt", "negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+            "guidance_scale_2", "max_sequence_length")
+    frames = pipe(**{k: params[k] for k in keys}, generator=torch.Generator().manual_seed(params["seed"]),
+                  output_type="np").frames[0]
+    return encode_mp4((frames * 255).round().astype("uint8"), params["fps"])
+
+
+@pytest.mark.timeout(600)
+def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path) -> None:
+    import openai
+
+    from engine.store import JobStore
+
+    state = tmp_path / "state"
+    proc, lines = start_up(state, "--workflows", WF)  # builds only this workflow's tiny model
+    try:
+        assert sorted(p.name for p in (state / "models").iterdir() if p.is_dir()) == [WF]
+        client = openai.OpenAI(base_url=lines["api"], api_key=lines["api key"], max_retries=0, timeout=60)
+        # the model's default request: no size, no seconds, no steps (the folder's serving.json)
+        video = client.videos.create_and_poll(prompt="a cat walks on the beach", model=WF, poll_interval_ms=200)
+        assert video.status == "completed" and video.model == WF, video
+        assert video.size == "112x64" and video.seconds == "1", video
+        mp4 = client.videos.download_content(video.id).content
+        status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
+        assert status == 200 and job["state"] == "completed", job
+        assert [r["stage"] for r in job["stage_runs"]] == ["text_encode", "denoise_high", "denoise_low",
+                                                            "vae_decode", "video_encode"], job["stage_runs"]
+        params = job["params"]
+        assert (params["num_inference_steps"], params["num_frames"]) == (8, 17), params
+        # the same bytes as the one-call pipeline with those parameters
+        assert mp4[4:8] == b"ftyp" and mp4 == _reference_mp4(state / "models" / WF, params)
+        # the request crossed pools at the boundary step: t >= 875 for 6 of the 8 steps (flow shift 12)
+        password = (state / "secrets" / "redis-password").read_text().strip()
+        store = JobStore.from_url(lines["redis"].replace("***", password, 1))
+        try:
+            steps = {}
+            for e in store.events(video.id):
+                if e.get("type") == "progress":
+                    steps.setdefault(e["stage"], []).append(e["detail"])
+        finally:
+            store.close()
+        assert steps["denoise_high"][-1] == "step 6/6" and steps["denoise_low"][-1] == "step 2/2", steps
+        assert all(d.endswith("/6") for d in steps["denoise_high"]) and all(
+            d.endswith("/2") for d in steps["denoise_low"]), steps
+        # the native API: a request of its own, with the low expert's guidance
+        status, doc = _call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
+            "prompt": "a red car", "width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 3,
+            "guidance_scale_2": 2.0}})
+        assert status in (200, 201, 202), doc
+        done = client.videos.poll(doc["uid"], poll_interval_ms=200)
+        assert done.status == "completed", done
+        # over the loaded model's limits: refused at intake, naming the field
+        with pytest.raises(openai.BadRequestError) as e:
+            client.videos.create(prompt="a cat", model=WF, size="1024x512")
+        assert e.value.body["param"] == "size" and "rope_max_seq_len" in e.value.body["message"], e.value.body
+        status, doc = _call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
+            "prompt": "a cat", "guidance_scale_2": 51.0}})
+        assert status == 400 and "guidance_scale_2" in json.dumps(doc), doc
+        client.close()
+    finally:
+        out = stop_up(proc)
+    assert proc.returncode == 0, out
