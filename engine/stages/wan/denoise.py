@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine.adapters.request import adapter_set
 from engine.stages.base import StageContext
 from engine.stages.components import TorchStage, load_component
 from engine.stages.wan.vae import check_wan_size, wan_vae_factors
@@ -25,6 +26,11 @@ class WanDenoise(TorchStage):
     """Embeddings, ``latents`` and ``condition`` -> ``denoised`` latents (float32)."""
 
     components: ClassVar[tuple[str, ...]] = ("transformer", "scheduler")
+    #: the workflow whose LoRA adapters this stage applies (engine.adapters.registry.ADAPTABLE)
+    workflow: ClassVar[str] = "wan2.1-i2v"
+    #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
+    max_adapters: int | None = None
+    hot: Any = None  # engine.adapters.hot.HotAdapters, made on the first request with adapters
 
     def _load(self, model_dir: Path) -> None:
         self.transformer = load_component(model_dir, "transformer", ("diffusers", "WanTransformer3DModel"),
@@ -33,12 +39,41 @@ class WanDenoise(TorchStage):
         # a Collaboration-mode helper thread and the request loop share the model: one prediction at a time
         self._model_lock = threading.Lock()
 
+    def adapters(self) -> Any:
+        """The instance's hot adapters (engine.adapters.hot), made on first use."""
+        if self.hot is None:
+            from engine import envs
+            from engine.adapters.hot import HotAdapters
+
+            self.hot = HotAdapters(self.transformer, self.workflow,
+                                   self.max_adapters if self.max_adapters is not None else envs.MAX_ADAPTERS)
+        return self.hot
+
+    def _await_adapters(self, lora: Any, ctx: StageContext) -> None:
+        """Until this request's adapters are loaded (read off this thread; installed under the model lock,
+        between a helper's predictions); checks cancel and deadline meanwhile."""
+        from engine.adapters.hot import slot
+
+        hot = self.adapters()
+        hot.request(lora)
+        needed = {slot(d) for _n, _s, d in lora}
+        while True:
+            with self._model_lock:
+                if hot.ready(lora, needed):
+                    return
+            ctx.check()
+            hot.wait_any(0.05)
+
     def _predict(self, name: str, model_input: torch.Tensor, timestep: torch.Tensor, embeds: torch.Tensor,
-                 image_embeds: torch.Tensor | None) -> torch.Tensor:
+                 image_embeds: torch.Tensor | None, lora: Any = ()) -> torch.Tensor:
         """One transformer prediction. The one code path for both halves of a guided step, here and in a
-        Collaboration-mode helper, so the two modes stay bit-identical."""
+        Collaboration-mode helper, so the two modes stay bit-identical. ``lora``: the request's adapter set,
+        made the model's active set first (a helper's requests have none: a request with adapters computes
+        both halves itself)."""
         model = self.transformer
         with self._model_lock, model.cache_context(name):
+            if self.hot is not None:
+                self.hot.activate(lora)
             return model(hidden_states=model_input, timestep=timestep, encoder_hidden_states=embeds,
                          encoder_hidden_states_image=image_embeds, return_dict=False)[0]
 
@@ -72,8 +107,12 @@ class WanDenoise(TorchStage):
         image_embeds = inputs["image_embeds"].to(self.device, dtype) if model.config.image_dim is not None else None
         latents, condition = self._initial(inputs, params)
         timesteps = scheduler.timesteps
-        # Collaboration mode: a peer computes the unconditional halves (engine.worker.collab)
-        remote = ctx.cfg_parallel if guidance > 1.0 else None
+        lora = adapter_set(params)
+        if lora:
+            self._await_adapters(lora, ctx)
+        # Collaboration mode: a peer computes the unconditional halves (engine.worker.collab); not for a
+        # request with adapters (the peer's model has other adapters active)
+        remote = ctx.cfg_parallel if guidance > 1.0 and not lora else None
         if remote is not None:
             fixed = {"negative_prompt_embeds": neg}
             if image_embeds is not None:
@@ -86,14 +125,14 @@ class WanDenoise(TorchStage):
                 timestep = t.expand(latents.shape[0])
                 sent = remote is not None and remote.send_step(i, {"model_input": model_input, "timestep": timestep})
                 t0 = time.perf_counter()
-                noise_pred = self._predict("cond", model_input, timestep, pos, image_embeds)
+                noise_pred = self._predict("cond", model_input, timestep, pos, image_embeds, lora)
                 if guidance > 1.0:
                     noise_uncond = None
                     if sent:
                         remote.local_time(time.perf_counter() - t0)
                         noise_uncond = remote.wait_step(i)
                     if noise_uncond is None:
-                        noise_uncond = self._predict("uncond", model_input, timestep, neg, image_embeds)
+                        noise_uncond = self._predict("uncond", model_input, timestep, neg, image_embeds, lora)
                     else:
                         noise_uncond = noise_uncond.to(self.device)
                     noise_pred = noise_uncond + guidance * (noise_pred - noise_uncond)
@@ -111,6 +150,8 @@ class WanT2VDenoise(WanDenoise):
     ``WanPipeline.prepare_latents`` draws it (float32, from a CPU generator) before the loop, and UniPC
     draws nothing more, so drawing it in this stage keeps the output bit-identical to the one-call pipeline.
     """
+
+    workflow: ClassVar[str] = "wan2.1-t2v"
 
     def _load(self, model_dir: Path) -> None:
         super()._load(model_dir)
