@@ -103,3 +103,32 @@ def roles_from_state(state: str | Path) -> dict[str, int]:
     if doc.get("supervisor_pid"):
         roles["supervisor"] = int(doc["supervisor_pid"])
     return roles
+
+
+def vm_hwm_mb(pid: int) -> float:
+    """A process's peak resident memory (``VmHWM`` in ``/proc/PID/status``), MiB; 0 when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def tree_peak_rss_mb(roles: dict[str, int]) -> dict[str, float]:
+    """role -> the summed VmHWM of its process and descendants, stage workers (``engine.worker.proc``)
+    summed apart under ``stage_workers``. Read while the processes run: a reaped one's figure is gone."""
+    import psutil
+
+    out: dict[str, float] = {}
+    for role, pid in roles.items():
+        try:
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in tree:
+            key = WORKERS if p is not root and _is_worker(p) else role
+            out[key] = out.get(key, 0.0) + vm_hwm_mb(p.pid)
+    return out

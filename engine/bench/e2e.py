@@ -245,20 +245,27 @@ def monolith_capacity(model_dir: str, params: dict[str, Any], seconds: float, de
 
 # -- the engine under load: an asyncio client that sends on schedule ---------------------------------------
 class AsyncClient:
-    def __init__(self, proxy: str) -> None:
+    def __init__(self, proxy: str, token: str | None = None) -> None:
         import aiohttp
+
+        from engine.proxy.auth import auth_headers as bearer
 
         self.proxy = proxy.rstrip("/")
         # no connection cap: the offered load must not be limited by the client
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                             timeout=aiohttp.ClientTimeout(total=None), headers=auth_headers())
+                                             timeout=aiohttp.ClientTimeout(total=None),
+                                             headers=bearer(token) if token else auth_headers())
 
     async def close(self) -> None:
         await self.session.close()
 
-    async def submit(self, workflow: str, params: dict[str, Any], deadline_s: float | None
-                     ) -> tuple[int, dict[str, Any]]:
+    async def submit(self, workflow: str, params: dict[str, Any], deadline_s: float | None,
+                     inputs: dict[str, bytes] | None = None) -> tuple[int, dict[str, Any]]:
         body: dict[str, Any] = {"workflow": workflow, "params": params}
+        if inputs:
+            import base64
+
+            body["inputs"] = {k: base64.b64encode(v).decode() for k, v in inputs.items()}
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
         # ?workflow= lets the Proxy refuse from its queue state before it reads the body
@@ -409,9 +416,13 @@ def hogs(n: int) -> Any:
 
 def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadline_s: float, hog: int = 0,
         saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS,
-        processes: dict[str, int] | None = None, batches: tuple[int, ...] = (2, 4, 8)) -> dict[str, Any]:
+        processes: dict[str, int] | None = None, batches: tuple[int, ...] = (2, 4, 8),
+        single_stage: bool = False, single_stage_instances: int | None = None,
+        mix_model_dirs: dict[str, str] | None = None) -> dict[str, Any]:
     """Every figure; ``processes`` (role -> pid of the engine's processes) adds the control plane's CPU per
-    completed request while saturated (:mod:`engine.bench.cpu`)."""
+    completed request while saturated (:mod:`engine.bench.cpu`). ``single_stage`` adds the single-stage
+    baseline and ``mix_model_dirs`` (workflow -> model folder) the mixed run against a monolith per workflow,
+    each on a private engine of its own (:mod:`engine.bench.variants`) while the live one idles."""
     from engine.workflow import get_workflow
 
     params = PARAMS[workflow]
@@ -455,6 +466,22 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
             r["goodput_x_capacity"] = r["goodput_rps"] / capacity
             rows.append(r)
         out["open_loop"] = rows
+        out.update(baselines_on_private_engines(model_dir, seconds, saturate_in_flight, device, single_stage,
+                                                single_stage_instances, mix_model_dirs))
+    return out
+
+
+def baselines_on_private_engines(model_dir: str, seconds: float, in_flight: int, device: str = "cpu",
+                                 single_stage: bool = True, single_stage_instances: int | None = None,
+                                 mix_model_dirs: dict[str, str] | None = None) -> dict[str, Any]:
+    """Items 7c and 7d of issue 24: the single-stage engine and the mixed run (:mod:`engine.bench.variants`)."""
+    from engine.bench import variants
+
+    out: dict[str, Any] = {}
+    if single_stage:
+        out.update(variants.single_stage(model_dir, seconds, in_flight, single_stage_instances))
+    if mix_model_dirs:
+        out.update(variants.mixed(mix_model_dirs, seconds, in_flight, device))
     return out
 
 
@@ -476,6 +503,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state", default=None, metavar="DIR",
                    help="onepiece up's state folder (its processes.json names the processes whose CPU is the "
                    "control plane's); default: two folders above --model-dir")
+    p.add_argument("--no-single-stage", action="store_true",
+                   help="skip the single-stage baseline (sd-t2i as one stage on a private engine)")
+    p.add_argument("--single-stage-instances", type=int, default=None, metavar="N",
+                   help="instances of the single-stage baseline (default: one per usable core)")
+    p.add_argument("--no-mixed", action="store_true",
+                   help="skip the mixed run of sd-t2i, wan2.1-t2v and wan2.1-i2v against a monolith per workflow "
+                   "(their model folders are --model-dir's siblings)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
@@ -486,8 +520,20 @@ def main(args: Any) -> int:
     processes = roles_from_state(state)
     if not processes:
         print(f"no processes.json under {state}: the control plane's CPU is not measured (--state)", file=sys.stderr)
+    mix: dict[str, str] | None = None
+    if not args.no_mixed:
+        from engine.bench.variants import MIX_WORKFLOWS
+
+        models = Path(args.model_dir).resolve().parent
+        mix = {wf: str(models / wf) for wf in MIX_WORKFLOWS if (models / wf / "model_index.json").is_file()}
+        if len(mix) < len(MIX_WORKFLOWS):
+            print(f"mixed run skipped: {models} lacks {sorted(set(MIX_WORKFLOWS) - set(mix))} "
+                  "(onepiece models make-tiny builds them)", file=sys.stderr)
+            mix = None
     result = run(args.proxy, args.model_dir, args.workflow, args.requests, args.seconds, args.deadline_s,
-                 hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes)
+                 hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes,
+                 single_stage=not args.no_single_stage, single_stage_instances=args.single_stage_instances,
+                 mix_model_dirs=mix)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -506,6 +552,16 @@ def main(args: Any) -> int:
         print(f"batched monolith: {r['batched_monolith_capacity_rps']:.2f} requests/s at batch "
               f"{r['batched_monolith_batch']} (its best of {', '.join(r['batched_monolith_rps_by_batch'])}) = "
               f"{r['staged_vs_batched_monolith_capacity']:.2f}x")
+    if r.get("staged_vs_single_stage_capacity") is not None:
+        print(f"single stage: {r['single_stage_capacity_rps']:.2f} requests/s with the whole pipeline in one stage "
+              f"({r['single_stage_instances']} instance(s)) vs staged {r['single_stage_staged_capacity_rps']:.2f} "
+              f"on the same private engine = {r['staged_vs_single_stage_capacity']:.2f}x; outputs "
+              f"{'equal' if r['single_stage_output_equal'] else 'DIFFER'}")
+    if r.get("mixed_vs_monolith_capacity") is not None:
+        print(f"mixed ({', '.join(r['mixed_workflows'])}, equal shares): staged {r['mixed_capacity_rps']:.2f} "
+              f"requests/s ({r['mixed_instances']} instances) vs a monolith per workflow "
+              f"{r['monolith_mix_capacity_rps']:.2f} = {r['mixed_vs_monolith_capacity']:.2f}x; peak memory "
+              f"staged {r['staged_rss_mb']:.0f} MiB vs monoliths {r['monolith_rss_mb']:.0f} MiB")
     if r.get("control_plane_cpu_ms_per_request") is not None:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in r["control_plane_breakdown"].items())
         print(f"control plane: {r['control_plane_cpu_ms_per_request']:.1f} ms CPU per completed request at "

@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 from functools import cache
 
+from engine import envs
 from engine.workflow import specs
 from engine.workflow.spec import InvalidRequest, WorkflowSpec
 
@@ -22,6 +23,13 @@ def workflows() -> dict[str, WorkflowSpec]:
             if spec.name in found:
                 raise ValueError(f"two workflow specs named {spec.name!r}")
             found[spec.name] = spec
+    # benchmarks only (ONEPIECE_BENCH_WORKFLOWS): workflows no user deployment offers, e.g. the single-stage sd-t2i
+    for path in filter(None, (m.strip() for m in (envs.BENCH_WORKFLOWS or "").split(","))):
+        spec = importlib.import_module(path).SPEC
+        spec.validate_graph()
+        if spec.name in found:
+            raise ValueError(f"two workflow specs named {spec.name!r}")
+        found[spec.name] = spec
     return found
 
 

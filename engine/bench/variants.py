@@ -1,0 +1,281 @@
+"""``onepiece bench e2e``'s baselines that need a deployment of their own (issue 24, items 7c and 7d).
+
+Both run a private one-node engine (:mod:`engine.bench.private`: the same Proxy, rings, store and node code
+as any deployment, with redis and etcd of its own), on the cores the live engine leaves idle meanwhile.
+
+- **single stage** (``staged_vs_single_stage_capacity``): one engine serving sd-t2i both ways at once, as
+  its four stages (``default_assignment``) and as one stage running the whole one-call pipeline
+  (:mod:`engine.bench.single_stage`, ``single_stage_instances`` instances, one per core by default so that
+  both sides can use every core); each side saturated in turn through the same Proxy; one request of each
+  with the same seed checks their png bytes are equal (``single_stage_output_equal``).
+- **mixed** (``mixed_vs_monolith_capacity``): sd-t2i, wan2.1-t2v and wan2.1-i2v at small sizes, an equal
+  mix (requests go round the three workflows in turn), on the engine deployed as
+  ``engine.worker.config.default_assignment(models)`` gives it (one instance per stage, or per stage pool
+  where workflows share components), against one monolith per workflow (the one-call pipeline in one
+  process each, cores / 3 threads, at least 1) fed the same closed loop; ``staged_rss_mb`` and
+  ``monolith_rss_mb`` are each side's summed peak resident memory (VmHWM from /proc) over its processes
+  (the staged side's include its Proxy, node, redis and etcd; ``staged_rss_breakdown_mb`` per role).
+
+Capacity is measured as :func:`engine.bench.e2e.saturate` does: ``in_flight`` requests kept in the engine,
+windows of ``seconds`` until one is no better than 5% above the best before it, the best window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.bench.cpu import vm_hwm_mb
+from engine.bench.single_stage import MODULE as SINGLE_MODULE
+from engine.bench.single_stage import NAME as SINGLE
+from engine.bench.single_stage import STAGE as SINGLE_STAGE
+
+MIX_WORKFLOWS = ("sd-t2i", "wan2.1-t2v", "wan2.1-i2v")
+_WAN = {"prompt": "a cat on the moon", "height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2,
+        "seed": 1}
+MIX_PARAMS: dict[str, dict[str, Any]] = {
+    "sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3, "seed": 1},
+    "wan2.1-t2v": dict(_WAN), "wan2.1-i2v": dict(_WAN)}
+
+Job = tuple[str, dict[str, Any], dict[str, bytes]]  # (workflow, params, request inputs)
+
+
+def _cores() -> int:
+    from engine.worker.threads import usable_cores
+
+    return usable_cores()
+
+
+def mix_jobs(workflows: Sequence[str] = MIX_WORKFLOWS) -> list[Job]:
+    """One small request per workflow, with a png for the workflows that take an image."""
+    from engine.workflow import get_workflow
+    from engine.workflow.images import blank_png
+
+    jobs: list[Job] = []
+    for wf in workflows:
+        params = MIX_PARAMS[wf]
+        inputs = {name: blank_png(params["width"], params["height"]) for name in get_workflow(wf).image_inputs()}
+        jobs.append((wf, params, inputs))
+    return jobs
+
+
+async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_flight: int, seconds: float,
+                       max_windows: int = 5) -> tuple[float, list[float], dict[str, int]]:
+    """(capacity, completions per second in each window, completions per workflow in the windows) with
+    ``in_flight`` requests kept in the engine, each new request the next of ``jobs`` in turn."""
+    from engine.bench.e2e import AsyncClient
+
+    client = AsyncClient(proxy, token)
+    turn = itertools.count()
+    finished: list[tuple[float, str]] = []
+    windows: list[float] = []
+    t0 = time.perf_counter() + min(3.0, seconds / 4)
+    counted: dict[str, int] = {}
+    stop = False
+
+    async def loop() -> None:
+        while not stop:
+            wf, params, inputs = jobs[next(turn) % len(jobs)]
+            status, doc = await client.submit(wf, params, None, inputs)
+            if status != 202:
+                await asyncio.sleep(0.05)
+                continue
+            if await client.wait(doc["uid"], 300) == "completed":
+                finished.append((time.perf_counter(), wf))
+
+    async def judge() -> None:
+        nonlocal stop
+        await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
+        first = time.perf_counter()
+        while len(windows) < max_windows:
+            start = time.perf_counter()
+            await asyncio.sleep(seconds)
+            end = time.perf_counter()
+            windows.append(sum(1 for t, _ in finished if start <= t < end) / (end - start))
+            if len(windows) >= 2 and windows[-1] <= 1.05 * max(windows[:-1]):
+                break
+        for t, wf in finished:
+            if t >= first:
+                counted[wf] = counted.get(wf, 0) + 1
+        stop = True
+
+    try:
+        await asyncio.gather(judge(), *(loop() for _ in range(in_flight)))
+    finally:
+        await client.close()
+    return max(windows), windows, counted
+
+
+async def _results(proxy: str, token: str, jobs: Sequence[Job]) -> list[bytes | None]:
+    """Each job once, one after the other: its result's bytes (None if it did not complete)."""
+    from engine.bench.e2e import AsyncClient
+
+    client = AsyncClient(proxy, token)
+    out: list[bytes | None] = []
+    try:
+        for wf, params, inputs in jobs:
+            status, doc = await client.submit(wf, params, None, inputs)
+            if status != 202 or await client.wait(doc["uid"], 300) != "completed":
+                out.append(None)
+                continue
+            async with client.session.get(f"{client.proxy}/v1/requests/{doc['uid']}/result") as r:
+                out.append(await r.read() if r.status == 200 else None)
+    finally:
+        await client.close()
+    return out
+
+
+def _assignment(model_dirs: dict[str, str]) -> dict[str, Any]:
+    from engine.worker.config import default_assignment
+
+    return json.loads(default_assignment(model_dirs, device="cpu").to_json())
+
+
+def single_stage(model_dir: str, seconds: float, in_flight: int, instances: int | None = None,
+                 work: str | Path | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """The staged sd-t2i against the same engine serving it as one stage, same run, same cores."""
+    from engine.bench.e2e import PARAMS
+    from engine.bench.private import PrivateEngine
+
+    n = instances or _cores()
+    doc = _assignment({"sd-t2i": model_dir})
+    template = doc["instances"][0]
+    doc["instances"] += [{**template, "id": f"{SINGLE}.{SINGLE_STAGE}.{k}", "workflow": SINGLE,
+                          "stage": SINGLE_STAGE, "step_delay_s": 0.0} for k in range(n)]
+    doc["model_dirs"][SINGLE] = model_dir
+    params = PARAMS["sd-t2i"]
+    with tempfile.TemporaryDirectory(prefix="onepiece-bench-single-", dir=work) as tmp, \
+            PrivateEngine(json.dumps(doc), Path(tmp), f"b{os.getpid()}s-", bench_workflows=(SINGLE_MODULE,),
+                          log=log) as eng:
+        staged_png, single_png = asyncio.run(_results(eng.proxy, eng.token, [("sd-t2i", params, {}),
+                                                                              (SINGLE, params, {})]))
+        staged, staged_w, _ = asyncio.run(saturate_mix(eng.proxy, eng.token, [("sd-t2i", params, {})],
+                                                       in_flight, seconds))
+        single, single_w, _ = asyncio.run(saturate_mix(eng.proxy, eng.token, [(SINGLE, params, {})],
+                                                       in_flight, seconds))
+    return {"single_stage_capacity_rps": single, "single_stage_windows_rps": single_w,
+            "single_stage_instances": n, "single_stage_staged_capacity_rps": staged,
+            "single_stage_staged_windows_rps": staged_w,
+            "single_stage_output_equal": staged_png is not None and staged_png == single_png,
+            "staged_vs_single_stage_capacity": staged / single if single else None}
+
+
+# -- one monolith per workflow, fed a closed loop ----------------------------------------------------
+def _load_any(model_dir: str, device: str) -> Any:
+    from engine.bench.e2e import _load_pipeline
+
+    return _load_pipeline(model_dir, device)
+
+
+def _mono_call(pipe: Any, params: dict[str, Any], inputs: dict[str, bytes], device: str) -> None:
+    import torch
+
+    kwargs = {k: v for k, v in params.items() if k != "seed"}
+    if "image" in inputs:
+        from engine.stages.components import decode_image
+
+        kwargs["image"] = decode_image(inputs["image"])
+    pipe(generator=torch.Generator(device="cpu").manual_seed(params.get("seed", 0)), output_type="np", **kwargs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _mix_monolith(job: Job, model_dir: str, threads: int, device: str, ready: Any, inbox: Any, done: Any) -> None:
+    """One workflow's monolith: serves the requests put in ``inbox`` (None ends it), one at a time."""
+    from engine.worker.threads import apply_env
+
+    apply_env(os.environ, threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    wf, params, inputs = job
+    pipe = _load_any(model_dir, device)
+    _mono_call(pipe, params, inputs, device)  # warm-up
+    ready.put(os.getpid())
+    while inbox.get() is not None:
+        _mono_call(pipe, params, inputs, device)
+        done.put((wf, time.monotonic()))
+
+
+def monolith_mix(model_dirs: dict[str, str], jobs: Sequence[Job], in_flight: int, seconds: float,
+                 device: str = "cpu", max_windows: int = 5) -> dict[str, Any]:
+    """One monolith process per workflow on the same cores, ``in_flight`` requests kept outstanding, each
+    new one the next of ``jobs`` in turn (the staged side's closed loop); capacity as the best window, and
+    the summed peak resident memory of the monoliths (read before they stop)."""
+    ctx = mp.get_context("spawn")
+    threads = max(1, _cores() // len(jobs))
+    ready, done = ctx.Queue(), ctx.Queue()
+    inboxes = {wf: ctx.Queue() for wf, _, _ in jobs}
+    procs = {job[0]: ctx.Process(target=_mix_monolith, daemon=True,
+                                 args=(job, model_dirs[job[0]], threads, device, ready, inboxes[job[0]], done))
+             for job in jobs}
+    for p in procs.values():
+        p.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=600)
+        turn = itertools.count()
+
+        def send() -> None:
+            inboxes[jobs[next(turn) % len(jobs)][0]].put(1)
+
+        for _ in range(in_flight):
+            send()
+        finished: list[tuple[float, str]] = []
+        t0 = time.monotonic() + min(3.0, seconds / 4)
+        windows: list[float] = []
+        start = t0
+        while len(windows) < max_windows:
+            end = start + seconds
+            while time.monotonic() < end:
+                try:
+                    wf, t = done.get(timeout=max(0.01, end - time.monotonic()))
+                except queue.Empty:
+                    continue
+                finished.append((t, wf))
+                send()
+            windows.append(sum(1 for t, _ in finished if start <= t < end) / seconds)
+            if len(windows) >= 2 and windows[-1] <= 1.05 * max(windows[:-1]):
+                break
+            start = end
+        rss = {wf: vm_hwm_mb(p.pid) for wf, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.join(10)
+        for q in (ready, done, *inboxes.values()):
+            q.close()
+    return {"monolith_mix_capacity_rps": max(windows), "monolith_mix_windows_rps": windows,
+            "monolith_mix_threads": threads, "monolith_rss_mb": sum(rss.values()), "monolith_rss_by_workflow_mb": rss}
+
+
+def mixed(model_dirs: dict[str, str], seconds: float, in_flight: int, device: str = "cpu",
+          work: str | Path | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """The three workflows' equal mix on the staged engine (``default_assignment``) against one monolith per
+    workflow, same cores, one after the other."""
+    from engine.bench.private import PrivateEngine
+
+    jobs = mix_jobs([wf for wf in MIX_WORKFLOWS if wf in model_dirs])
+    doc = _assignment({wf: model_dirs[wf] for wf, _, _ in jobs})
+    with tempfile.TemporaryDirectory(prefix="onepiece-bench-mixed-", dir=work) as tmp, \
+            PrivateEngine(json.dumps(doc), Path(tmp), f"b{os.getpid()}m-", log=log) as eng:
+        asyncio.run(_results(eng.proxy, eng.token, jobs))  # one of each first: every stage warm
+        staged, windows, per_wf = asyncio.run(saturate_mix(eng.proxy, eng.token, jobs, in_flight, seconds))
+        rss = eng.peak_rss_mb()
+    out: dict[str, Any] = {"mixed_workflows": [wf for wf, _, _ in jobs], "mixed_params": MIX_PARAMS,
+                           "mixed_instances": len(doc["instances"]), "mixed_capacity_rps": staged,
+                           "mixed_windows_rps": windows, "mixed_completed_by_workflow": per_wf,
+                           "staged_rss_mb": sum(rss.values()), "staged_rss_breakdown_mb": rss}
+    out.update(monolith_mix(model_dirs, jobs, in_flight, seconds, device))
+    mono = out["monolith_mix_capacity_rps"]
+    out["mixed_vs_monolith_capacity"] = staged / mono if mono else None
+    return out
