@@ -22,13 +22,12 @@ from typing import Any
 
 from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
+from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_prompt
 
 # The latent is packed 2x2 on top of the VAE's 8x: sides are multiples of 16 (FluxPipeline otherwise resizes
 # the request down, silently); the tiny model's 2x VAE needs multiples of 4, which 16 satisfies.
 SIZE_MULTIPLE = 16
 MAX_SIDE = 2048
-MAX_PIXELS = 2048 * 2048
 DEFAULT_SAMPLE_SIZE = 128  # FluxPipeline.default_sample_size (latent pixels a side)
 T5_MAX = 512  # FluxPipeline.check_inputs refuses more
 _P = "engine.stages.flux.stages"
@@ -44,7 +43,6 @@ def _check(name: str) -> Any:
         require_prompt(p)
         require_multiple(p, "height", SIZE_MULTIPLE)
         require_multiple(p, "width", SIZE_MULTIPLE)
-        require_pixels(p, MAX_PIXELS, name)
 
     return check
 

@@ -25,11 +25,10 @@ from typing import Any
 
 from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
+from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_prompt
 
 SIZE_MULTIPLE = 16  # the 8x VAE, then 2x2 patches (QwenImagePipeline warns and resizes otherwise)
 MAX_SIDE = 2048
-MAX_PIXELS = 2048 * 2048
 DEFAULT_SAMPLE_SIZE = 128  # QwenImagePipeline.default_sample_size
 MAX_SEQUENCE = 1024  # QwenImagePipeline.check_inputs refuses more
 _P = "engine.stages.qwen.stages"
@@ -45,7 +44,6 @@ def _check(p: Mapping[str, Any]) -> None:
     require_prompt(p)
     require_multiple(p, "height", SIZE_MULTIPLE)
     require_multiple(p, "width", SIZE_MULTIPLE)
-    require_pixels(p, MAX_PIXELS, "qwen-image")
 
 
 def _model_limits(configs: limits.Configs) -> limits.Overrides:
