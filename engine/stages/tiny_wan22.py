@@ -139,11 +139,6 @@ A14B_SERVING = {"defaults": {"width": 112, "height": 64, "num_frames": 17, "num_
 TI2V_SERVING = {"defaults": {"width": 160, "height": 96, "num_frames": 25, "num_inference_steps": 8},
                 "why": "tiny random-weight model: a default clip that runs in seconds on a CPU"}
 
-SERVING = {"defaults": {"width": 224, "height": 128, "num_frames": 33, "num_inference_steps": 8},
-                "why": "tiny random-weight model: a default clip that runs in seconds on a CPU"}
-TI2V_SERVING = {"defaults": {"width": 320, "height": 192, "num_frames": 25, "num_inference_steps": 8},
-                "why": "tiny random-weight model: a default clip that runs in seconds on a CPU"}
-
 SERVING = {"wan2.2-t2v-a14b": A14B_SERVING, "wan2.2-i2v-a14b": A14B_SERVING, "wan2.2-ti2v-5b": TI2V_SERVING}
 BUILDS = {"wan2.2-t2v-a14b": build_wan22_t2v_a14b, "wan2.2-i2v-a14b": build_wan22_i2v_a14b,
           "wan2.2-ti2v-5b": build_wan22_ti2v_5b}
