@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "costs one worker process per stage, each ~430 MB and seconds of imports")
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per stage inbox ring")
     p.add_argument("--spare-slots", type=int, default=0, metavar="N",
-                   help="instance slots beyond one per stage, for the Node Manager to give to bottleneck stages "
+                   help="instance slots beyond one per stage pool, for the Node Manager to give to bottleneck stages "
                    "(shared among the workflows by weight; each is one more worker process when used)")
     p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
                    help="CPU threads per stage instance (default: ONEPIECE_THREADS_PER_INSTANCE or auto: the "
@@ -339,7 +339,10 @@ def _ensure_models(args: argparse.Namespace, env: dict[str, str], state: Path) -
                     folder.rename(root / folder.name)
             import shutil
 
+            from engine.workflow.pools import link_identical
+
             shutil.rmtree(scratch, ignore_errors=True)
+            link_identical(root)  # what the workflows share (same bytes, e.g. the Wan2.1 pair's umT5) once on disk
     found = {w: str(root / w) for w in workflows() if (root / w / "model_index.json").exists()}
     if args.models is None:  # tiny models of an earlier run: their serving defaults, if they predate them
         from engine.stages.tiny import ensure_serving

@@ -80,7 +80,7 @@ def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Ove
     """Return the overrides with ``action`` applied, or raise :class:`ActionRefused`.
 
     ``cluster``: {"nodes": [names], "slots_per_node": int, "stages": {workflow: [stage, ...]},
-    "instances": {instance id: node}}.
+    "instances": {instance id: node}, "pools": [["workflow/stage", ...], ...] (optional: the stage pools)}.
     """
     nodes = set(cluster["nodes"])
     live = nodes - set(ov.drained)
@@ -95,10 +95,12 @@ def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Ove
         if n not in nodes:
             raise ActionRefused(f"no live node {n!r}; nodes: {sorted(nodes)}")
 
+    # stage pools shared across workflows count once (engine.workflow.pools): a bound on any member bounds it
+    pools = cluster.get("pools") or [[f"{w}/{s}"] for w, stages in cluster["stages"].items() for s in stages]
+
     def pinned_minimum(o: Overrides) -> int:
-        fixed = sum(v["min"] for v in o.stages.values())
-        free_stages = sum(len(s) for s in cluster["stages"].values()) - len(o.stages)
-        return fixed + free_stages  # every other stage needs at least one instance
+        # every pool needs at least one instance, a bounded one its largest member's minimum
+        return sum(max([1, *(o.stages[m]["min"] for m in pool if m in o.stages)]) for pool in pools)
 
     if action == "scale_stage":
         wf, st, n = args.get("workflow", ""), args.get("stage", ""), args.get("instances")

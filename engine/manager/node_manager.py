@@ -45,6 +45,7 @@ from engine.manager import actions as act
 from engine.manager import sets
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, throughput
 from engine.manager.election import Election, NotLeader
+from engine.workflow import get_workflow
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,9 @@ log = logging.getLogger(__name__)
 class ManagerConfig:
     workflows: dict[str, str]  # workflow -> model folder (the same path on every node)
     slots_per_node: int = 6  # instances one node holds (one per GPU on GPU nodes)
-    weights: dict[str, float] = field(default_factory=dict)  # share of the slots per workflow (default equal)
+    # the workflows' relative request rates the slots are sized for before the Proxies report arrivals
+    # (default equal); with arrivals, each workflow's measured rate times its weight
+    weights: dict[str, float] = field(default_factory=dict)
     min_gain: float = 0.10
     cooldown: float = 30.0
     ewma: float = 0.3  # weight of a new measurement in the moving average
@@ -120,17 +123,30 @@ class NodeManager:
         self._profiles: dict[str, list[StageProfile]] = {}  # this tick's stage profiles
         self._force = False  # an accepted operator action applies at once, past hysteresis
         self._last_state = ""  # the Workflow Sets state last published
+        self._arrival: dict[str, float] = {}  # this tick's requests/s per workflow, summed over the sets
+        self._arrival_by: dict[str, dict[str, float]] = {}  # the same per Workflow Set
+        from engine.workflow.pools import pool_of, pools
+
+        # stage pools: (workflow, stage) pairs of the same executor on the same component bytes share instances
+        self.pools = pools(config.workflows)
+        self.pool_of = pool_of(self.pools)
+        shared = [p for p in self.pools if p.shared]
+        if shared:
+            log.info("stage pools shared across workflows: %s",
+                     "; ".join(f"{p.name} serves {', '.join('/'.join(m) for m in p.members)}" for p in shared))
 
     # reading the cluster ---------------------------------------------------------------------
     def _measure(self, nodes: dict[str, dict[str, Any]]) -> None:
         a = self.cfg.ewma
         for report in nodes.values():
             for inst in report.get("instances", {}).values():
-                t = float(inst.get("last_stage_s") or 0.0)
-                if t <= 0:
-                    continue
-                k = (inst["workflow"], inst["stage"])
-                self.service_s[k] = t if k not in self.service_s else (1 - a) * self.service_s[k] + a * t
+                per_workflow = inst.get("service_s") or {}
+                serves = [tuple(m.split("/", 1)) for m in inst.get("serves") or ()] or [(inst["workflow"], inst["stage"])]
+                for k in serves:  # a shared pool's instance measures each workflow's requests apart
+                    t = float(per_workflow.get(k[0]) or (inst.get("last_stage_s") if len(serves) == 1 else 0) or 0.0)
+                    if t <= 0:
+                        continue
+                    self.service_s[k] = t if k not in self.service_s else (1 - a) * self.service_s[k] + a * t
 
     def profile(self, workflow: str) -> list[StageProfile]:
         """Stage service times (measured where we have them, else the cost model's estimate) and
@@ -164,6 +180,11 @@ class NodeManager:
             return TickResult(leader=False, reason="not the leader")
         try:
             seen = self._observe()
+            self._arrival_by = seen.arrival
+            self._arrival = {}
+            for rates in seen.arrival.values():
+                for w, r in rates.items():
+                    self._arrival[w] = self._arrival.get(w, 0.0) + r
             if not seen.nodes:
                 return TickResult(leader=True, reason="no live nodes", token=ship.token)
             now = self.clock()
@@ -219,7 +240,8 @@ class NodeManager:
     def _plan_instances(self, seen: Observation, groups: SetsPlan, now: float) -> InstancePlan:
         """Theorem 1 per set on its slots, and the decision to apply it (hysteresis unless forced)."""
         nodes, current, moved = seen.nodes, seen.current, groups.moved
-        desired_by = {sn: self._allocate(self.cfg.slots_per_node * len(ns)) for sn, ns in groups.by_set.items()}
+        desired_by = {sn: self._allocate(self.cfg.slots_per_node * len(ns), seen.arrival.get(sn))
+                      for sn, ns in groups.by_set.items()}
         have_by = {sn: self._counts(current, set(ns), sn) for sn, ns in groups.by_set.items()}
         desired, have = _sum_counts(desired_by.values()), _sum_counts(have_by.values())
         missing = any(have_by[sn].get(w, {}).get(st, 0) < 1 for sn, d in desired_by.items() for w in d for st in d[w])
@@ -263,17 +285,18 @@ class NodeManager:
         if n_nodes <= 0:
             return {}
         try:
-            alloc = self._allocate(self.cfg.slots_per_node * n_nodes)
+            arrival = self._arrival_by.get(workflow_set)
+            alloc = self._allocate(self.cfg.slots_per_node * n_nodes, arrival)
         except AllocationError:
             return dict.fromkeys(self.cfg.workflows, 0.0)
-        return {w: throughput(self.profile(w), alloc[w])[0] for w in self.cfg.workflows}
+        return {w: self._throughput(w, alloc[w], arrival)[0] for w in self.cfg.workflows}
 
     def _sets_state(self, by_set: dict[str, list[str]], have_by: dict[str, dict[str, dict[str, int]]],
                     arrival: dict[str, dict[str, float]], proxies: dict[str, list[str]]) -> dict[str, Any]:
         """What :func:`engine.manager.sets.which_proxy` reads: per set, its nodes, Proxies, capacity and load."""
         out: dict[str, Any] = {}
         for sn in sorted(set(by_set) | set(proxies)):
-            wfs = {w: {"capacity": throughput(self.profile(w), have_by.get(sn, {}).get(w, {}))[0]
+            wfs = {w: {"capacity": self._throughput(w, have_by.get(sn, {}).get(w, {}), arrival.get(sn))[0]
                        if have_by.get(sn, {}).get(w) else 0.0,
                        "arrival": arrival.get(sn, {}).get(w, 0.0)} for w in self.cfg.workflows}
             out[sn] = {"nodes": by_set.get(sn, []), "proxies": sorted(u for u in proxies.get(sn, []) if u),
@@ -289,7 +312,7 @@ class NodeManager:
         when the throughput moved by 5% or more or the recommendation, mode or sets changed."""
         puts = {}
         have_by = have_by if have_by is not None else {sets.DEFAULT: have}
-        per_set = {sn: {w: throughput(self.profile(w), h.get(w, {})) for w in self.cfg.workflows}
+        per_set = {sn: {w: self._throughput(w, h.get(w, {}), self._arrival_by.get(sn)) for w in self.cfg.workflows}
                    for sn, h in have_by.items()}
         if state is not None:
             text = json.dumps(state, sort_keys=True)
@@ -302,7 +325,7 @@ class NodeManager:
                 self._last_state = text
         for w in self.cfg.workflows:
             rps = sum(per_set[sn][w][0] for sn in per_set if have_by[sn].get(w))
-            bottleneck = throughput(self.profile(w), have.get(w, {}))[1]
+            bottleneck = self._throughput(w, have.get(w, {}), self._arrival)[1]
             last = self._capacity.get(w)
             recommended = desired.get(w, {})
             mode = self.overrides.modes.get(w, "individual")
@@ -312,6 +335,9 @@ class NodeManager:
             self._capacity[w], self._recommended[w], self._modes[w] = rps, recommended, mode
             body = {"rps": rps, "bottleneck": bottleneck, "instances": have.get(w, {}), "mode": mode,
                     "recommended": recommended, "service_s": {p.name: p.seconds for p in self.profile(w)},
+                    # the stages this workflow shares with others: one pool's instances serve them all
+                    "shared": {st: ["/".join(m) for m in self.pool_of[w, st].members]
+                               for st in get_workflow(w).route() if self.pool_of[w, st].shared},
                     "fence_token": self.election.leadership.token if self.election.leadership else None}
             puts[self.keys.capacity(w)] = json.dumps(body, sort_keys=True)
         if puts:
@@ -329,6 +355,7 @@ class NodeManager:
             "nodes": sorted(nodes), "slots_per_node": self.cfg.slots_per_node,
             "stages": {w: get_workflow(w).route() for w in self.cfg.workflows},
             "instances": {i["id"]: n for n, body in current.items() for i in body.get("instances", [])},
+            "pools": [["/".join(m) for m in p.members] for p in self.pools],
         }
         for rid in sorted(pending):
             req = pending[rid]
@@ -349,27 +376,69 @@ class NodeManager:
                 self.overrides = new
                 self._force = True
 
-    def _allocate(self, slots: int) -> dict[str, dict[str, int]]:
-        """Every workflow first gets its stages' minimums; the slots left are shared by weight."""
+    def _mix(self, arrival: dict[str, float] | None) -> dict[str, float]:
+        """Each workflow's share of the demand the slots are sized for: the Proxies' measured arrival rates
+        (times the weights) once any arrive, the weights before."""
         wfs = sorted(self.cfg.workflows)
-        profiles = {w: self.profile(w) for w in wfs}
-        minimum = {w: sum(p.min_instances for p in profiles[w]) for w in wfs}
-        spare = slots - sum(minimum.values())
-        if spare < 0:
-            raise AllocationError(
-                f"{slots} instance slots on the live nodes cannot hold the stages' minimums "
-                f"({', '.join(f'{w}: {n}' for w, n in minimum.items())}); add nodes or slots per node"
-            )
-        weights = {w: self.cfg.weights.get(w, 1.0) for w in wfs}
-        total_w = sum(weights.values())
-        out: dict[str, dict[str, int]] = {}
-        left = spare
-        for i, w in enumerate(wfs):
-            extra = left if i == len(wfs) - 1 else int(spare * weights[w] / total_w)
-            alloc = for_budget(profiles[w], minimum[w] + extra)
-            out[w] = alloc.instances
-            left -= alloc.total - minimum[w]
+        weights = {w: max(0.0, self.cfg.weights.get(w, 1.0)) for w in wfs}
+        rates = {w: (arrival or {}).get(w, 0.0) * weights[w] for w in wfs}
+        return rates if sum(rates.values()) > 0 else weights
+
+    def _pool_profiles(self, mix: dict[str, float]) -> list[StageProfile]:
+        """One profile per stage pool: Theorem 1 over the union of the chains. A pool's seconds per unit of
+        demand are its members' service times weighted by their workflows' shares, so ``n_p / seconds_p``
+        is the demand scale it sustains; operators' bounds on any member bound the pool."""
+        wfs = set(self.cfg.workflows)
+        stages = {w: {p.name: p for p in self.profile(w)} for w in wfs}
+        out = []
+        for pool in self.pools:
+            members = [(w, st) for w, st in pool.members if w in wfs]
+            if not members:
+                continue
+            seconds = sum(mix.get(w, 0.0) * stages[w][st].seconds for w, st in members)
+            lows = [stages[w][st].min_instances for w, st in members]
+            highs = [stages[w][st].max_instances for w, st in members if stages[w][st].max_instances is not None]
+            out.append(StageProfile(pool.name, max(seconds, 1e-12), max(lows),
+                                    max(max(lows), min(highs)) if highs else None))
         return out
+
+    def _allocate(self, slots: int, arrival: dict[str, float] | None = None) -> dict[str, dict[str, int]]:
+        """Instances per stage of every workflow on ``slots``: every pool first gets its minimum, then the
+        slots left go where they raise the demand the cluster sustains most (water-filling over the pools,
+        :func:`engine.manager.allocator.for_budget`). A shared pool counts once, and its count is listed under
+        each workflow it serves."""
+        profiles = self._pool_profiles(self._mix(arrival))
+        minimum = sum(p.min_instances for p in profiles)
+        if minimum > slots:
+            raise AllocationError(
+                f"{slots} instance slots on the live nodes cannot hold the stages' minimums ({minimum} for "
+                f"{len(profiles)} stage pools of {', '.join(sorted(self.cfg.workflows))}); add nodes or slots per node"
+            )
+        counts = for_budget(profiles, slots).instances
+        return {w: {st: counts[self.pool_of[w, st].name] for st in get_workflow(w).route()}
+                for w in sorted(self.cfg.workflows)}
+
+    def _throughput(self, workflow: str, counts: dict[str, int],
+                    arrival: dict[str, float] | None = None) -> tuple[float, str]:
+        """(requests/s, bottleneck) of ``workflow`` with ``counts`` instances per stage. A shared pool's
+        instances first serve the other workflows' arrivals (their measured rates x service times): what
+        is left is this workflow's, so no pool's capacity is promised twice."""
+        prof = self.profile(workflow)
+        if not arrival:
+            return throughput(prof, counts)
+        left = {}
+        for p in prof:
+            pool = self.pool_of.get((workflow, p.name))
+            others = 0.0
+            if pool is not None and pool.shared:
+                for w, st in pool.members:
+                    if w != workflow and w in self.cfg.workflows:
+                        t = next(q.seconds for q in self.profile(w) if q.name == st)
+                        others += arrival.get(w, 0.0) * t
+            left[p.name] = max(0.0, counts.get(p.name, 0) - others)
+        rates = {p.name: left[p.name] / p.seconds for p in prof}
+        neck = min(rates, key=lambda k: rates[k])
+        return rates[neck], neck
 
     @staticmethod
     def _counts(current: dict[str, dict[str, Any]], live: set[str],
@@ -381,8 +450,9 @@ class NodeManager:
             for inst in body.get("instances", []):
                 if workflow_set is not None and inst.get("workflow_set", sets.DEFAULT) != workflow_set:
                     continue  # serving another set until it is re-made
-                d = out.setdefault(inst["workflow"], {})
-                d[inst["stage"]] = d.get(inst["stage"], 0) + 1
+                for w, st in _members(inst):  # an instance of a shared pool serves each member
+                    d = out.setdefault(w, {})
+                    d[st] = d.get(st, 0) + 1
         return out
 
     def _gain(self, have: dict[str, dict[str, int]], desired: dict[str, dict[str, int]]) -> float:
@@ -400,7 +470,9 @@ class NodeManager:
         """Per node of one Workflow Set, its instance list: keep what stays, then fill free slots with what
         is new. ``used_ids`` is shared across the sets' calls so instance ids stay unique in the cluster."""
         plan: dict[str, list[dict[str, Any]]] = {n: [] for n in nodes}
-        want = {(w, s): c for w, stages in desired.items() for s, c in stages.items()}
+        # one entry per stage pool (a shared pool's count is listed under each of its workflows)
+        want = {(p.workflow, p.stage, _also(p)): desired[p.workflow][p.stage] for p in self.pools
+                if p.stage in desired.get(p.workflow, {})}
         used_ids = set() if used_ids is None else used_ids
         known = {i["id"]: i for body in current.values() for i in body.get("instances", [])
                  if i.get("workflow_set", sets.DEFAULT) == workflow_set}
@@ -408,21 +480,21 @@ class NodeManager:
             inst = known.get(inst_id)
             if inst is None or node not in plan:
                 continue
-            k = (inst["workflow"], inst["stage"])
+            k = _key(inst)
             if want.get(k, 0) > 0 and len(plan[node]) < self.cfg.slots_per_node:
                 plan[node].append(inst)
                 used_ids.add(inst_id)
                 want[k] -= 1
         for n in nodes:
             for inst in current.get(n, {}).get("instances", []):
-                k = (inst["workflow"], inst["stage"])
+                k = _key(inst)
                 if inst["id"] in used_ids or inst.get("workflow_set", sets.DEFAULT) != workflow_set:
                     continue
                 if want.get(k, 0) > 0 and len(plan[n]) < self.cfg.slots_per_node:
                     plan[n].append(inst)
                     used_ids.add(inst["id"])
                     want[k] -= 1
-        for (w, s), count in sorted(want.items()):
+        for (w, s, also), count in sorted(want.items()):
             for _ in range(count):
                 n = min(nodes, key=lambda x: len(plan[x]))
                 if len(plan[n]) >= self.cfg.slots_per_node:
@@ -433,6 +505,8 @@ class NodeManager:
                     i += 1
                 used_ids.add(f"{w}.{s}.{i}")
                 inst = {"id": f"{w}.{s}.{i}", "workflow": w, "stage": s}
+                if also:
+                    inst["also"] = list(also)
                 if workflow_set != sets.DEFAULT:
                     inst["workflow_set"] = workflow_set
                 plan[n].append(inst)
@@ -471,3 +545,16 @@ def _sum_counts(parts: Any) -> dict[str, dict[str, int]]:
                 out.setdefault(w, {})[st] = out.setdefault(w, {}).get(st, 0) + n
     return out
 
+
+def _members(inst: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (workflow, stage) pairs an assignment's instance serves (its own, then a shared pool's others)."""
+    return [(inst["workflow"], inst["stage"]), *(tuple(m.split("/", 1)) for m in inst.get("also") or ())]  # type: ignore[misc]
+
+
+def _also(pool: Any) -> tuple[str, ...]:
+    return tuple("/".join(m) for m in pool.members[1:])
+
+
+def _key(inst: dict[str, Any]) -> tuple[str, str, tuple[str, ...]]:
+    """What an existing instance is: an instance of a pool that since gained or lost members is not kept."""
+    return inst["workflow"], inst["stage"], tuple(inst.get("also") or ())

@@ -156,13 +156,13 @@ async def _sample_drain(app: web.Application) -> None:
 def _published_fits(app: web.Application) -> dict[tuple[str, str], list[Fit]]:
     """(workflow, stage) -> the pricing fits its routed instances published (blocking: one Redis round trip)."""
     routes = app[ROUTES]
-    where = {r.instance: (name, stage) for name, spec in workflows().items() for stage in spec.route()
+    where = {(r.instance, name): stage for name, spec in workflows().items() for stage in spec.route()
              for r in routes.candidates(name, stage)}
     out: dict[tuple[str, str], list[Fit]] = {}
-    for instance, raw in app[STORE].price_fits(where).items():
+    for (instance, name), raw in app[STORE].price_fits(where).items():
         fit = Fit.from_json(raw)
         if fit is not None:
-            out.setdefault(where[instance], []).append(fit)
+            out.setdefault((name, where[instance, name]), []).append(fit)
     return out
 
 

@@ -235,4 +235,8 @@ def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> di
         if workflow not in BUILDERS:
             raise KeyError(f"no tiny model for workflow {workflow!r}; known: {', '.join(BUILDERS)}")
         return {workflow: BUILDERS[workflow](Path(out), seed)}
-    return {n: build(Path(out) / n, seed) for n, build in BUILDERS.items()}
+    from engine.workflow.pools import link_identical
+
+    built = {n: build(Path(out) / n, seed) for n, build in BUILDERS.items()}
+    link_identical(out)  # components several workflows share (same bytes) are kept once on disk
+    return built

@@ -369,16 +369,17 @@ class JobStore:
         """Add ``n`` to one of an instance's counters (e.g. ``cfg_halves``: steps it helped a peer with)."""
         self.r.hincrby(keys.instance_key(instance), name, n)
 
-    def price_fits(self, instances: Iterable[str]) -> dict[str, str]:
-        """instance -> the pricing fit it published last (engine.workflow.pricing), for those that have one:
-        one round trip for them all."""
-        names = list(instances)
-        if not names:
+    def price_fits(self, served: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """(instance, workflow) -> the pricing fit (engine.workflow.pricing) the instance published last for
+        that workflow's requests (an instance of a shared pool fits each workflow apart), for those that have
+        one: one round trip for them all."""
+        pairs = list(served)
+        if not pairs:
             return {}
         pipe = self.r.pipeline(transaction=False)
-        for name in names:
-            pipe.hget(keys.instance_key(name), "price_fit")
-        return {n: v.decode() for n, v in zip(names, pipe.execute(), strict=True) if v is not None}
+        for name, workflow in pairs:
+            pipe.hget(keys.instance_key(name), f"price_fit.{workflow}")
+        return {p: v.decode() for p, v in zip(pairs, pipe.execute(), strict=True) if v is not None}
 
     def instance_stats(self, instance: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.instance_key(instance)).items()}

@@ -159,7 +159,7 @@ class StepBatcher:
         try:
             run = self.w.open_run(h)
             values = self.w.values_of(w.msg)
-            inputs = {k: values[k] for k in self.w.spec.stage(self.w.config.stage).inputs}
+            inputs = self.w.inputs_of(h, values)
             self.active.append(Active(w, run, values, self.ex.begin(inputs, h.params), time.perf_counter()))
         except Exception as exc:
             self.w.errored(h, exc)
@@ -171,7 +171,7 @@ class StepBatcher:
         try:
             t0 = time.perf_counter()
             if self.w._run(w.msg.header, w.msg):
-                self.w._record(time.perf_counter() - t0)
+                self.w._record(time.perf_counter() - t0, w.msg.header.workflow)
         except Exception as exc:
             release = self.w.fail(w.msg.header, exc)
             if not release:
@@ -228,7 +228,7 @@ class StepBatcher:
         if len(group) > 1:  # which request broke it is unknown: each starts again, alone
             log.warning("a batched step of %d requests failed (%s); running each alone", len(group), exc)
             for a in group:
-                inputs = {k: a.values[k] for k in self.w.spec.stage(self.w.config.stage).inputs}
+                inputs = self.w.inputs_of(a.w.msg.header, a.values)
                 try:
                     a.state, a.alone = self.ex.begin(inputs, a.w.msg.header.params), True
                 except Exception as again:
@@ -248,7 +248,7 @@ class StepBatcher:
             # its share of the steps is what it cost the instance (pricing, the deadline check, Theorem 1);
             # the wall time since it began (others' shares included) is only reported
             self.w.close_run(h, a.run, a.values, out, a.share_s, a.widest, wall_s=time.perf_counter() - a.began)
-            self.w._record(a.share_s)
+            self.w._record(a.share_s, h.workflow)
         except Exception as exc:
             self.w.errored(h, exc)
             self.active.remove(a)

@@ -6,8 +6,13 @@ its token; ``onepiece up`` and ``onepiece node --config`` write a static one
 first (:func:`default_assignment`), which the Node Manager takes over::
 
     {"instances": [{"id": "sd-t2i.denoise.0", "workflow": "sd-t2i", "stage": "denoise",
-                    "device": "cpu", "step_delay_s": 0.0, "workflow_set": "default"}, ...],
-     "model_dirs": {"sd-t2i": "/models/sd-t2i"}, "deliver": {"sd-t2i": "least-outstanding"}}
+                    "device": "cpu", "step_delay_s": 0.0, "workflow_set": "default"},
+                   {"id": "wan2.1-i2v.text_encode.0", "workflow": "wan2.1-i2v", "stage": "text_encode",
+                    "also": ["wan2.1-t2v/text_encode"]}, ...],
+     "model_dirs": {"sd-t2i": "/models/sd-t2i", ...}, "deliver": {"sd-t2i": "least-outstanding"}}
+
+An instance with ``also`` serves a stage pool shared across workflows (:mod:`engine.workflow.pools`):
+``workflow``/``stage`` name the pool (its first member, whose folder it loads), ``also`` the other members.
 """
 
 from __future__ import annotations
@@ -31,11 +36,26 @@ class InstanceSpec:
     device: str | None = None
     step_delay_s: float = 0.0
     workflow_set: str = "default"  # the Workflow Set it serves (engine.manager.sets): routes stay inside it
+    also: tuple[str, ...] = ()  # "workflow/stage" of the pool's other members (a pool shared across workflows)
 
     def __post_init__(self) -> None:
         get_workflow(self.workflow).stage(self.stage)  # KeyError for an unknown workflow or stage
         if not self.id or "/" in self.id or len(self.id) > 100:
             raise ValueError(f"instance id must be 1-100 characters without '/', got {self.id!r}")
+        object.__setattr__(self, "also", tuple(self.also))  # JSON gives a list
+        for member in self.also:
+            wf, _, st = member.partition("/")
+            get_workflow(wf).stage(st)
+        if len(set(self.members)) != len(self.members):
+            raise ValueError(f"instance {self.id}: a member is listed twice: {self.members}")
+
+    @property
+    def members(self) -> tuple[tuple[str, str], ...]:
+        """Every (workflow, stage) this instance serves, its own first."""
+        return ((self.workflow, self.stage), *(tuple(m.split("/", 1)) for m in self.also))  # type: ignore[misc]
+
+    def workflows(self) -> list[str]:
+        return [w for w, _ in self.members]
 
 
 @dataclass(frozen=True)
@@ -51,8 +71,9 @@ class Assignment:
         if len(ids) != len(set(ids)):
             raise ValueError(f"duplicate instance ids in assignment: {sorted(ids)}")
         for i in self.instances:
-            if i.workflow not in self.model_dirs:
-                raise ValueError(f"instance {i.id}: no model folder for workflow {i.workflow!r}")
+            for w in i.workflows():
+                if w not in self.model_dirs:
+                    raise ValueError(f"instance {i.id}: no model folder for workflow {w!r}")
 
     def to_json(self) -> str:
         return json.dumps({"instances": [asdict(i) for i in self.instances], "model_dirs": self.model_dirs,
@@ -157,10 +178,17 @@ class Batching:
 
 
 def default_assignment(model_dirs: dict[str, str], device: str | None = None,
-                       step_delay_s: float = 0.0) -> Assignment:
-    """One instance per stage of every workflow in ``model_dirs`` (what ``onepiece up`` runs)."""
+                       step_delay_s: float = 0.0, share: bool = True) -> Assignment:
+    """One instance per stage pool of the workflows in ``model_dirs`` (what ``onepiece up`` runs): stages of
+    several workflows whose executor and components are the same bytes share one (engine.workflow.pools);
+    ``share=False``: one instance per stage of every workflow."""
+    from engine.workflow.pools import Pool, pools
+
+    found = pools(model_dirs) if share else [Pool(((wf, st),)) for wf in sorted(model_dirs)
+                                               for st in get_workflow(wf).route()]
     instances = [
-        InstanceSpec(f"{wf}.{stage}.0", wf, stage, device, step_delay_s if stage == "denoise" else 0.0)
-        for wf in sorted(model_dirs) for stage in get_workflow(wf).route()
+        InstanceSpec(f"{p.workflow}.{p.stage}.0", p.workflow, p.stage, device,
+                     step_delay_s if p.stage == "denoise" else 0.0, also=tuple("/".join(m) for m in p.members[1:]))
+        for p in found
     ]
     return Assignment(tuple(instances), dict(model_dirs))

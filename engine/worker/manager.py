@@ -202,7 +202,8 @@ class TaskManager:
                     inst.proc.wait()
         if self.client is not None:
             for inst in self.instances.values():
-                self._try(withdraw_route, self.client, self._route(inst))
+                for route in self._routes(inst):
+                    self._try(withdraw_route, self.client, route)
             if self.static is not None:
                 self._try(self.client.delete, self.keys.assignment(self.s.node))
             self._try(self.client.delete, self.keys.node(self.s.node))
@@ -250,8 +251,9 @@ class TaskManager:
             inst.startup = dict(self._ready_info(inst), ready_s=round(now - inst.spawned, 3))
             self._log_move({"event": "ready", "instance": inst.spec.id, **inst.startup})
             self._check_nice(inst)
-            if not inst.published:
-                publish_route(self.client, self._route(inst), self.lease, self.keys)
+            if not inst.published:  # one route per (workflow, stage) it serves: a shared pool's members each
+                for route in self._routes(inst):
+                    publish_route(self.client, route, self.lease, self.keys)
                 inst.published = True
             log.info("worker %s ready (pid %d)", inst.spec.id, inst.proc.pid)
 
@@ -274,7 +276,7 @@ class TaskManager:
             route_refresh_s=self.s.route_refresh_s, ready_file=str(ready),
             stage_time_s=floor_s, stage_stretch=factor, collab_address=inst.collab,
             workflow_set=inst.spec.workflow_set, threads=inst.threads, nice=self.s.worker_nice,
-            max_batch=max_batch, batch_wait_ms=wait_ms,
+            max_batch=max_batch, batch_wait_ms=wait_ms, also=inst.spec.also,
         )
         env = apply_env(dict(os.environ), inst.threads)  # before the worker loads torch
         # its configuration holds the Redis and etcd passwords: in its environment, never on its command line
@@ -313,7 +315,8 @@ class TaskManager:
         once its ring stayed empty past the senders' refresh. The slot is free when the process is gone."""
         self.instances.pop(inst.spec.id, None)
         if inst.published:
-            self._try(withdraw_route, self.client, self._route(inst))
+            for route in self._routes(inst):
+                self._try(withdraw_route, self.client, route)
             inst.published = False
         if inst.proc is None or inst.proc.poll() is not None:
             self._forget(inst)
@@ -380,6 +383,7 @@ class TaskManager:
         from engine.transport.ring.base import local_backlog
 
         out: dict[str, Any] = {"workflow": inst.spec.workflow, "stage": inst.spec.stage, "address": inst.address,
+                               "serves": ["/".join(m) for m in inst.spec.members],
                                "pid": inst.proc.pid if inst.proc else None, "ready": inst.ready,
                                "restarts": inst.restarts, "startup": inst.startup, "threads": inst.threads,
                                # read live: what the scheduler applies now (an operator's renice included)
@@ -395,17 +399,21 @@ class TaskManager:
         prev_busy, prev_t = inst.busy
         out.update(requests=int(stats.get("requests", 0)), busy_s=busy,
                    last_stage_s=float(stats.get("last_stage_s", 0.0)),
+                   # per workflow served: a shared pool's members cost differently (the Node Manager sums them)
+                   service_s={k.split(".", 1)[1]: float(v) for k, v in stats.items() if k.startswith("last_stage_s.")},
                    utilisation=min(1.0, (busy - prev_busy) / (now - prev_t)) if prev_t and now > prev_t else 0.0)
         inst.busy = (busy, now)
         return out
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _route(self, inst: _Instance) -> Route:
+    def _routes(self, inst: _Instance) -> list[Route]:
+        """The instance's routes: one per (workflow, stage) it serves, each with its workflow's limits."""
         from engine.transport.layout import max_payload
 
-        return Route(inst.spec.workflow, inst.spec.stage, inst.spec.id, inst.address, self.s.node, inst.generation,
-                     inst.collab, inst.spec.workflow_set, self._limits(inst.spec.workflow, inst.model_dir),
-                     max_payload(self.s.ring_bytes))
+        dirs = self.desired.model_dirs
+        return [Route(w, st, inst.spec.id, inst.address, self.s.node, inst.generation, inst.collab,
+                      inst.spec.workflow_set, self._limits(w, dirs.get(w, inst.model_dir)), max_payload(self.s.ring_bytes))
+                for w, st in inst.spec.members]
 
     def _limits(self, workflow: str, model_dir: str) -> dict[str, Any]:
         """What the model folder allows (engine.workflow.limits), read once per folder: JSON only."""

@@ -33,7 +33,7 @@ from engine.store import JobStore, keys
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
 from engine.worker.deliver import Outstanding, Producers, make_deliver
 from engine.worker.routes import RouteTable
-from engine.workflow import get_workflow
+from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
 from engine.workflow.pricing import Fit, Samples
 
@@ -61,6 +61,24 @@ def stage_failed(stage: str, exc: BaseException) -> str:
     """The public detail of a job failed by ``exc`` in ``stage``: ``stage_failed: the <stage> stage failed
     (<kind of error>); ...`` (the message and traceback stay in the log and the stage run)."""
     return f"{STAGE_FAILED}: the {stage} stage failed ({type(exc).__name__}); the request was not completed"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Where one (workflow, stage) an instance serves sits in its workflow: what the worker needs per message
+    when it serves a pool shared across workflows (engine.workflow.pools)."""
+
+    spec: WorkflowSpec
+    stage: str
+    route: list[str]
+    next_stage: str | None
+
+    @classmethod
+    def of(cls, workflow: str, stage: str) -> Chain:
+        spec = get_workflow(workflow)
+        route = spec.route()
+        i = route.index(stage)
+        return cls(spec, stage, route, route[i + 1] if i + 1 < len(route) else None)
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,11 @@ class WorkerConfig:
     max_batch: int = 1
     batch_wait_ms: float = 0.0
     nice: int = 0  # nice levels below its TaskManager, applied first thing (engine.worker.priority); 0: none
+    also: tuple[str, ...] = ()  # "workflow/stage" of the other members of a shared pool (engine.workflow.pools)
+
+    def members(self) -> list[tuple[str, str]]:
+        """Every (workflow, stage) this instance serves, its own first."""
+        return [(self.workflow, self.stage), *(tuple(m.split("/", 1)) for m in self.also)]  # type: ignore[misc]
 
 
 def open_ring(address: str, config: RingConfig) -> RingConsumer:
@@ -118,10 +141,8 @@ class TaskWorker:
         self.routes = routes
         self.executor = executor
         self.consumer = consumer
-        self.spec = get_workflow(config.workflow)
-        self.route = self.spec.route()
-        i = self.route.index(config.stage)
-        self.next_stage = self.route[i + 1] if i + 1 < len(self.route) else None
+        # per (workflow, stage) served: one for a stage of one workflow, one per member of a shared pool
+        self.chains = {m: Chain.of(*m) for m in config.members()}
         self.producers = Producers(config.send_timeout_s)
         # poll() (non-blocking) reads the consumer's acknowledgements now, so policies see fresh counts
         self.outstanding = Outstanding(self.producers.poll)
@@ -130,8 +151,9 @@ class TaskWorker:
         self._runs: dict[str, deque[tuple[float, float]]] = {}  # mode -> (seconds, cost) of the last runs
         self.runs = 0  # stage runs completed by this process
         self.batcher: Any = None  # engine.worker.batching.StepBatcher, when this stage batches
-        self.samples = Samples()  # (units, steps, seconds) of recent runs: the Proxy prices requests by their fit
-        self.fit: Fit | None = None
+        # per workflow served, (units, steps, seconds) of recent runs: the Proxy prices requests by their fit
+        self.samples: dict[str, Samples] = {}
+        self.fits: dict[str, Fit] = {}
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
 
     # -- loop --------------------------------------------------------------------------------
@@ -177,7 +199,7 @@ class TaskWorker:
         t0 = time.perf_counter()
         try:
             if self._admit(h) and self._run(h, msg):
-                self._record(time.perf_counter() - t0)
+                self._record(time.perf_counter() - t0, h.workflow)
         except Exception as exc:  # one bad request must not stop the instance
             if not self.fail(h, exc):
                 # The store itself is unreachable: the failure cannot be recorded, so
@@ -204,9 +226,8 @@ class TaskWorker:
 
     def _admit(self, h: wm.Header) -> bool:
         """Whether to run the stage at all: not misrouted, finished, repeated, cancelled or expired."""
-        st, uid = self.config.stage, h.uid
-        if h.workflow != self.config.workflow or h.stage != st:
-            raise ValueError(f"misrouted: message for {h.workflow}/{h.stage} reached {self.config.instance}")
+        uid = h.uid
+        st = self.chain(h).stage
         state, done, cancel = self.store.gate(uid, st)
         if state in keys.TERMINAL or done:
             return False  # finished meanwhile, or a redelivery of work already handed on
@@ -228,6 +249,15 @@ class TaskWorker:
                 return False
         return True
 
+    def chain(self, h: wm.Header) -> Chain:
+        """The (workflow, stage) of this instance a message is for; a message for one it does not serve is
+        misrouted (an error the job fails with, never a silent drop)."""
+        chain = self.chains.get((h.workflow, h.stage))
+        if chain is None:
+            raise ValueError(f"misrouted: message for {h.workflow}/{h.stage} reached {self.config.instance} "
+                             f"(serves {', '.join('/'.join(m) for m in self.chains)})")
+        return chain
+
     def _mode(self, h: wm.Header) -> str:
         return "collaboration" if self.collab is not None and self.routes.mode(h.workflow) == "collaboration" \
             else "individual"
@@ -237,7 +267,7 @@ class TaskWorker:
         a run of at most this request's predicted cost is no slower than it, and a run of a larger cost c_i
         that took t_i takes at least t_i * c / c_i at cost c (a fixed part plus a part growing with the
         cost scales no faster than that). 0 before any run in this mode: nothing is expired on a guess."""
-        cost = self.spec.estimate_cost(h.params).get(self.config.stage, 0.0)
+        cost = self.chain(h).spec.estimate_cost(h.params).get(h.stage, 0.0)
         runs = self._runs.get(self._mode(h), ())
         if cost <= 0 or not runs:
             return 0.0
@@ -247,12 +277,11 @@ class TaskWorker:
         """Run the stage and hand its output on; False when it stopped early (cancel, deadline)."""
         run = self.open_run(h)
         values = self.values_of(msg)
-        stage = self.spec.stage(self.config.stage)
         if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
             run.ctx.cfg_parallel = self.collab.remote_for(h, self.routes)
         t0 = time.perf_counter()
         try:
-            out = self.executor.run({k: values[k] for k in stage.inputs}, h.params, run.ctx)
+            out = self.executor.run(self.inputs_of(h, values), h.params, run.ctx)
         except (Cancelled, DeadlineExceeded) as exc:
             self.stopped(h, run, exc)
             return False
@@ -264,10 +293,11 @@ class TaskWorker:
 
     def open_run(self, h: wm.Header) -> Run:
         """The stage starts on ``h``: its ``stage_started`` event, and the context its steps report to."""
-        uid, st, cfg = h.uid, self.config.stage, self.config
-        costs = self.spec.estimate_cost(h.params)
+        uid, cfg, chain = h.uid, self.config, self.chain(h)
+        st = chain.stage
+        costs = chain.spec.estimate_cost(h.params)
         total = sum(costs.values()) or 1.0
-        before = sum(costs.get(s, 0.0) for s in self.route[:self.route.index(st)])
+        before = sum(costs.get(s, 0.0) for s in chain.route[:chain.route.index(st)])
         share = costs.get(st, 0.0)
         self.store.event(uid, keys.STAGE_STARTED, st, int(100 * before / total), state=keys.IN_PROGRESS)
         run = Run(costs, before, share, total)
@@ -284,6 +314,10 @@ class TaskWorker:
                                deadline=h.deadline)
         return run
 
+    def inputs_of(self, h: wm.Header, values: dict[str, Any]) -> dict[str, Any]:
+        """The stage's declared inputs (in the request's own workflow) among a message's values."""
+        return {k: values[k] for k in self.chain(h).spec.stage(h.stage).inputs}
+
     @staticmethod
     def values_of(msg: wm.Message) -> dict[str, Any]:
         from engine.stages.components import to_torch
@@ -294,7 +328,7 @@ class TaskWorker:
 
     def stopped(self, h: wm.Header, run: Run, exc: Exception) -> None:
         """The stage gave up between steps (cancel, deadline): recorded where, and the job ended so."""
-        st = self.config.stage
+        st = h.stage
         where = f"stopped at step {run.step} of {run.steps}: {exc}"
         self.store.event(h.uid, keys.STAGE_STOPPED, st, detail=where)
         state = keys.CANCELLED if isinstance(exc, Cancelled) else keys.EXPIRED
@@ -303,17 +337,17 @@ class TaskWorker:
     def errored(self, h: wm.Header, exc: Exception) -> None:
         # the device time spent until the error is on record before handle() fails the job; the full
         # message goes to the stage run (the admin's view), never to the job's public detail
-        self.store.event(h.uid, keys.STAGE_STOPPED, self.config.stage, detail=f"{type(exc).__name__}: {exc}"[:500])
+        self.store.event(h.uid, keys.STAGE_STOPPED, h.stage, detail=f"{type(exc).__name__}: {exc}"[:500])
 
     def fail(self, h: wm.Header, exc: Exception) -> bool:
         """Fail the job an exception in this stage ended; False when the store cannot record it (the input
         must then stay unreleased, and the caller lets the process die: its restart gets it again)."""
-        log.error("request %s failed in %s", h.uid, self.config.stage, exc_info=exc)
+        log.error("request %s of %s failed in %s", h.uid, h.workflow, h.stage, exc_info=exc)
         try:
             # the client gets a stable code, the stage and the kind of error; the message and the
             # traceback are internals (tensor shapes, paths): the log has them, and the stage run
             # the ledger records (the admin's view) has the message
-            self.store.finish(h.uid, h.workflow, keys.FAILED, self.config.stage, detail=stage_failed(self.config.stage, exc))
+            self.store.finish(h.uid, h.workflow, keys.FAILED, h.stage, detail=stage_failed(h.stage, exc))
         except Exception:
             return False
         return True
@@ -325,47 +359,51 @@ class TaskWorker:
         when that differs (reported in the stage_finished event)."""
         from engine.stages.components import values_to_message
 
-        uid, st, costs, share = h.uid, self.config.stage, run.costs, run.share
+        chain = self.chain(h)
+        uid, st, costs, share, spec = h.uid, chain.stage, run.costs, run.share, chain.spec
         if share > 0:  # (seconds, predicted cost) of this run, for _fastest_for
             self._runs.setdefault(self._mode(h), deque(maxlen=32)).append((elapsed, share))
-        model = self.spec.costs.get(st)
+        model = spec.costs.get(st)
         if model is not None and self.runs:  # a process's first run pays one-off costs (see _record)
-            d = self.spec.dims(h.params)
-            self.fit = self.samples.add(model.units(d), model.steps(d), elapsed)
+            d = spec.dims(h.params)
+            self.fits[h.workflow] = self.samples.setdefault(h.workflow, Samples()).add(
+                model.units(d), model.steps(d), elapsed)
         ctx = run.ctx
         helped = f" (collaboration: {ctx.cfg_parallel.steps_helped} halves by {ctx.cfg_parallel.helper.instance})" \
             if ctx is not None and ctx.cfg_parallel is not None else ""
         values.update(out)
-        tensors, blobs = values_to_message({k: values[k] for k in self.spec.carried_after(st)})
+        tensors, blobs = values_to_message({k: values[k] for k in spec.carried_after(st)})
         h.timestamps[st] = time.time()
-        if self.next_stage is None:
-            final = blobs.get(self.spec.final_output)
+        if chain.next_stage is None:
+            final = blobs.get(spec.final_output)
             if final is None:
-                raise RuntimeError(f"last stage {st} did not produce {self.spec.final_output!r}")
+                raise RuntimeError(f"last stage {st} did not produce {spec.final_output!r}")
         # Before the hand-off (or the terminal event): once the next stage has the message it may finish
         # the job before this line runs, and the stream must show this stage's end first.
         self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (run.before + share) / run.total),
                          detail=f"{elapsed if wall_s is None else wall_s:.3f}s{helped}"
                                 + (f" batch={batch}" if batch > 1 else ""))
-        if self.next_stage is None:
+        if chain.next_stage is None:
             self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
         else:
-            h.stage = self.next_stage
-            self._send(h, tensors, blobs, costs.get(self.next_stage, 0.0))
+            h.stage = chain.next_stage
+            self._send(h, tensors, blobs, costs.get(chain.next_stage, 0.0))
         self.store.mark_done(uid, st)
 
-    def _record(self, occupied: float) -> None:
+    def _record(self, occupied: float, workflow: str | None = None) -> None:
         """Report how long the instance was occupied by one request, from taking it off the ring to handing
         it on (decode, checks, the stage, events, the send): the service time Theorem 1 needs, not just the
         stage's compute. A new process's first run pays one-off costs (lazy initialisation, allocator and
         kernel warm-up): counted as busy time, but not offered to the Node Manager as the stage's service
         time, where it would make every freshly moved instance look slow and the allocation flap."""
         cfg = self.config
+        wf = workflow or cfg.workflow
         fields: dict[str, Any] = {"workflow": cfg.workflow, "stage": cfg.stage}
-        if self.runs:
-            fields["last_stage_s"] = round(occupied, 6)
-        if self.fit is not None:
-            fields["price_fit"] = self.fit.to_json()
+        if self.runs:  # the last run's, and per workflow (a shared pool's members cost differently)
+            fields["last_stage_s"] = fields[f"last_stage_s.{wf}"] = round(occupied, 6)
+        fit = self.fits.get(wf)
+        if fit is not None:
+            fields[f"price_fit.{wf}"] = fit.to_json()
         self.runs += 1
         self.store.record_instance(cfg.instance, fields, occupied)
 
@@ -379,12 +417,11 @@ class TaskWorker:
         """
         from engine.transport.errors import TransportError
 
-        assert self.next_stage is not None
         size = wm.encoded_size(h, tensors, blobs)
         deadline = time.monotonic() + self.config.send_timeout_s
         delay = 0.05
         while True:
-            candidates = self.routes.candidates(h.workflow, self.next_stage)
+            candidates = self.routes.candidates(h.workflow, h.stage)
             if candidates:
                 route = self.deliver.choose(candidates, cost)
                 try:
@@ -398,11 +435,11 @@ class TaskWorker:
                     log.warning("send to %s failed (%s); retrying", route.instance, exc)
                     self.producers.drop(route.instance)
             if time.monotonic() > deadline:
-                raise RuntimeError(f"no instance of {h.workflow}/{self.next_stage} took the request "
+                raise RuntimeError(f"no instance of {h.workflow}/{h.stage} took the request "
                                    f"within {self.config.send_timeout_s:.0f}s")
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-            self.routes.candidates(h.workflow, self.next_stage, fresh=True)
+            self.routes.candidates(h.workflow, h.stage, fresh=True)
 
     def close(self) -> None:
         if self.collab is not None:

@@ -32,7 +32,11 @@ function renderNodes(nodes, drained) {
       const inst = n.instances || {};
       const rows = Object.keys(inst).sort().map((id) => {
         const i = inst[id];
-        return `<tr data-instance="${esc(id)}"><td>${esc(id)}</td><td>${esc(i.stage)}</td>` +
+        // a stage pool shared across workflows: one instance serves each of them (engine/workflow/pools.py)
+        const serves = (i.serves || []).length > 1
+          ? ` <span class="badge shared" title="${esc(i.serves.join(", "))}">shared: ${esc(i.serves.map((m) => m.split("/")[0]).join(", "))}</span>`
+          : "";
+        return `<tr data-instance="${esc(id)}"><td>${esc(id)}</td><td class="serves">${esc(i.stage)}${serves}</td>` +
           `<td>${pct(i.utilisation == null ? null : i.utilisation * 100)}</td><td>${secs(i.last_stage_s)}</td>` +
           `<td class="threads" title="CPU threads this instance may use (its thread budget)">${esc(i.threads || "–")}</td>` +
           `<td class="batch" title="the most requests that may share one step here (step-level batching)">` +
@@ -54,10 +58,15 @@ function stageFigures(nodes, wf, capacity) {
   for (const stage of STAGES[wf] || []) out[stage] = { instances: 0, times: [], ringMsgs: null, ringFull: null };
   for (const n of Object.values(nodes)) {
     for (const i of Object.values(n.instances || {})) {
-      if (i.workflow !== wf) continue;
-      const s = (out[i.stage] ||= { instances: 0, times: [], ringMsgs: null, ringFull: null });
+      // an instance of a shared pool counts for every workflow it serves, under that workflow's stage
+      const member = (i.serves || [`${i.workflow}/${i.stage}`]).find((m) => m.split("/")[0] === wf);
+      if (!member) continue;
+      const stage = member.split("/")[1];
+      const s = (out[stage] ||= { instances: 0, times: [], ringMsgs: null, ringFull: null });
       s.instances += 1;
-      if (i.last_stage_s > 0) s.times.push(i.last_stage_s);
+      if ((i.serves || []).length > 1) s.sharedWith = i.serves.map((m) => m.split("/")[0]).filter((w) => w !== wf);
+      const t = (i.service_s || {})[wf] || (i.workflow === wf ? i.last_stage_s : 0);
+      if (t > 0) s.times.push(t);
       if (i.ring) {  // the node reads each instance's ring: messages in it and how full its buffer is
         s.ringMsgs = (s.ringMsgs || 0) + i.ring.messages;
         s.ringFull = Math.max(s.ringFull || 0, i.ring.bytes);
@@ -93,6 +102,8 @@ function renderWorkflows(snap) {
       return `<div class="stage${stage === bottleneck ? " bottleneck" : ""}" data-stage="${esc(stage)}">` +
         `<strong>${esc(stage)}</strong>` +
         `<span class="count">${s.instances} instance${s.instances === 1 ? "" : "s"}</span>` +
+        (s.sharedWith ? `<span class="badge shared" title="one pool of instances serves this stage of these workflows too">` +
+          `pool shared with ${esc(s.sharedWith.join(", "))}</span>` : "") +
         `<span class="recommended${off ? " off" : ""}" title="instances Theorem 1 recommends for the live slots">Theorem 1: ${esc(rec)}</span>` +
         `<span class="service" title="${s.measured ? "mean of the instances' last measured stage times (no leader has published)" : "the stage time the Node Manager allocates with"}">` +
         `service ${secs(s.service)}${s.measured && s.service ? " (measured)" : ""}</span>` +

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,13 @@ def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
     store.r.flushdb()
     store.close()
     etcd_client(etcd_server.url).delete_prefix("/onepiece/")
-    base = default_assignment({k: str(v) for k, v in tiny_models.items()}, device="cpu")
+    from engine.launcher import DEFAULT_WORKFLOWS
+
+    # the first three workflows, as `onepiece up` serves them: the Wan2.1 pair's umT5, VAE and mp4 stages are
+    # stage pools shared by both (engine.workflow.pools), so every Wan test here runs through them
+    base = default_assignment({k: str(tiny_models[k]) for k in DEFAULT_WORKFLOWS}, device="cpu")
     instances = tuple(
-        type(i)(i.id, i.workflow, i.stage, i.device, SD_STEP_DELAY_S if i.id == "sd-t2i.denoise.0" else 0.0)
-        for i in base.instances
+        replace(i, step_delay_s=SD_STEP_DELAY_S if i.id == "sd-t2i.denoise.0" else 0.0) for i in base.instances
     )
     node = NodeRun("test-node", Assignment(instances, base.model_dirs))
     with engine(redis_server.url, etcd_server.url, [node], tmp_path_factory.mktemp("node"),

@@ -180,10 +180,13 @@ class _FakeWorker:
     def values_of(self, msg: Any) -> dict[str, Any]:
         return {"prompt_embeds": None, "negative_prompt_embeds": None}
 
+    def inputs_of(self, h: Any, values: dict[str, Any]) -> dict[str, Any]:
+        return {k: values[k] for k in SPEC.stage("denoise").inputs}
+
     def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
         self.done[h.uid] = out["x"]
 
-    def _record(self, s: float) -> None:
+    def _record(self, s: float, workflow: str | None = None) -> None:
         pass
 
     def errored(self, h: Any, exc: Exception) -> None:

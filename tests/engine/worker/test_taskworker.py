@@ -193,7 +193,7 @@ def test_a_stage_exception_reaches_the_client_as_stage_failed(redis_server: Any,
         store.accept(good, "sd-t2i", 1.0)
         _send(producer, good)
         worker.handle(consumer.recv(timeout=5))
-    fit = store.price_fits(["sd-t2i.image_encode.0"]).get("sd-t2i.image_encode.0")
+    fit = store.price_fits([("sd-t2i.image_encode.0", "sd-t2i")]).get(("sd-t2i.image_encode.0", "sd-t2i"))
     assert fit is not None and '"u_max": 64' in fit  # 8x8 pixels of work per run
     worker.executor = _Broken()
     uid = uuid.uuid4().hex
