@@ -14,6 +14,7 @@ urlpatterns = [
     path("api/v1/", include("onepiece_platform.jobs.urls")),
     path("api/v1/", include("onepiece_platform.webhooks.urls")),
     path("v1/", include("onepiece_platform.jobs.openai_urls")),
+    path("v1/", include("onepiece_platform.adapters.urls")),
     path("dashboard/", include("onepiece_platform.dashboard.urls")),
     path("admin/login/", throttled_login),  # admin.site.login with failed sign-ins limited
     path("admin/", admin.site.urls),

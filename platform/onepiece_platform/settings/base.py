@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "onepiece_platform.dashboard",
     "onepiece_platform.videos",
     "onepiece_platform.webhooks",
+    "onepiece_platform.adapters",
 ]
 
 MIDDLEWARE = [

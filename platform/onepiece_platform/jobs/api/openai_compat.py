@@ -37,6 +37,7 @@ from rest_framework.views import APIView
 from engine import envs
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
+from onepiece_platform.adapters.fields import lora_from_form
 from onepiece_platform.api_errors import ApiError
 from onepiece_platform.engine_link.client import EngineError, get_engine
 from onepiece_platform.jobs import control, services
@@ -238,6 +239,8 @@ def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
             raise services.Invalid("num_frames", f"num_frames {d['num_frames']} disagrees with seconds "
                                    f"{d['seconds']} ({frames} frames at {d.get('fps') or 'the default'} fps)")
         params["num_frames"] = frames
+    if "lora" in d:
+        params["lora"] = d["lora"]
     return params
 
 
@@ -269,7 +272,7 @@ class VideoListCreateView(OpenAIView):
                    responses={200: s.VideoSerializer, **_errors(400, 401, 409, 413, 429, 503)})
     def post(self, request: Request) -> Response:
         check_body_size(request)
-        v = s.VideoCreateSerializer(data=request.data)
+        v = s.VideoCreateSerializer(data=lora_from_form(request.data))
         v.is_valid(raise_exception=True)
         d = v.validated_data
         ref = d.get("input_reference")
@@ -399,7 +402,7 @@ class ImageGenerationView(OpenAIView):
         params: dict[str, Any] = {"prompt": d["prompt"]}
         if d.get("size", "auto") != "auto":  # else the loaded model's own size (SD 1.5: 512x512)
             params["width"], params["height"] = s.parse_size(d["size"])
-        for name in ("num_inference_steps", "negative_prompt", "guidance_scale"):
+        for name in ("num_inference_steps", "negative_prompt", "guidance_scale", "lora"):
             if name in d:
                 params[name] = d[name]
         seed = d.get("seed", 0)

@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import workflows
+from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.strict import AsciiIntegerField, RefuseUnknownFields, StrictCharField, StrictRegexField
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$", re.ASCII)  # ASCII digits only: \d alone matches "６４"
@@ -124,6 +125,7 @@ class _GenerateSerializer(RefuseUnknownFields):
     # A generation request: its ``model`` field offers the workflows whose final output is ``output``.
     # (No docstring: it would become the request's description in the OpenAPI schema.)
     output: ClassVar[str]
+    lora = LoraField(required=False)  # OnePiece extension (extra_body): LoRA adapters of the operators' registry
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import workflows
+from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.api_schema import PageSerializer
 from onepiece_platform.jobs.models import STATES, Job
 from onepiece_platform.strict import RefuseUnknownFields
@@ -20,6 +21,7 @@ class SubmitSerializer(RefuseUnknownFields):
     inputs = serializers.DictField(child=serializers.CharField(), required=False, default=dict,
                                    help_text="input name -> base64 bytes (e.g. image for image-to-video)")
     deadline_s = serializers.FloatField(required=False, min_value=1.0, max_value=86400.0)
+    lora = LoraField(required=False)
     webhook_url = serializers.CharField(required=False, max_length=2000,
                                         help_text="also send the job's terminal event (job.completed, job.failed, "
                                                   "job.cancelled, job.expired) here, signed with the secret of "

@@ -114,7 +114,12 @@ class JobListCreateView(APIView):
             from onepiece_platform.webhooks.per_request import vet_webhook_url
 
             hook = vet_webhook_url(request.auth, hook)
-        done = services.submit(request.user, s.validated_data["workflow"], dict(s.validated_data["params"]),
+        params = dict(s.validated_data["params"])
+        if "lora" in s.validated_data:  # LoRA adapters, beside params or inside them (not both)
+            if "lora" in params:
+                raise services.Invalid("lora", "lora is given twice (at the top and in params)")
+            params["lora"] = s.validated_data["lora"]
+        done = services.submit(request.user, s.validated_data["workflow"], params,
                                inputs, key, "native", s.validated_data.get("deadline_s"),
                                api_key=api_key_of(request), webhook_url=hook)
         body = JobSerializer(done.job).data
