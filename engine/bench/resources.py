@@ -22,11 +22,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from engine.bench.resources_pools import Cluster, Workflow, experts, shared_pools
 from engine.bench.resources_profile import Profile, Request, load
-from engine.bench.resources_sim import Mix, Point, Scenario, mean_seconds, size, slo_seconds
+from engine.bench.resources_sim import (
+    BATCH_SOURCE,
+    Mix,
+    Point,
+    Scenario,
+    mean_seconds,
+    published_speedup,
+    size,
+    slo_seconds,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = "benchmarks/resources/profiles/wan2.1-i2v-14b-480p-h200-published.json"
+T2V_PROFILE = "benchmarks/resources/profiles/wan2.1-t2v-14b-480p-h200-derived.json"
+A14B_PROFILE = "benchmarks/resources/profiles/wan2.2-t2v-a14b-480p-h200-derived.json"
 CLAIM = 16.0
 
 
@@ -125,6 +137,54 @@ def assumptions(sc: Scenario, devices: int, light_occupancy: float) -> list[dict
     return rows
 
 
+BATCH_SHAPES: dict[str, Request] = {
+    "480x832, 81 frames (32,760 latent tokens)": Request(480, 832, 81, 40),
+    "1024x1024, 1 frame (4,096 tokens: SGLang's 1.02x size)": Request(1024, 1024, 1, 40),
+    "512x512, 1 frame (1,024 tokens: SGLang's 1.82-3.14x size)": Request(512, 512, 1, 40),
+}
+
+
+def batching(sc: Scenario, devices: int, batches: tuple[int, ...] = (2, 4, 8)) -> list[dict[str, Any]]:
+    """Both deployments at batch 1 and at their best maximum batch of ``batches`` (the fewest devices) with
+    the published denoise gains by latent tokens (``resources_sim.PUBLISHED_BATCH_SPEEDUP``; the light stages
+    keep their ``batch_gain``), per request shape, at the rate a ``devices``-device monolith serves fully
+    busy at batch 1. A free instance takes up to the maximum of the waiting requests, never waiting for more:
+    a bigger batch raises throughput by the gain and each member's latency by batch / gain."""
+    rows = []
+    for name, req in BATCH_SHAPES.items():
+        mix: Mix = [(1.0, req)]
+        base = replace(sc, mix=mix, batch=1, onepiece_batch=1, published_batching=False)
+        rate = devices / _gpu_seconds(sc.profile, mix)
+        m1, o1 = size(base, rate)
+        by: dict[int, tuple[Point | None, Point | None]] = {1: (m1, o1)}
+        for b in batches:
+            by[b] = size(replace(base, batch=b, onepiece_batch=b, published_batching=True), rate)
+
+        bm, bo = _best_batch(by, 0), _best_batch(by, 1)
+        mb, ob = by[bm][0], by[bo][1]
+        rows.append({"shape": name, "latent_tokens": req.tokens, "rate_rps": rate,
+                     "denoise_speedup": {str(b): published_speedup(b, req.tokens) for b in batches},
+                     "devices_by_batch": {str(b): {"monolithic": m and m.devices, "onepiece": o and o.devices}
+                                          for b, (m, o) in by.items()},
+                     "batch1": _row(m1, o1), "monolith_best_batch": bm, "onepiece_best_batch": bo,
+                     "batched": _row(mb, ob),
+                     "monolith_batched_vs_batch1": m1.devices / mb.devices if m1 and mb else None,
+                     "onepiece_batched_vs_batch1": o1.devices / ob.devices if o1 and ob else None})
+    return rows
+
+
+def _best_batch(by: dict[int, tuple[Point | None, Point | None]], side: int) -> int:
+    """The maximum batch with the fewest devices on one side (0: monolithic, 1: OnePiece); the smaller on ties."""
+    ok = {b: p.devices for b, pts in by.items() if (p := pts[side]) is not None}
+    return min(ok, key=lambda b: (ok[b], b)) if ok else 1
+
+
+def _cluster(args: Any) -> Cluster:
+    i2v, t2v = load(_resolve(args.profile)), load(_resolve(T2V_PROFILE))
+    return Cluster((Workflow("wan2.1-t2v", t2v, 0.5), Workflow("wan2.1-i2v", i2v, 0.5)), slo_x=args.slo_x,
+                   hop_s=args.hop_ms / 1e3, requests=args.requests)
+
+
 # -- output --------------------------------------------------------------------------------------
 def _f(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
@@ -189,7 +249,62 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{me['latency_p50_s'] * 1e3:.0f} | {si['latency_p50_s'] * 1e3:.0f} | {p['p50_diff_pct']:+.1f}% | "
                          f"{me['latency_p99_s'] * 1e3:.0f} | {si['latency_p99_s'] * 1e3:.0f} | "
                          f"{'yes' if p['within_10pct'] else 'NO'} |")
+    lines += _markdown_new(result)
     return "\n".join(lines) + "\n"
+
+
+def _markdown_new(result: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    rows = result.get("batching")
+    if rows:
+        lines += ["", f"Batching (at the rate a {result['sensitivity_devices']}-device monolith serves fully busy at "
+                  f"batch 1; denoise gains by latent tokens from {result['batching_source']}; a free instance takes "
+                  "up to the maximum batch of the waiting requests, never waiting for more; each side at its best "
+                  "maximum of 1, 2, 4, 8):", "",
+                  "| request shape | denoise gain at 2/4/8 | batch 1: monolithic | OnePiece | ratio | batched: monolithic "
+                  "(best max) | OnePiece (best max) | ratio | monolith batched / 1 | OnePiece batched / 1 |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            a, b = r["batched"], r["batch1"]
+            gains = "/".join(f"{v:.2f}" for v in r["denoise_speedup"].values())
+            m, o = a.get("monolithic"), a.get("onepiece")
+            lines.append(f"| {r['shape']} | {gains} | {_dev2(b)} | {_f(b['ratio'], '.3f')} | "
+                         f"{_f(m and m['devices'], 'd')} ({r['monolith_best_batch']}) | "
+                         f"{_f(o and o['devices'], 'd')} ({r['onepiece_best_batch']}) | {_f(a['ratio'], '.3f')} | "
+                         f"{_f(r['monolith_batched_vs_batch1'], '.2f')}x | {_f(r['onepiece_batched_vs_batch1'], '.2f')}x |")
+    rows = result.get("shared_pools")
+    if rows:
+        lines += ["", "Shared pools: Wan2.1 T2V-14B and I2V-14B, half the requests each (480p, 81 frames, 40 steps), "
+                  "one monolithic deployment per workflow vs OnePiece with one pool per workflow and stage "
+                  "(unshared) and with the umT5 encoder, VAE decoder and mp4 encoder pools shared:", "",
+                  "| target req/h | monoliths (t2v + i2v) | OnePiece unshared | OnePiece shared | ratio unshared "
+                  "| ratio shared | p99 s monoliths | OnePiece shared |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            m, u, sh = r["monoliths"], r["onepiece_unshared"], r["onepiece_shared"]
+            by = m and " + ".join(str(v["devices"]) for v in m["by_workflow"].values())
+            lines.append(f"| {r['rate_rps'] * 3600:.0f} | {_f(m and m['devices'], 'd')} ({by}) | "
+                         f"{_f(u and u['devices'], 'd')} | {_f(sh and sh['devices'], 'd')} | "
+                         f"{_f(r['ratio_unshared'], '.3f')} | {_f(r['ratio_shared'], '.3f')} | "
+                         f"{_f(m and m['latency_p99_s'], '.0f')} | {_f(sh and sh['latency_p99_s'], '.0f')} |")
+    rows = result.get("wan22_a14b")
+    if rows:
+        lines += ["", "Wan2.2 T2V A14B (480p, 81 frames; the high-noise expert runs 26 of 40 steps): a monolith holding "
+                  "both experts when they fit, else swapping them per request over PCIe, else offloading every "
+                  "component, vs OnePiece with each expert a stage (one expert per instance), same p99 objective:",
+                  "", "| device | steps | denoise activation GiB | monolith memory | swap s/request | request device-s "
+                  "| target req/h | monolithic | OnePiece | ratio mono/OnePiece |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            m, o = r["monolithic"], r["onepiece"]
+            lines.append(f"| {r['device']} | {r['steps']} | {r['denoise_activation_gib']:.0f} | {r['monolith_memory']} | "
+                         f"{r['swap_s_per_request']:.2f} | {r['request_device_s']:.0f} | {r['rate_rps'] * 3600:.0f} | "
+                         f"{_f(m and m['devices'], 'd')} | {_f(o and o['devices'], 'd')} | {_f(r['ratio'], '.3f')} |")
+    return lines
+
+
+def _dev2(r: dict[str, Any]) -> str:
+    m, o = r.get("monolithic"), r.get("onepiece")
+    return f"{_f(m and m['devices'], 'd')} | {_f(o and o['devices'], 'd')}"
 
 
 def _dev(r: dict[str, Any]) -> str:
@@ -278,6 +393,23 @@ def run(args: Any, log: Any = print) -> dict[str, Any]:
         log("assumptions and sensitivity ...")
         result["assumptions"] = assumptions(sc, args.sensitivity_devices, args.light_occupancy)
         result["sensitivity"] = sensitivity(sc, args.sensitivity_devices, args.light_occupancy)
+    if not args.no_batching:
+        log("batching with the published gains ...")
+        result["batching"] = batching(sc, args.sensitivity_devices)
+        result["batching_source"] = BATCH_SOURCE
+    if not args.no_pools:
+        log("shared pools: Wan2.1 T2V-14B and I2V-14B ...")
+        result["shared_pools"] = shared_pools(_cluster(args), args.pool_sizes)
+    if not args.no_experts:
+        log("Wan2.2 A14B: experts as stages ...")
+        a14b = load(_resolve(A14B_PROFILE))
+        result["wan22_a14b"] = experts(a14b, args.expert_sizes, requests=args.requests, slo_x=args.slo_x,
+                                       hop_s=args.hop_ms / 1e3)
+        result["wan22_a14b_profile"] = {"name": a14b.name, "sources": list(a14b.sources),
+                                        "stages": {s.name: {"seconds": s.seconds, "per": s.per,
+                                                            "step_share": s.step_share, "weights_gib": s.weights_gib,
+                                                            "activation_gib": s.activation_gib, "source": s.source}
+                                                   for s in a14b.stages}}
     result["seconds"] = time.perf_counter() - t0
     return result
 
@@ -302,6 +434,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--validate-requests", type=int, default=60, help="requests per validation load")
     p.add_argument("--validate-loads", type=float, nargs="+", default=[0.3, 0.6, 0.85, 1.2],
                      help="validation loads as fractions of the engine's calibrated capacity")
+    p.add_argument("--no-batching", action="store_true", help="skip the published-batching rows")
+    p.add_argument("--no-pools", action="store_true", help="skip Wan2.1 T2V + I2V with shared stage pools")
+    p.add_argument("--pool-sizes", type=int, nargs="+", default=[4, 16, 64, 256],
+                   help="shared pools: target throughputs, as fully busy monolithic devices")
+    p.add_argument("--no-experts", action="store_true", help="skip Wan2.2 A14B's experts as stages")
+    p.add_argument("--expert-sizes", type=int, nargs="+", default=[8, 64, 256],
+                   help="Wan2.2 A14B: target throughputs, as fully busy monolithic devices")
     p.add_argument("--out-dir", default="benchmarks/resources", help="where the PNG, JSON and results.md go")
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
 

@@ -77,6 +77,15 @@ class Stage:
     device: str = "gpu"  # "cpu": runs on host cores, holds no accelerator
     kind: str = "estimate"
     source: str = ""
+    # share of the request's denoising steps this stage runs (a Wan2.2 A14B expert runs the steps on its side
+    # of the boundary); 1 for every other stage
+    step_share: float = 1.0
+    # stages of one swap group take turns on a monolithic replica's device when they do not fit together (the
+    # two experts of Wan2.2 A14B): one resident at a time, the others swapped in from host memory per request
+    swap_group: str = ""
+    # what makes two workflows' stages one shared pool: the same executor on the same weights (their content
+    # digest in the engine; here the published component's name); "" for a stage of its workflow alone
+    pool: str = ""
 
     @property
     def memory_gib(self) -> float:
@@ -92,6 +101,7 @@ class Profile:
     device: str = "unknown"
     device_memory_gib: float = 80.0
     link_gbps: float = 200.0  # RDMA link, gigabits per second
+    pcie_gbps: float = 200.0  # host-to-device link (weights swapped in by a monolith that cannot hold them), Gb/s
     attention_share: float = 0.5
     sources: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
@@ -118,7 +128,7 @@ class Profile:
             a = self.attention_share
             t *= (1 - a) * x + a * x * x
         if s.per == "step":
-            t *= req.steps
+            t *= req.steps * s.step_share
         return t
 
     def transfer_seconds(self, stage: str, req: Request) -> float:
@@ -162,6 +172,8 @@ def _stage(name: str, d: Mapping[str, Any]) -> Stage:
         batch_gain=float(d.get("batch_gain", 0.0)), occupancy=float(d.get("occupancy", 1.0)),
         device=str(d.get("device", "cpu" if name in _CPU_STAGES else "gpu")),
         kind=str(d.get("kind", "measured" if "runs" in d else "estimate")), source=str(d.get("source", "")),
+        step_share=float(d.get("step_share", 1.0)), swap_group=str(d.get("swap_group", "")),
+        pool=str(d.get("pool", "")),
     )
 
 
@@ -178,6 +190,7 @@ def from_obj(obj: Mapping[str, Any], name: str = "profile") -> Profile:
         name=str(obj.get("name", name)), stages=stages, reference=ref,
         kind=str(obj.get("kind", "measured" if measured else "estimate")), device=str(obj.get("device", "unknown")),
         device_memory_gib=float(obj.get("device_memory_gib", 80.0)), link_gbps=float(obj.get("link_gbps", 200.0)),
+        pcie_gbps=float(obj.get("pcie_gbps", 200.0)),
         attention_share=float(obj.get("attention_share", 0.5)), sources=tuple(obj.get("sources", ())),
         notes=tuple(obj.get("notes", ())),
     )

@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.bench.resources_profile import Profile, Request
+from engine.bench.resources_profile import Profile, Request, Stage
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, for_rate
 from engine.manager.simulate import poisson_arrivals, simulate
 
@@ -117,30 +117,99 @@ def run_batched(ready: Sequence[float], servers: int, batch: int, duration: Call
     return finish, busy
 
 
+# -- batching: published gains -----------------------------------------------------------------------
+# SGLang's dynamic batching of Qwen-Image on an H200 (the issue's figures; SGLang's diffusion serving
+# benchmark): a batch of k requests at 512x512 gives 1.82x the throughput of batch 1 at k = 2, 2.77x at 4,
+# 3.14x at 8, and at 1024x1024 only 1.02x (taken here for every k >= 2). As latent tokens (an 8x VAE and 2x2
+# patches: 16 px per token a side) those sizes are 1,024 and 4,096 tokens; between them the gain is
+# interpolated in log(tokens), beyond them held (a larger request is compute-bound: Wan2.1 480p, 81 frames,
+# is 32,760 tokens). Between published batch sizes the gain is interpolated linearly, above 8 held.
+PUBLISHED_BATCH_SPEEDUP: tuple[tuple[float, dict[int, float]], ...] = (
+    (1024.0, {1: 1.0, 2: 1.82, 4: 2.77, 8: 3.14}),
+    (4096.0, {1: 1.0, 2: 1.02, 4: 1.02, 8: 1.02}),
+)
+BATCH_SOURCE = ("SGLang diffusion serving, dynamic batching, Qwen-Image on H200: 1.82x at batch 2, 2.77x at 4, "
+                "3.14x at 8 at 512x512; 1.02x at 1024x1024")
+
+
+def _speedup_at(k: int, table: dict[int, float]) -> float:
+    ks = sorted(table)
+    if k <= ks[0]:
+        return table[ks[0]]
+    for lo, hi in zip(ks, ks[1:], strict=False):
+        if k <= hi:
+            return table[lo] + (table[hi] - table[lo]) * (k - lo) / (hi - lo)
+    return table[ks[-1]]
+
+
+def published_speedup(k: int, tokens: float) -> float:
+    """Throughput of a denoise batch of ``k`` equal requests of ``tokens`` latent tokens over serving them one
+    at a time, from :data:`PUBLISHED_BATCH_SPEEDUP`."""
+    (t0, lo), (t1, hi) = PUBLISHED_BATCH_SPEEDUP
+    a, b = _speedup_at(k, lo), _speedup_at(k, hi)
+    if tokens <= t0:
+        return a
+    if tokens >= t1:
+        return b
+    w = (math.log(tokens) - math.log(t0)) / (math.log(t1) - math.log(t0))
+    return a + (b - a) * w
+
+
+def _published(stage: Stage) -> bool:
+    """Stages the published gains apply to: the denoisers (the light stages keep their ``batch_gain``)."""
+    return stage.scales == "tokens"
+
+
+def batch_seconds(stage: Stage, times: Sequence[float], reqs: Sequence[Request], published: bool) -> float:
+    """One batch's time at ``stage``: a denoiser with published gains takes sum / speedup when its members
+    share a shape (else they gain nothing); other stages (1 - g) x sum + g x max."""
+    if published and _published(stage):
+        same = all(r == reqs[0] for r in reqs)
+        return sum(times) / (published_speedup(len(times), reqs[0].tokens) if same else 1.0)
+    g = stage.batch_gain
+    return (1 - g) * sum(times) + g * max(times)
+
+
 # -- monolithic ----------------------------------------------------------------------------------
 def mono_fits(profile: Profile, batch: int) -> bool:
+    return mono_memory(profile, batch)[0] == "resident"
+
+
+def mono_memory(profile: Profile, batch: int) -> tuple[str, float]:
+    """How a monolithic replica holds its weights, and the GiB it moves from host memory per batch:
+    ``resident`` (everything fits: 0), ``swap <group>`` (the stages of a swap group take turns on the device,
+    each loaded once per batch: Wan2.2 A14B's experts, as its reference code's offload_model does), or
+    ``offload`` (every component moved in when it runs: diffusers' enable_model_cpu_offload)."""
     gpu = [s for s in profile.stages if s.device == "gpu"]
-    need = sum(s.weights_gib for s in gpu) + batch * max((s.activation_gib for s in gpu), default=0.0)
-    return need <= profile.device_memory_gib
+    act = batch * max((s.activation_gib for s in gpu), default=0.0)
+    if sum(s.weights_gib for s in gpu) + act <= profile.device_memory_gib:
+        return "resident", 0.0
+    groups: dict[str, list[Stage]] = {}
+    for s in gpu:
+        if s.swap_group:
+            groups.setdefault(s.swap_group, []).append(s)
+    if groups:
+        held = sum(s.weights_gib for s in gpu if not s.swap_group) + sum(
+            max(m.weights_gib for m in g) for g in groups.values())
+        if held + act <= profile.device_memory_gib:
+            return "swap " + ",".join(sorted(groups)), sum(m.weights_gib for g in groups.values() for m in g)
+    return "offload", sum(s.weights_gib for s in gpu)
 
 
 def simulate_monolithic(profile: Profile, reqs: Sequence[Request], arrivals: Sequence[float], replicas: int,
                         batch: int = 1, gpus_per_replica: int = 1, sp_speedup: float = 1.0,
-                        pcie_gbps: float = 200.0, warmup: float = 0.1) -> Point:
+                        pcie_gbps: float | None = None, warmup: float = 0.1, published: bool = False) -> Point:
     gpu = [s for s in profile.stages if s.device == "gpu"]
     cpu = [s for s in profile.stages if s.device != "gpu"]
-    offload_s = 0.0
-    if not mono_fits(profile, batch):
-        # weights swapped in from host memory for every batch (diffusers' enable_model_cpu_offload)
-        offload_s = sum(s.weights_gib for s in gpu) * 2**30 * 8 / (pcie_gbps * 1e9)
+    # weights that do not fit are swapped in from host memory for every batch (mono_memory)
+    mode, moved_gib = mono_memory(profile, batch)
+    offload_s = moved_gib * 2**30 * 8 / ((pcie_gbps or profile.pcie_gbps) * 1e9)
     per = [[profile.seconds(s, r) for s in gpu] for r in reqs]
-    gains = [s.batch_gain for s in gpu]
 
     def duration(members: list[int]) -> float:
         d = offload_s
-        for j, g in enumerate(gains):
-            times = [per[i][j] for i in members]
-            d += (1 - g) * sum(times) + g * max(times)
+        for j, st in enumerate(gpu):
+            d += batch_seconds(st, [per[i][j] for i in members], [reqs[i] for i in members], published)
         return d / sp_speedup
 
     done, busy = run_batched(arrivals, replicas, batch, duration)
@@ -152,16 +221,27 @@ def simulate_monolithic(profile: Profile, reqs: Sequence[Request], arrivals: Seq
     return Point("monolithic", 0.0, replicas * gpus_per_replica, tp, p50, p99,
                  busy / (replicas * horizon) if horizon > 0 else 0.0,
                  {"replicas": replicas, "batch": batch, "gpus_per_replica": gpus_per_replica,
-                  "offload": offload_s > 0, "max_rho": demand / (replicas * span) if span > 0 else 0.0})
+                  "offload": offload_s > 0, "memory_mode": mode, "swap_s_per_batch": offload_s,
+                  "max_rho": demand / (replicas * span) if span > 0 else 0.0})
 
 
 # -- OnePiece ------------------------------------------------------------------------------------
-def stage_profiles(profile: Profile, mix: Mix, device: str = "gpu", batch: int = 1) -> list[StageProfile]:
+def batch_factor(stage: Stage, mix: Mix, batch: int, published: bool = False) -> float:
+    """A request's share of a full batch of ``batch`` over its time alone: 1 / speedup."""
+    if batch <= 1:
+        return 1.0
+    if published and _published(stage):
+        total = sum(w for w, _ in mix)
+        return sum(w / published_speedup(batch, r.tokens) for w, r in mix) / total
+    return 1 - stage.batch_gain + stage.batch_gain / batch
+
+
+def stage_profiles(profile: Profile, mix: Mix, device: str = "gpu", batch: int = 1,
+                   published: bool = False) -> list[StageProfile]:
     """What the Node Manager would measure per stage: mean seconds per request (with full batches
-    of ``batch`` where a stage batches, (1 - g + g / batch) of it)."""
+    of ``batch`` where a stage batches: :func:`batch_factor` of it)."""
     means = mean_seconds(profile, mix)
-    return [StageProfile(s.name, max(means[s.name] * ((1 - s.batch_gain + s.batch_gain / batch) if batch > 1
-                                                      else 1.0), 1e-9))
+    return [StageProfile(s.name, max(means[s.name] * batch_factor(s, mix, batch, published), 1e-9))
             for s in profile.stages if s.device == device]
 
 
@@ -172,7 +252,8 @@ def cpu_workers(profile: Profile, mix: Mix, rate: float) -> dict[str, int]:
 
 
 def simulate_onepiece(profile: Profile, reqs: Sequence[Request], arrivals: Sequence[float],
-                      instances: dict[str, int], hop_s: float = 0.0, batch: int = 1, warmup: float = 0.1) -> Point:
+                      instances: dict[str, int], hop_s: float = 0.0, batch: int = 1, warmup: float = 0.1,
+                      published: bool = False) -> Point:
     """The staged deployment. With ``batch`` > 1, stages with a batch gain take up to ``batch``
     waiting requests at once (a what-if: the engine's TaskWorkers run one request at a time);
     otherwise this is ``engine.manager.simulate.simulate``."""
@@ -183,7 +264,7 @@ def simulate_onepiece(profile: Profile, reqs: Sequence[Request], arrivals: Seque
     def hop(s: str, i: int) -> float:
         return profile.transfer_seconds(s, reqs[i]) + hop_s if s != names[-1] else hop_s
 
-    batched = {s.name for s in profile.stages if batch > 1 and s.batch_gain > 0}
+    batched = {s.name for s in profile.stages if batch > 1 and (s.batch_gain > 0 or (published and _published(s)))}
     if not batched:
         res = simulate(names, instances, lambda s, i: profile.seconds(s, reqs[i]), arrivals, hop, warmup=warmup)
         tp, p50, p99, util = res.throughput, res.latency_p50, res.latency_p99, res.utilisation
@@ -193,11 +274,9 @@ def simulate_onepiece(profile: Profile, reqs: Sequence[Request], arrivals: Seque
         demand, util = {}, {}
         for st in profile.stages:
             times = [profile.seconds(st, r) for r in reqs]
-            g = st.batch_gain
 
-            def duration(members: list[int], times: list[float] = times, g: float = g) -> float:
-                ts = [times[i] for i in members]
-                return (1 - g) * sum(ts) + g * max(ts)
+            def duration(members: list[int], times: list[float] = times, st: Stage = st) -> float:
+                return batch_seconds(st, [times[i] for i in members], [reqs[i] for i in members], published)
 
             done, busy = run_batched(ready, instances[st.name], batch if st.name in batched else 1, duration)
             demand[st.name] = busy
@@ -272,7 +351,8 @@ class Scenario:
     gpus_per_replica: int = 1
     sp_speedup: float = 1.0
     hop_s: float = 0.02
-    onepiece_batch: int = 1  # what-if: per-stage batching of the stages with a batch gain
+    onepiece_batch: int = 1  # per-stage batching of the stages with a batch gain (and the denoisers if published)
+    published_batching: bool = False  # denoisers batch with PUBLISHED_BATCH_SPEEDUP (both deployments)
     max_util: float = 0.95
     requests: int = 2000
     seed: int = 0
@@ -290,19 +370,24 @@ def size(sc: Scenario, rate: float) -> tuple[Point | None, Point | None]:
     slo = slo_seconds(prof, mix, sc.slo_x)
 
     def mono(n: int) -> Point:
-        return simulate_monolithic(prof, reqs, arrivals, n, sc.batch, sc.gpus_per_replica, sc.sp_speedup)
+        return simulate_monolithic(prof, reqs, arrivals, n, sc.batch, sc.gpus_per_replica, sc.sp_speedup,
+                                   published=sc.published_batching)
 
     # a stage that does not fit one device alone needs sharding, which neither deployment models
     too_big = [s.name for s in prof.stages if s.device == "gpu" and s.memory_gib > prof.device_memory_gib]
-    lo_mono = math.ceil(rate * mean_gpu / (sc.sp_speedup * sc.batch) - 1e-9)
+    # at best every batch is full: a lower bound on the replicas the rate needs
+    full = sum(means[s.name] * batch_factor(s, mix, sc.batch, sc.published_batching)
+               for s in prof.stages if s.device == "gpu")
+    lo_mono = math.ceil(rate * full / sc.sp_speedup - 1e-9)
     m = None if too_big else _min_meeting(lo_mono, mono, slo, max(64, 20 * lo_mono), sc.max_util)
 
-    gpu_profiles = stage_profiles(prof, mix, batch=sc.onepiece_batch)
+    gpu_profiles = stage_profiles(prof, mix, batch=sc.onepiece_batch, published=sc.published_batching)
     cpu = cpu_workers(prof, mix, rate)
 
     def onepiece(budget: int) -> Point:
         alloc = for_budget(gpu_profiles, budget)
-        return simulate_onepiece(prof, reqs, arrivals, {**alloc.instances, **cpu}, sc.hop_s, sc.onepiece_batch)
+        return simulate_onepiece(prof, reqs, arrivals, {**alloc.instances, **cpu}, sc.hop_s, sc.onepiece_batch,
+                                 published=sc.published_batching)
 
     o: Point | None = None
     if not too_big:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,7 +103,7 @@ def test_cli_small_configuration_writes_table_json_and_png(tmp_path: Path) -> No
     from engine.cli import main
 
     rc = main(["bench", "resources", "--no-validate", "--sizes", "4", "16", "--requests", "400",
-               "--sensitivity-devices", "8", "--out-dir", str(tmp_path)])
+               "--sensitivity-devices", "8", "--pool-sizes", "4", "--expert-sizes", "8", "--out-dir", str(tmp_path)])
     assert rc == 0
     png = (tmp_path / "resources.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -112,6 +114,11 @@ def test_cli_small_configuration_writes_table_json_and_png(tmp_path: Path) -> No
     assert any("sequence parallel" in r["assumption"] for r in result["assumptions"])
     text = (tmp_path / "results.md").read_text()
     assert "| target req/h |" in text and "ratio" in text
+    # the new sections: batching by request shape, the shared-pool pair, Wan2.2 A14B per device
+    assert len(result["batching"]) == 3 and "SGLang" in result["batching_source"]
+    assert [r["rate_rps"] for r in result["shared_pools"]] and result["shared_pools"][0]["ratio_shared"] > 0
+    assert {r["device"] for r in result["wan22_a14b"]} == {"H200 141 GB", "H100 80 GB", "L40S 48 GB"}
+    assert "Shared pools" in text and "Wan2.2 T2V A14B" in text and "request shape" in text
 
 
 @pytest.mark.slow
@@ -131,3 +138,88 @@ def test_simulation_tracks_the_real_engine(tiny_models: dict[str, Path], tmp_pat
     # a generous bound: it catches broken wiring, not noise on a shared 2-core machine
     for key in ("throughput_rps", "latency_p50_s"):
         assert 0.5 <= p["simulated"][key] / p["measured"][key] <= 2.0, p
+
+
+# -- batching with published gains, shared pools, Wan2.2 A14B's experts (issue 24 item 8, issue 26 item 5) --
+PROFILES = WAN_PROFILE.parent
+
+
+def test_published_batch_gains_are_sglangs_at_its_sizes() -> None:
+    from engine.bench.resources_sim import published_speedup
+
+    # SGLang, Qwen-Image on H200: 512x512 is 1,024 latent tokens, 1024x1024 is 4,096
+    assert [published_speedup(k, 1024) for k in (1, 2, 4, 8)] == [1.0, 1.82, 2.77, 3.14]
+    assert published_speedup(2, 4096) == published_speedup(8, 4096) == 1.02
+    assert published_speedup(8, 32760) == 1.02  # Wan2.1 480p, 81 frames: compute-bound, held at the large size
+    assert 1.02 < published_speedup(8, 2048) < 3.14 and 1.82 < published_speedup(3, 1024) < 2.77
+
+
+def test_batching_saves_devices_only_where_the_published_gain_is() -> None:
+    wan = load(WAN_PROFILE)
+    small, video = Request(512, 512, 1, 40), Request(480, 832, 81, 40)
+    out = {}
+    for name, req in (("small", small), ("video", video)):
+        sc = Scenario(wan, [(1.0, req)], requests=600)
+        rate = 16 / wan.total_seconds(req, "gpu")
+        m1, o1 = size(sc, rate)
+        mb, ob = size(replace(sc, batch=2, onepiece_batch=2, published_batching=True), rate)
+        assert m1 and o1 and mb and ob
+        out[name] = (m1.devices, o1.devices, mb.devices, ob.devices)
+    # 1,024 tokens: 1.82x at batch 2 takes devices off both deployments (ignoring the gain would not)
+    m1, o1, mb, ob = out["small"]
+    assert mb < m1 and ob < o1, out
+    # 32,760 tokens: 1.02x buys nothing, and a batch's members wait for each other
+    m1, o1, mb, ob = out["video"]
+    assert mb >= m1 and ob >= o1, out
+
+
+def _pair(requests: int = 600) -> Any:
+    from engine.bench.resources_pools import Cluster, Workflow
+
+    i2v, t2v = load(WAN_PROFILE), load(PROFILES / "wan2.1-t2v-14b-480p-h200-derived.json")
+    return Cluster((Workflow("wan2.1-t2v", t2v, 0.5), Workflow("wan2.1-i2v", i2v, 0.5)), requests=requests)
+
+
+def test_shared_pools_serve_both_wan_workflows_with_fewer_devices() -> None:
+    from engine.bench.resources_pools import pools, shared_pools, slo
+
+    cl = _pair()
+    shared = pools(cl.workflows, share=True)
+    # the published releases share the umT5 encoder and the VAE: one pool each, serving both workflows
+    assert shared["umt5-xxl-encoder"]["workflows"] == ["wan2.1-t2v", "wan2.1-i2v"]
+    assert shared["wan2.1-vae-decoder"]["workflows"] == ["wan2.1-t2v", "wan2.1-i2v"]
+    assert "wan2.1-t2v/denoise" in shared and "wan2.1-i2v/denoise" in shared  # different weights: apart
+    assert len(pools(cl.workflows, share=False)) == len(shared) + 3
+    (row,) = shared_pools(cl, [4])
+    m, alone, both = row["monoliths"], row["onepiece_unshared"], row["onepiece_shared"]
+    assert m["by_workflow"].keys() == {"wan2.1-t2v", "wan2.1-i2v"}
+    assert m["devices"] == sum(v["devices"] for v in m["by_workflow"].values())
+    # sharing takes the duplicated light instances away (ignoring it gives the unshared count)
+    assert both["devices"] < alone["devices"], row
+    assert both["instances"]["umt5-xxl-encoder"] >= 1 and "wan2.1-t2v/text_encode" not in both["instances"]
+    assert row["ratio_shared"] == pytest.approx(m["devices"] / both["devices"])
+    for p99 in both["latency_p99_by_workflow_s"].values():  # every workflow meets the objective
+        assert p99 <= slo(cl)
+
+
+def test_wan22_experts_memory_modes_and_stages() -> None:
+    from engine.bench.resources_pools import DEVICES_A14B, experts, on_device
+    from engine.bench.resources_sim import mono_memory
+
+    a14b = load(PROFILES / "wan2.2-t2v-a14b-480p-h200-derived.json")
+    high, low = a14b.stage("denoise_high"), a14b.stage("denoise_low")
+    assert (high.step_share, low.step_share) == (26 / 40, 14 / 40) and high.weights_gib == pytest.approx(26.61)
+    modes = {label: mono_memory(on_device(a14b, mem, pcie, f), 1) for label, mem, pcie, f in DEVICES_A14B}
+    assert modes["H200 141 GB"] == ("resident", 0.0)
+    # 80 GB: both experts (53 GiB) + umT5 + activations do not fit; one at a time does: both cross PCIe per request
+    assert modes["H100 80 GB"] == ("swap experts", pytest.approx(2 * 26.61, abs=0.01))
+    assert modes["L40S 48 GB"][0] == "offload"
+    rows = experts(a14b, [8], requests=500, steps=(40,), activations=(None, 8.0))
+    by = {(r["device"], r["denoise_activation_gib"]): r for r in rows}
+    # 48 GB with 22 GiB of activations: one expert alone does not fit, so neither deployment runs
+    assert by[("L40S 48 GB", 22.0)]["onepiece"] is None and by[("L40S 48 GB", 22.0)]["monolithic"] is None
+    r = by[("H100 80 GB", 22.0)]
+    assert r["swap_s_per_request"] == pytest.approx(2 * 26.61 * 2**30 * 8 / 512e9, rel=1e-3)
+    inst = r["onepiece"]["instances"]
+    assert inst["denoise_high"] > inst["denoise_low"] >= 1  # each pool sized to its share of the steps
+    assert r["ratio"] == pytest.approx(r["monolithic"]["devices"] / r["onepiece"]["devices"])
