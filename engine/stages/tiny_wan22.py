@@ -45,41 +45,35 @@ def _experts(seed: int, in_channels: int) -> tuple[Any, Any]:
             _tiny()._wan_transformer(seed + 20, in_channels, None))
 
 
-def build_wan22_t2v_a14b(out: Path, seed: int = 0) -> Path:
-    """A tiny Wan2.2-T2V-A14B (``WanPipeline`` with ``transformer_2`` and ``boundary_ratio``)."""
-    from diffusers import WanPipeline
+def _a14b(out: Path, seed: int, desc: str, pipeline: str, in_channels: int, shift: float, boundary: float) -> Path:
+    """A tiny A14B model: Wan2.1's umT5 and VAE, two experts, the release's flow shift and boundary."""
+    import diffusers
 
-    bar = _tiny()._progress(3, "wan2.2-t2v-a14b")
-    tokenizer, text_encoder = _tiny()._wan_text(seed)
+    tiny = _tiny()
+    bar = tiny._progress(3, desc)
+    tokenizer, text_encoder = tiny._wan_text(seed)
     bar.update()
-    vae = _tiny()._wan_vae(seed)
-    high, low = _experts(seed, 16)
+    vae = tiny._wan_vae(seed)
+    high, low = _experts(seed, in_channels)
     bar.update()
-    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(12.0),
-                       transformer=high, transformer_2=low, boundary_ratio=T2V_BOUNDARY)
+    pipe = getattr(diffusers, pipeline)(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
+                                        scheduler=_scheduler(shift), transformer=high, transformer_2=low,
+                                        boundary_ratio=boundary)
     pipe.save_pretrained(out)
     bar.update()
     bar.close()
     return out
+
+
+def build_wan22_t2v_a14b(out: Path, seed: int = 0) -> Path:
+    """A tiny Wan2.2-T2V-A14B (``WanPipeline`` with ``transformer_2`` and ``boundary_ratio``)."""
+    return _a14b(out, seed, "wan2.2-t2v-a14b", "WanPipeline", 16, 12.0, T2V_BOUNDARY)
 
 
 def build_wan22_i2v_a14b(out: Path, seed: int = 0) -> Path:
-    """A tiny Wan2.2-I2V-A14B (``WanImageToVideoPipeline`` with two experts, no image encoder)."""
-    from diffusers import WanImageToVideoPipeline
-
-    bar = _tiny()._progress(3, "wan2.2-i2v-a14b")
-    tokenizer, text_encoder = _tiny()._wan_text(seed)
-    bar.update()
-    vae = _tiny()._wan_vae(seed)
-    high, low = _experts(seed, 36)  # 16 noise + 4 mask + 16 first-frame latents
-    bar.update()
-    pipe = WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
-                                   scheduler=_scheduler(5.0), transformer=high, transformer_2=low,
-                                   boundary_ratio=I2V_BOUNDARY)
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    """A tiny Wan2.2-I2V-A14B (``WanImageToVideoPipeline`` with two experts, no image encoder); its experts
+    take 36 channels: 16 noise + 4 mask + 16 first-frame latents."""
+    return _a14b(out, seed, "wan2.2-i2v-a14b", "WanImageToVideoPipeline", 36, 5.0, I2V_BOUNDARY)
 
 
 def _wan22_vae(seed: int) -> Any:

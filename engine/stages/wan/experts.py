@@ -138,14 +138,15 @@ class _Expert(WanDenoise):
         return (inputs["expert_latents"].to(self.device, torch.float32).clone(),
                 None if condition is None else condition.to(self.device, torch.float32))
 
-    def _mask(self, latents: torch.Tensor) -> torch.Tensor | None:
-        """TI2V's first-frame mask (``prepare_latents``: 0 on the first latent frame, 1 elsewhere); None
-        without ``expand_timesteps``."""
+    def _mask(self, latents: torch.Tensor, first_frame: bool) -> torch.Tensor | None:
+        """The mask of ``expand_timesteps`` (None without): with a first frame, ``prepare_latents``'s (0 on the
+        first latent frame, 1 elsewhere); without one (text only), ``WanPipeline``'s ones."""
         if not self.expand_timesteps:
             return None
         _, _, frames, height, width = latents.shape
         mask = torch.ones(1, 1, frames, height, width, dtype=torch.float32, device=latents.device)
-        mask[:, :, 0] = 0
+        if first_frame:
+            mask[:, :, 0] = 0
         return mask
 
     @torch.no_grad()
@@ -158,7 +159,7 @@ class _Expert(WanDenoise):
         scale = self._guidance(params)
         pos = inputs["prompt_embeds"].to(self.device, dtype)
         neg = inputs["negative_prompt_embeds"].to(self.device, dtype)
-        mask = self._mask(latents)
+        mask = self._mask(latents, condition is not None)
         timesteps = scheduler.timesteps
         for i in range(first, end):
             ctx.check()

@@ -45,10 +45,7 @@ def _staged(runner: Any, params: dict[str, Any], png: bytes) -> tuple[np.ndarray
 
     captured: dict[str, Any] = {}
     progress: dict[str, list[tuple[int, int]]] = {}
-    originals = {}
     for stage, ex in runner.executors.items():
-        originals[stage] = ex.run
-
         def spy(inputs: Any, p: Any, ctx: Any, stage: str = stage, run: Any = ex.run) -> Any:
             rec = progress.setdefault(stage, [])
             out = run(inputs, p, StageContext(progress=lambda s, n: rec.append((s, n))))
@@ -61,7 +58,7 @@ def _staged(runner: Any, params: dict[str, Any], png: bytes) -> tuple[np.ndarray
         inputs = {"image": png} if runner.spec.image_inputs() else {}
         result = runner.run(runner.spec.resolve_params(params), inputs)
     finally:
-        for stage, ex in runner.executors.items():
+        for ex in runner.executors.values():
             del ex.run
     return captured["frames"], bytes(result.outputs["video"]), progress
 
@@ -203,6 +200,12 @@ def test_unipc_state_crosses_whole(tiny_models: dict[str, Path]) -> None:
             x = a.step(outputs[i], a.timesteps[i], x, return_dict=False)[0]
             y = b.step(outputs[i], b.timesteps[i], y, return_dict=False)[0]
         assert torch.equal(x, y)
+    # a boundary at step 0 (the high expert ran nothing): the low stage starts from a fresh scheduler
+    from engine.stages.wan.experts import _empty_state
+
+    b = fresh()
+    restore_scheduler(b, _empty_state(fresh(), sample, 0), 0, "cpu")
+    assert all(same(v, vars(fresh())[k]) for k, v in vars(b).items())
     # a low-noise stage on a folder that switches elsewhere refuses to continue
     with pytest.raises(ExpertMismatch, match="step 2 of 8"):
         restore_scheduler(fresh(), scheduler_state(a, 2), 3, "cpu")
