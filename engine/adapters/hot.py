@@ -23,10 +23,10 @@ exactly those of a fresh ``load_lora_weights`` (hot-swap pads ranks), so it is n
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
-import threading
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
