@@ -5,6 +5,11 @@ One small ABC and three policies, chosen per workflow by name
 the candidates' routes and, through :class:`Outstanding`, what this sender
 has handed to each of them that they have not yet acknowledged (released).
 Nothing here asks a central service per request.
+
+Every policy keeps LoRA-adapter affinity (:meth:`ResultDeliver.choose_for`): a
+request with adapters goes to a denoise instance this sender last gave those
+adapters to (so they are loaded there), unless that instance is busier than the
+policy's own choice by more than the cost of a load.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ from __future__ import annotations
 import itertools
 import logging
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine.worker.routes import Route
@@ -116,13 +121,49 @@ class ResultDeliver(ABC):
     """
 
     name: str = ""
+    #: what loading an adapter costs an instance, in the units of ``cost`` (predicted GPU-seconds): affinity
+    #: gives way when the instance holding a request's adapters has more than this outstanding beyond the
+    #: policy's own choice
+    adapter_load_s: float = 1.0
+    #: how many adapter sets this sender remembers per instance (an instance keeps ``--max-adapters`` loaded)
+    adapter_memory: int = 8
 
     def __init__(self, outstanding: Outstanding) -> None:
         self.outstanding = outstanding
+        self._adapters: dict[str, OrderedDict[str, None]] = {}  # instance -> digests this sender sent it (LRU)
 
     @abstractmethod
     def choose(self, candidates: Sequence[Route], cost: float) -> Route:
         """The instance to send to."""
+
+    def choose_for(self, candidates: Sequence[Route], cost: float, params: Mapping[str, Any] | None = None,
+                   stage: str = "") -> Route:
+        """:meth:`choose`, with adapter affinity for a request whose resolved ``params`` name LoRA adapters
+        (``lora``, engine.adapters.request) on its way to a denoise ``stage``. Only candidates whose
+        outstanding cost is within :attr:`adapter_load_s` of the policy's choice are considered (further
+        away, the wait costs more than a load); among them, one this sender gave every one of the adapters to
+        (the least outstanding), else, as a load is due anyway, the one holding the fewest other adapters (it
+        evicts least). Without adapters: :meth:`choose` alone."""
+        choice = self.choose(candidates, cost)
+        lora = (params or {}).get("lora") or ()
+        if not lora or not stage.startswith("denoise"):
+            return choice
+        digests = [e["digest"] for e in lora]
+        margin = self.outstanding.cost(choice.instance) + self.adapter_load_s
+        near = [r for r in candidates if self.outstanding.cost(r.instance) <= margin]
+        warm = [r for r in near if all(d in self._adapters.get(r.instance, ()) for d in digests)]
+        if warm:
+            choice = min(warm, key=lambda r: (self.outstanding.cost(r.instance), r.instance))
+        elif near:  # a load anyway: where it evicts least (the instance holding the fewest other adapters)
+            choice = min(near, key=lambda r: (len(self._adapters.get(r.instance, ())),
+                                              self.outstanding.cost(r.instance), r.instance))
+        held = self._adapters.setdefault(choice.instance, OrderedDict())
+        for d in digests:
+            held[d] = None
+            held.move_to_end(d)
+        while len(held) > self.adapter_memory:
+            held.popitem(last=False)
+        return choice
 
 
 class RoundRobin(ResultDeliver):

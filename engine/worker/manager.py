@@ -401,6 +401,7 @@ class TaskManager:
                    last_stage_s=float(stats.get("last_stage_s", 0.0)),
                    # per workflow served: a shared pool's members cost differently (the Node Manager sums them)
                    service_s={k.split(".", 1)[1]: float(v) for k, v in stats.items() if k.startswith("last_stage_s.")},
+                   adapters=json.loads(stats.get("adapters") or "null"),  # LoRA adapters loaded (engine.adapters.hot)
                    utilisation=min(1.0, (busy - prev_busy) / (now - prev_t)) if prev_t and now > prev_t else 0.0)
         inst.busy = (busy, now)
         return out

@@ -21,6 +21,7 @@ The TaskManager removes segments left by workers that never came back.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -404,6 +405,9 @@ class TaskWorker:
         fit = self.fits.get(wf)
         if fit is not None:
             fields[f"price_fit.{wf}"] = fit.to_json()
+        hot = getattr(self.executor, "hot", None)  # LoRA adapters loaded here (engine.adapters.hot), for the report
+        if hot is not None:
+            fields["adapters"] = json.dumps(hot.report())
         self.runs += 1
         self.store.record_instance(cfg.instance, fields, occupied)
 
@@ -423,7 +427,7 @@ class TaskWorker:
         while True:
             candidates = self.routes.candidates(h.workflow, h.stage)
             if candidates:
-                route = self.deliver.choose(candidates, cost)
+                route = self.deliver.choose_for(candidates, cost, h.params, h.stage)  # adapter affinity
                 try:
                     res = self.producers.get(route).reserve(size, timeout=1.0)
                     wm.encode_into(res.view, h, tensors, blobs)

@@ -20,6 +20,14 @@ function deviceRows(node) {
     }).join("")}</tbody></table>`;
 }
 
+// LoRA adapters a denoise instance has loaded (engine/adapters/hot.py's report), and those being read.
+function adapterCell(a) {
+  if (!a) return "–";
+  const loaded = (a.loaded || []).map((n) => `<span class="badge adapter">${esc(n)}</span>`).join(" ");
+  const loading = (a.loading || []).map((n) => `<span class="badge adapter loading" title="being read">${esc(n)}…</span>`).join(" ");
+  return (loaded + (loading ? " " + loading : "")) || "none";
+}
+
 function renderNodes(nodes, drained) {
   const box = document.getElementById("nodes");
   const names = Object.keys(nodes).sort();
@@ -41,12 +49,14 @@ function renderNodes(nodes, drained) {
           `<td class="threads" title="CPU threads this instance may use (its thread budget)">${esc(i.threads || "–")}</td>` +
           `<td class="batch" title="the most requests that may share one step here (step-level batching)">` +
           `${esc(i.max_batch || 1)}</td><td class="nice" title="nice levels below its node">${esc(i.nice ?? "–")}</td>` +
+          `<td class="adapters" title="LoRA adapters loaded here (least recently used first; at most ${esc((i.adapters || {}).max ?? "–")})">` +
+          `${adapterCell(i.adapters)}</td>` +
           `<td>${esc(i.requests ?? "–")}</td><td>${i.ready === false ? "starting" : "ready"}</td></tr>`;
       }).join("");
       return `<article class="node" data-node="${esc(name)}"><h3>${esc(name)}` +
         `${drained.includes(name) ? ' <span class="badge">drained</span>' : ""}</h3>${deviceRows(n)}` +
         `<table class="instances"><thead><tr><th>instance</th><th>stage</th><th>util</th><th>last stage</th>` +
-        `<th>CPU threads</th><th>max batch</th><th>nice</th><th>requests</th><th>state</th></tr></thead><tbody>${rows}</tbody></table></article>`;
+        `<th>CPU threads</th><th>max batch</th><th>nice</th><th>adapters</th><th>requests</th><th>state</th></tr></thead><tbody>${rows}</tbody></table></article>`;
     }).join("");
   }
   document.getElementById("device-count").textContent = `${names.length} nodes · ${devices} devices`;
