@@ -149,8 +149,10 @@ def single_stage(model_dir: str, seconds: float, in_flight: int, instances: int 
     n = instances or _cores()
     doc = _assignment({"sd-t2i": model_dir})
     template = doc["instances"][0]
-    doc["instances"] += [{**template, "id": f"{SINGLE}.{SINGLE_STAGE}.{k}", "workflow": SINGLE,
-                          "stage": SINGLE_STAGE, "step_delay_s": 0.0} for k in range(n)]
+    one = {**template, "workflow": SINGLE, "stage": SINGLE_STAGE, "step_delay_s": 0.0}
+    if "also" in one:
+        one["also"] = []  # a pool of its own: no other workflow runs the one-call pipeline
+    doc["instances"] += [{**one, "id": f"{SINGLE}.{SINGLE_STAGE}.{k}"} for k in range(n)]
     doc["model_dirs"][SINGLE] = model_dir
     params = PARAMS["sd-t2i"]
     with tempfile.TemporaryDirectory(prefix="onepiece-bench-single-", dir=work) as tmp, \
