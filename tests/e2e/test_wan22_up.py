@@ -1,7 +1,9 @@
-"""``onepiece up --workflows wan2.2-t2v-a14b`` builds the tiny Wan2.2 model and serves it: the default
-``/v1/videos`` request of that model completes with the one-call pipeline's mp4 bytes, the request crosses from
-the high-noise expert's stage to the low-noise expert's at the pipeline's boundary step, the native API takes
-a request too, and requests over the loaded model's limits are refused at intake naming the field."""
+"""``onepiece up --workflows wan2.2-t2v-a14b,wan2.2-i2v-a14b`` builds the tiny Wan2.2 A14B models and serves
+them: the default ``/v1/videos`` request of the text-to-video model completes with the one-call pipeline's mp4
+bytes, the request crosses from the high-noise expert's stage to the low-noise expert's at the pipeline's
+boundary step, the native API takes a request too, requests over the loaded model's limits are refused at
+intake naming the field, and the six-stage image-to-video workflow's default request goes through every stage
+(the ledger's stage runs, the Node Manager's capacity)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 from tests.e2e.up import start_up, stop_up
 
 pytestmark = [pytest.mark.models, pytest.mark.integration]
-WF = "wan2.2-t2v-a14b"
+WF, I2V = "wan2.2-t2v-a14b", "wan2.2-i2v-a14b"
 
 
 def _call(lines: dict[str, str], method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -55,9 +57,9 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
     from engine.store import JobStore
 
     state = tmp_path / "state"
-    proc, lines = start_up(state, "--workflows", WF)  # builds only this workflow's tiny model
+    proc, lines = start_up(state, "--workflows", f"{WF},{I2V}")  # builds only these workflows' tiny models
     try:
-        assert sorted(p.name for p in (state / "models").iterdir() if p.is_dir()) == [WF]
+        assert sorted(p.name for p in (state / "models").iterdir() if p.is_dir()) == [I2V, WF]
         client = openai.OpenAI(base_url=lines["api"], api_key=lines["api key"], max_retries=0, timeout=60)
         # the model's default request: no size, no seconds, no steps (the folder's serving.json)
         video = client.videos.create_and_poll(prompt="a cat walks on the beach", model=WF, poll_interval_ms=200)
@@ -99,7 +101,37 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
         status, doc = _call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
             "prompt": "a cat", "guidance_scale_2": 51.0}})
         assert status == 400 and "guidance_scale_2" in json.dumps(doc), doc
+        _six_stages(lines, client, state)
         client.close()
     finally:
         out = stop_up(proc)
     assert proc.returncode == 0, out
+
+
+def _six_stages(lines: dict[str, str], client: Any, state: Path) -> None:
+    """wan2.2-i2v-a14b, six stages: its default request with a first frame completes through every stage, the
+    ledger records a run of each, and the Node Manager publishes its capacity over all six."""
+    import time
+    from urllib.parse import quote
+
+    from engine.coord import etcd_client
+    from engine.workflow import get_workflow
+    from tests.fixtures.web import png
+
+    route = get_workflow(I2V).route()
+    assert route == ["text_encode", "vae_encode", "denoise_high", "denoise_low", "vae_decode", "video_encode"]
+    video = client.videos.create_and_poll(prompt="a dog on the beach", model=I2V, poll_interval_ms=200,
+                                          input_reference=("first.png", png(64, 64), "image/png"))
+    assert video.status == "completed" and video.model == I2V and video.size == "112x64", video
+    assert client.videos.download_content(video.id).content[4:8] == b"ftyp"
+    status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
+    assert status == 200 and [r["stage"] for r in job["stage_runs"]] == route, job
+    assert all(r["finished"] is not None for r in job["stage_runs"]), job["stage_runs"]
+    password = (state / "secrets" / "etcd-password").read_text().strip()
+    etcd = etcd_client(lines["etcd"].replace("***", quote(password, safe=""), 1))
+    deadline = time.monotonic() + 60
+    while not etcd.get(f"/onepiece/capacity/{I2V}"):
+        assert time.monotonic() < deadline, "the Node Manager published no capacity for the six-stage workflow"
+        time.sleep(0.2)
+    capacity = json.loads(etcd.get(f"/onepiece/capacity/{I2V}")[0])
+    assert capacity["rps"] > 0 and set(capacity["instances"]) == set(route), capacity
