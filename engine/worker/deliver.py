@@ -125,11 +125,13 @@ class ResultDeliver(ABC):
     #: gives way when the instance holding a request's adapters has more than this outstanding beyond the
     #: policy's own choice
     adapter_load_s: float = 1.0
-    #: how many adapter sets this sender remembers per instance (an instance keeps ``--max-adapters`` loaded)
-    adapter_memory: int = 8
-
     def __init__(self, outstanding: Outstanding) -> None:
+        from engine import envs
+
         self.outstanding = outstanding
+        #: how many adapters this sender remembers per instance: what an instance keeps loaded (its LRU,
+        #: ``onepiece node --max-adapters``, which sets ONEPIECE_MAX_ADAPTERS for the node's workers)
+        self.adapter_memory = max(1, envs.MAX_ADAPTERS)
         self._adapters: dict[str, OrderedDict[str, None]] = {}  # instance -> digests this sender sent it (LRU)
 
     @abstractmethod
