@@ -148,6 +148,15 @@ def read_prefix(client: Any, prefix: str, *, as_json: bool = True) -> dict[str, 
     return out
 
 
+def read_keys(client: Any, prefix: str) -> set[str]:
+    """The keys under ``prefix``, named relative to it, without their values (etcd's ``keys_only``: a
+    membership check need not fetch every node's report). Raises when etcd cannot be read."""
+    from engine.coord.watch import _prefix_end
+
+    got = client.get(prefix, metadata=True, range_end=_prefix_end(prefix), keys_only=True)
+    return {_text(meta["key"])[len(prefix):] for _, meta in got or ()}
+
+
 def read_json(client: Any, key: str) -> Any:
     """The JSON value at ``key``, or None when it is absent or malformed (logged)."""
     got = client.get(key)

@@ -335,7 +335,7 @@ MAX_WAIT_S = 60.0
 
 async def _wait_terminal(app: web.Application, uid: str, st: Any, wait: float) -> Any:
     """The job's status once it is terminal or ``wait`` seconds passed. Woken by the terminal event
-    (:func:`_watch_endings` reads the event stream once for every waiter of this Proxy), so a waiter
+    (:func:`_watch_endings` reads the endings stream once for every waiter of this Proxy), so a waiter
     costs nothing while it waits and hears of the end within a millisecond; the status is read again
     every second as well, in case an event was missed (a Redis restart, a trimmed stream)."""
     store, endings = app[STORE], app[ENDINGS]
@@ -366,11 +366,12 @@ async def _wait_terminal(app: web.Application, uid: str, st: Any, wait: float) -
 
 
 async def _watch_endings(app: web.Application) -> None:
-    """Tail the job-event stream and wake the long polls of jobs that just ended."""
+    """Tail the stream of terminal events (keys.ENDINGS: one entry per finished job, not the dozen events
+    each job writes) and wake the long polls of jobs that just ended."""
     store, endings, after = app[STORE], app[ENDINGS], "$"
     while True:
         try:
-            after, events = await asyncio.to_thread(store.read_events, after, 1000)
+            after, events = await asyncio.to_thread(store.read_events, after, 1000, 1000, keys.ENDINGS)
             for e in events:
                 if e.get("type") in keys.TERMINAL and (entry := endings.get(e.get("uid", ""))):
                     entry[0].set()

@@ -41,15 +41,18 @@ class OrphanSweeper:
 
     async def sweep(self) -> int:
         """One pass; returns how many lost jobs were started again."""
-        pruned = await asyncio.to_thread(self.store.prune_inflight, sorted(workflows()))
-        if pruned:
-            log.warning("dropped %d in-flight entries of jobs that no longer exist or are finished", pruned)
+        live: set[str] | None
         try:
             live = await asyncio.to_thread(live_nodes, self.etcd)
-        except Exception as exc:  # membership unknown: judge nothing this round
+        except Exception as exc:  # membership unknown: judge no job lost this round (stale entries still go)
             log.warning("cannot read node membership (%s); skipping the sweep", exc)
+            live = None
+        # one pass over the in-flight sets: stale entries dropped, and the jobs of lost nodes found
+        pruned, orphans = await asyncio.to_thread(self.store.sweep_inflight, sorted(workflows()), live)
+        if pruned:
+            log.warning("dropped %d in-flight entries of jobs that no longer exist or are finished", pruned)
+        if live is None:
             return 0
-        orphans = await asyncio.to_thread(self.store.orphans, sorted(workflows()), live)
         started = 0
         for o in orphans:
             spec = get_workflow(o.workflow)

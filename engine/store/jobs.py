@@ -30,6 +30,8 @@ from typing import Any
 
 from engine.store import keys
 
+ENDINGS_MAXLEN = 10_000  # terminal events kept in keys.ENDINGS: a long poll's waker needs only the recent ones
+
 # Non-terminal events: the status hash moves only while the job is not finished, so a late progress
 # report cannot make a cancelled job look alive again; timeline events (ARGV[10] = '1') are appended to
 # the stream even then, so every stage run that happened is on record.
@@ -63,6 +65,7 @@ if ARGV[2] == 'completed' then redis.call('INCR', KEYS[6]) end
 local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
            'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
+redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[10], '*', 'uid', ARGV[1], 'type', ARGV[2])
 return 1
 """
 
@@ -188,18 +191,38 @@ class JobStore:
         finished; returns how many. Such an entry would count against admission for ever. Race-free:
         :meth:`accept` writes the hash and the entry in one transaction, and the terminal transition
         removes the entry in the same script that finishes the job."""
-        dropped = 0
+        return self.sweep_inflight(workflows, None)[0]
+
+    def sweep_inflight(self, workflows: list[str], live_nodes: set[str] | None) -> tuple[int, list[Orphan]]:
+        """(in-flight entries dropped, as :meth:`prune_inflight`; :meth:`orphans` among ``live_nodes``, none
+        when None) in one pass over the in-flight sets: two round trips for every workflow together (three
+        when something is dropped), what a Proxy's sweep costs every second."""
+        pipe = self.r.pipeline(transaction=False)
         for wf in workflows:
-            uids = [u.decode() for u in self.r.zrange(keys.inflight_key(wf), 0, -1)]
-            if not uids:
+            pipe.zrange(keys.inflight_key(wf), 0, -1)
+        listed = [(wf, u.decode()) for wf, uids in zip(workflows, pipe.execute(), strict=True) for u in uids]
+        if not listed:
+            return 0, []
+        pipe = self.r.pipeline(transaction=False)
+        for _, uid in listed:
+            pipe.hmget(keys.job_key(uid), "state", "node", "instance", "stage")
+        stale: dict[str, list[str]] = {}
+        orphans = []
+        for (wf, uid), (state, node, instance, stage) in zip(listed, pipe.execute(), strict=True):
+            if state is None or state.decode() in keys.TERMINAL:
+                stale.setdefault(wf, []).append(uid)
                 continue
+            node_s = node.decode() if node else ""
+            if live_nodes is not None and node_s and node_s not in live_nodes:
+                orphans.append(Orphan(uid, wf, node_s, instance.decode() if instance else "",
+                                      stage.decode() if stage else ""))
+        dropped = 0
+        if stale:
             pipe = self.r.pipeline(transaction=False)
-            for uid in uids:
-                pipe.hget(keys.job_key(uid), "state")
-            stale = [u for u, st in zip(uids, pipe.execute(), strict=True) if st is None or st.decode() in keys.TERMINAL]
-            if stale:
-                dropped += int(self.r.zrem(keys.inflight_key(wf), *stale))
-        return dropped
+            for wf, uids in stale.items():
+                pipe.zrem(keys.inflight_key(wf), *uids)
+            dropped = sum(int(n) for n in pipe.execute())
+        return dropped, orphans
 
     # -- events ----------------------------------------------------------------------------
     def event(self, uid: str, type_: str, stage: str = "", progress: int = 0, detail: str = "",
@@ -228,9 +251,9 @@ class JobStore:
             raise ValueError("a result goes with the completed state, and only with it")
         progress = 100 if state == keys.COMPLETED else int(self._field(uid, "progress") or 0)
         args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen,
-                           bytes(result) if result is not None else b""]
+                           bytes(result) if result is not None else b"", ENDINGS_MAXLEN]
         ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow), keys.result_key(uid), keys.input_key(uid),
-              keys.finished_key(workflow)]
+              keys.finished_key(workflow), keys.ENDINGS]
         return bool(self._finish(keys=ks, args=args))
 
     # -- where jobs are, and jobs whose node was lost -----------------------------------------------
@@ -239,19 +262,9 @@ class JobStore:
         self.r.hset(keys.job_key(uid), mapping={"node": node, "instance": instance})
 
     def orphans(self, workflows: list[str], live_nodes: set[str]) -> list[Orphan]:
-        """Unfinished jobs whose last hand-off went to a node not in ``live_nodes``."""
-        out = []
-        for wf in workflows:
-            uids = [u.decode() for u in self.r.zrange(keys.inflight_key(wf), 0, -1)]
-            pipe = self.r.pipeline(transaction=False)
-            for uid in uids:
-                pipe.hmget(keys.job_key(uid), "state", "node", "instance", "stage")
-            for uid, (state, node, instance, stage) in zip(uids, pipe.execute(), strict=True):
-                node_s = node.decode() if node else ""
-                if state and state.decode() not in keys.TERMINAL and node_s and node_s not in live_nodes:
-                    out.append(Orphan(uid, wf, node_s, instance.decode() if instance else "",
-                                      stage.decode() if stage else ""))
-        return out
+        """Unfinished jobs whose last hand-off went to a node not in ``live_nodes`` (finished ones' in-flight
+        entries are dropped on the way: :meth:`sweep_inflight`)."""
+        return self.sweep_inflight(workflows, live_nodes)[1]
 
     def retry(self, orphan: Orphan, stages: list[str], max_attempts: int) -> bytes | None:
         """Claim ``orphan`` for a fresh start (its per-stage done markers cleared, a ``retried`` event);
@@ -270,19 +283,22 @@ class JobStore:
                                f"gave up after {max_attempts} attempts")
         return None
 
-    def read_events(self, after: str, block_ms: int, count: int = 1000) -> tuple[str, list[dict[str, str]]]:
+    def read_events(self, after: str, block_ms: int, count: int = 1000,
+                    stream: str = keys.EVENTS) -> tuple[str, list[dict[str, str]]]:
         """(the id to read after next, the events written after ``after``), waiting up to ``block_ms`` for
-        the first (``after`` "$": only new ones). One blocking read serves every waiter of a process."""
+        the first (``after`` "$": only new ones). One blocking read serves every waiter of a process.
+        ``stream``: ``keys.ENDINGS`` for the terminal events alone (uid and type)."""
         if after == "$":  # from what is the end now: a concrete id, so nothing written meanwhile is skipped
-            last = self.r.xrevrange(keys.EVENTS, count=1)
+            last = self.r.xrevrange(stream, count=1)
             after = (last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]) if last else "0-0"
-        entries = self.read_entries(after, block_ms, count)
+        entries = self.read_entries(after, block_ms, count, stream)
         return (entries[-1][0] if entries else after), [fields for _, fields in entries]
 
-    def read_entries(self, after: str, block_ms: int | None, count: int = 1000) -> list[tuple[str, dict[str, str]]]:
+    def read_entries(self, after: str, block_ms: int | None, count: int = 1000,
+                     stream: str = keys.EVENTS) -> list[tuple[str, dict[str, str]]]:
         """The events written after the stream id ``after``, with their ids (a reader that keeps its own
         cursor, like the platform's reconciler); waits up to ``block_ms`` for the first (None: not at all)."""
-        resp = self.r.xread({keys.EVENTS: after}, count=count, block=block_ms)
+        resp = self.r.xread({stream: after}, count=count, block=block_ms)
         out: list[tuple[str, dict[str, str]]] = []
         for _, entries in resp or ():
             for eid, fields in entries:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 PREFIX = "onepiece"
 EVENTS = f"{PREFIX}:events"  # one stream for every job's events (the web layer tails it)
+# the terminal events alone (uid and state), written by the same script: what the Proxies' long polls wait
+# for, without reading a dozen events per job to find one
+ENDINGS = f"{PREFIX}:endings"
 
 # job states (the status hash's ``state`` field); the last four are terminal
 QUEUED = "queued"

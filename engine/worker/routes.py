@@ -91,7 +91,9 @@ def withdraw_route(client: Any, route: Route, keys: Keyspace | None = None) -> N
 def live_nodes(client: Any, keys: Keyspace | None = None) -> set[str]:
     """Names of the nodes registered now (each key lives as long as its node's lease). Raises when etcd
     cannot be read: an unknown membership must never be taken for an empty one."""
-    return set(read_prefix(client, (keys or Keyspace.from_env()).nodes(), as_json=False))
+    from engine.coord.keys import read_keys
+
+    return read_keys(client, (keys or Keyspace.from_env()).nodes())  # names only: not every node's report
 
 
 class RouteTable:

@@ -145,3 +145,33 @@ def test_drain_sample_counts_each_terminal_transition_once(store: JobStore) -> N
     store.finish(uids[0], "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
     store.finish(uids[1], "sd-t2i", keys.EXPIRED, "denoise")
     assert store.drain_sample(["sd-t2i"]) == {"sd-t2i": (1, 1)}  # the expired one is no capacity
+
+
+def test_the_endings_stream_has_one_entry_per_finished_job_and_nothing_else(store: JobStore) -> None:
+    from engine.store import keys
+
+    after, _ = store.read_events("$", None, stream=keys.ENDINGS)
+    uid = uuid.uuid4().hex
+    store.accept(uid, "sd-t2i", 1.0)
+    store.event(uid, keys.STAGE_STARTED, "denoise", 10, state=keys.IN_PROGRESS)
+    store.event(uid, keys.PROGRESS, "denoise", 50, state=keys.IN_PROGRESS)
+    store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png")
+    store.finish(uid, "sd-t2i", keys.FAILED, "image_encode")  # refused: already finished
+    _, ended = store.read_events(after, None, stream=keys.ENDINGS)
+    assert [(e["uid"], e["type"]) for e in ended if e["uid"] == uid] == [(uid, keys.COMPLETED)]
+
+
+def test_one_sweep_drops_finished_entries_and_finds_the_jobs_of_lost_nodes(store: JobStore) -> None:
+    from engine.store import keys
+
+    wf, lost, done, fine = "sd-t2i", uuid.uuid4().hex, uuid.uuid4().hex, uuid.uuid4().hex
+    for uid in (lost, done, fine):
+        store.accept(uid, wf, 1.0)
+    store.located(lost, "node-gone", "sd-t2i.denoise.0")
+    store.located(fine, "node-here", "sd-t2i.denoise.1")
+    store.r.zadd(keys.inflight_key(wf), {done: 1.0})
+    store.r.hset(keys.job_key(done), "state", keys.COMPLETED)  # finished without its entry removed
+    dropped, orphans = store.sweep_inflight([wf], {"node-here"})
+    assert dropped == 1 and [o.uid for o in orphans] == [lost]
+    assert done.encode() not in store.r.zrange(keys.inflight_key(wf), 0, -1)
+    assert store.sweep_inflight([wf], None) == (0, [])  # membership unknown: nobody is judged lost
