@@ -33,9 +33,8 @@ from engine.stages.wan.vae import WanVaeEncode, check_wan_size
 
 TRANSFORMER = ("diffusers", "WanTransformer3DModel")
 SCHEDULER = ("diffusers", "UniPCMultistepScheduler")
-# (step index, lower_order_nums, this_order, begin index, has last sample, boundary step, steps): -1 is "None"
+# UniPC's counters, carried as ``scheduler_counters`` (-1: None) followed by the boundary step and the step count
 COUNTERS = ("_step_index", "lower_order_nums", "this_order", "_begin_index")
-STATE = ("scheduler_outputs", "scheduler_timesteps", "scheduler_last_sample", "scheduler_counters")
 
 
 class ExpertMismatch(RuntimeError):
@@ -56,7 +55,6 @@ def boundary_step(timesteps: torch.Tensor, boundary_ratio: float | None, num_tra
 
 def scheduler_state(scheduler: Any, boundary: int) -> dict[str, torch.Tensor]:
     """The state a UniPC scheduler carries from one step to the next, as four tensors."""
-    order = len(scheduler.model_outputs)
     filled = [m for m in scheduler.model_outputs if m is not None]
     if not filled:
         raise ExpertMismatch("the high-noise stage ran no step: nothing to hand on")
@@ -67,7 +65,6 @@ def scheduler_state(scheduler: Any, boundary: int) -> dict[str, torch.Tensor]:
     timesteps = torch.tensor([-1 if t is None else int(t) for t in scheduler.timestep_list], dtype=torch.int64)
     counters = [getattr(scheduler, c, None) for c in COUNTERS]
     counters = [-1 if v is None else int(v) for v in counters] + [boundary, len(scheduler.timesteps)]
-    assert len(timesteps) == order
     return {"scheduler_outputs": outputs, "scheduler_timesteps": timesteps,
             "scheduler_last_sample": scheduler.last_sample,
             "scheduler_counters": torch.tensor(counters, dtype=torch.int64)}
