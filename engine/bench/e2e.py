@@ -21,6 +21,13 @@ baselines run on the same cores in the same run, on the same model folder
    omission). Each row: offered, accepted, completed within its deadline,
    completed late, expired, failed, refused, goodput and latencies.
 
+5. single stage: the same engine serving sd-t2i as one stage (the one-call pipeline in one stage instance
+   per core) beside its four stages, behind one Proxy, store and node, each saturated in turn
+   (``staged_vs_single_stage_capacity``), and 6. mixed: sd-t2i, wan2.1-t2v and wan2.1-i2v in equal shares on
+   the engine ``default_assignment`` deploys against one monolith per workflow (``mixed_vs_monolith_capacity``,
+   ``staged_rss_mb``, ``monolith_rss_mb``); both on a private engine of the bench's own while the live one
+   idles (:mod:`engine.bench.variants`).
+
 ``--hog N`` runs N processes that each keep one core busy beside the engine
 for the whole run (after a quiet latency measurement, so the run reports both
 and their ratio): the neighbour a shared host has.
@@ -487,7 +494,7 @@ def baselines_on_private_engines(model_dir: str, seconds: float, in_flight: int,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``onepiece bench e2e``."""
-    p.add_argument("--proxy", required=True, help="the Proxy's URL (onepiece up prints it)")
+    p.add_argument("--proxy", default=None, help="the Proxy's URL (onepiece up prints it; required but with --adapters)")
     p.add_argument("--model-dir", required=True, help="the workflow's model folder, for the one-call baseline")
     p.add_argument("--workflow", default="sd-t2i", choices=["sd-t2i"])
     p.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
@@ -508,13 +515,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--single-stage-instances", type=int, default=None, metavar="N",
                    help="instances of the single-stage baseline (default: one per usable core)")
     p.add_argument("--no-mixed", action="store_true",
-                   help="skip the mixed run of sd-t2i, wan2.1-t2v and wan2.1-i2v against a monolith per workflow "
-                   "(their model folders are --model-dir's siblings)")
+                   help="skip the mixed run of sd-t2i, wan2.1-t2v and wan2.1-i2v against a monolith per workflow")
+    p.add_argument("--mix-models", default=None, metavar="DIR",
+                   help="the mixed run's model folders, one per workflow (default: --model-dir's parent; "
+                   "onepiece models make-tiny --out DIR builds them)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--adapters", type=int, default=0, metavar="N",
+                   help="instead: requests spread over N LoRA adapters on one denoise pool (a private engine) vs a "
+                   "monolith per adapter and one loading on demand, on the same cores (engine.bench.adapters)")
 
 
 def main(args: Any) -> int:
     from pathlib import Path
+
+    if args.adapters:  # LoRA adapters on one pool (issue 27)
+        from engine.bench import adapters
+
+        return adapters.main(args)
+    if not args.proxy:
+        print("error: --proxy is required (the proxy: line of onepiece up)", file=sys.stderr)
+        return 2
 
     state = args.state or str(Path(args.model_dir).resolve().parents[1])
     processes = roles_from_state(state)
@@ -524,7 +544,7 @@ def main(args: Any) -> int:
     if not args.no_mixed:
         from engine.bench.variants import MIX_WORKFLOWS
 
-        models = Path(args.model_dir).resolve().parent
+        models = Path(args.mix_models or Path(args.model_dir).resolve().parent)
         mix = {wf: str(models / wf) for wf in MIX_WORKFLOWS if (models / wf / "model_index.json").is_file()}
         if len(mix) < len(MIX_WORKFLOWS):
             print(f"mixed run skipped: {models} lacks {sorted(set(MIX_WORKFLOWS) - set(mix))} "
