@@ -77,6 +77,10 @@ class ModularStage(TorchStage):
     def prepare(self, params: Mapping[str, Any]) -> None:
         """Per-request settings of the pipeline's configurable components (a guider's scale)."""
 
+    def before_step(self, block_state: Any) -> None:
+        """Called before each step of a loop block with the loop's state: where the model must be given
+        what the one-call pipeline gives it (Qwen-Image: no mask where every token counts)."""
+
     def _state(self, kwargs: Mapping[str, Any]) -> Any:
         """A PipelineState as ``ModularPipeline.__call__`` builds it: every block input, given or default."""
         from diffusers.modular_pipelines import PipelineState
@@ -111,6 +115,7 @@ class ModularStage(TorchStage):
 
         def checked(components: Any, block_state: Any, **kwargs: Any) -> Any:
             ctx.check()
+            self.before_step(block_state)
             out = step(components, block_state, **kwargs)
             ctx.step_done(int(kwargs["i"]) + 1, total)
             return out

@@ -76,6 +76,16 @@ class QwenDenoise(_Qwen):
     def prepare(self, params: Mapping[str, Any]) -> None:
         self.pipe.guider.guidance_scale = cfg_scale(params)
 
+    def before_step(self, block_state: Any) -> None:
+        # QwenImagePipeline.encode_prompt passes no mask when every token counts (one prompt: always); the
+        # blocks pass the all-ones mask on (their input step requires one), which makes the attention a
+        # masked one: the same bytes on the CPU, but on CUDA a mask rules out the flash kernel. So the
+        # transformer gets what the pipeline gives it.
+        for key in ("prompt_embeds_mask", "negative_prompt_embeds_mask"):
+            mask = getattr(block_state, key, None)
+            if mask is not None and bool(mask.all()):
+                setattr(block_state, key, None)
+
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         guided = cfg_scale(params) > 1.0
         out = {k: inputs[k].to(self.device) for k in ("prompt_embeds", "prompt_embeds_mask")}

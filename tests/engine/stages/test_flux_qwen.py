@@ -228,3 +228,23 @@ def test_specs_are_light_and_the_tiny_builders_are_deterministic(tmp_path: Path,
     assert len(built) > 10
     for f in built:
         assert (tiny_models["qwen-image"] / f.relative_to(again)).read_bytes() == f.read_bytes(), f
+
+
+def test_qwen_transformer_gets_the_pipelines_masks(runners: dict[str, Any], tiny_models: dict[str, Path]) -> None:
+    """QwenImagePipeline gives its transformer no text mask when every token counts (the flash kernel stays
+    possible on CUDA); the staged denoise gives it the same, guided or not."""
+    from engine.stages.base import StageContext
+
+    runner = runners["qwen-image"]
+    transformer = runner.executors["denoise"].pipe.transformer
+    seen: list[Any] = []
+    hook = transformer.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.append(kwargs.get("encoder_hidden_states_mask", "absent")), with_kwargs=True)
+    try:
+        params = _bound("qwen-image", tiny_models["qwen-image"]).resolve_params(CASES["qwen-guided"][1])
+        embeds = runner.executors["text_encode"].run({}, params, StageContext())
+        assert bool(embeds["prompt_embeds_mask"].all()) and embeds["prompt_embeds_mask"].dtype.is_floating_point is False
+        runner.executors["denoise"].run(embeds, params, StageContext())
+    finally:
+        hook.remove()
+    assert seen == [None] * 6  # 3 steps, conditional and unconditional passes
