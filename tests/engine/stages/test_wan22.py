@@ -224,3 +224,22 @@ def test_the_default_request_runs(name: str, runners: dict[str, Any], tiny_model
     result = runners[name].run(params, inputs)
     assert bytes(result.outputs["video"])[4:8] == b"ftyp"
     assert result.stats["vae_decode"].out_bytes >= params["num_frames"] * params["height"] * params["width"] * 3
+
+
+def test_a14b_shares_wan21s_text_encoder_vae_and_mp4_pools(tiny_models: dict[str, Path]) -> None:
+    """The tiny A14B models ship Wan2.1's tokenizer, umT5 and VAE byte for byte (as the releases do), so their
+    text_encode, vae_decode and video_encode are the Wan2.1 pools' (engine.workflow.pools: by content digest);
+    the experts are pools of their own, one transformer each."""
+    from engine.workflow.pools import folder_digest, pool_of, pools
+
+    for component in ("tokenizer", "text_encoder", "vae"):
+        assert {folder_digest(tiny_models[n] / component) for n in (*A14B, "wan2.1-t2v", "wan2.1-i2v")} == {
+            folder_digest(tiny_models["wan2.1-t2v"] / component)}, component
+    assert folder_digest(tiny_models["wan2.2-ti2v-5b"] / "vae") != folder_digest(tiny_models["wan2.1-t2v"] / "vae")
+    names = ("wan2.1-t2v", "wan2.1-i2v", *A14B)
+    of = pool_of(pools({n: str(tiny_models[n]) for n in names}))
+    for stage in ("text_encode", "vae_decode", "video_encode"):
+        assert {of[(n, stage)].members for n in names} == {tuple(sorted((n, stage) for n in names))}, stage
+    for n in A14B:
+        for stage in ("denoise_high", "denoise_low"):
+            assert of[(n, stage)].members == ((n, stage),)
