@@ -194,6 +194,59 @@ class HotAdapters:
         self._active = want
         self.swap_s.append(time.perf_counter() - t0)
 
+    # -- mixed batches ----------------------------------------------------------------------------
+    def mixable(self, sets: Sequence[AdapterSet]) -> bool:
+        """Whether requests with these adapter sets can share one forward pass with PEFT's per-sample
+        ``adapter_names`` (:meth:`mixed`): each has at most one adapter, an adapter has one scale among them,
+        and every LoRA layer of the model is a kind that takes mixed batches (Linear, Conv)."""
+        scales: dict[str, float] = {}
+        for st in sets:
+            if len(st) > 1:
+                return False
+            for _n, sc, d in st:
+                if scales.setdefault(d, float(sc)) != float(sc):
+                    return False
+        return bool(self._layers())
+
+    def _layers(self) -> list[Any]:
+        if getattr(self, "_layer_cache", None) is None or self._layer_cache[0] != tuple(self.loaded):
+            from peft.tuners.lora import layer as lora
+
+            kinds = (lora.Linear, lora.Conv2d)
+            mods = [m for m in self.model.modules() if isinstance(m, lora.LoraLayer)]
+            self._layer_cache = (tuple(self.loaded), mods if all(isinstance(m, kinds) for m in mods) else [])
+        return self._layer_cache[1]
+
+    def mixed(self, sets: Sequence[AdapterSet], rows: int) -> Any:
+        """A context in which one forward pass serves rows of several adapter sets (``rows`` rows per set, in
+        order): every adapter of ``sets`` active with its scale (``set_adapters``), and each LoRA layer given
+        PEFT's per-sample ``adapter_names`` (``__base__`` for a request without adapters). PEFT then adds each
+        adapter's ``lora_B(lora_A(x)) * scale`` to its own rows only: per row, the arithmetic of a solo pass."""
+        import contextlib
+
+        union: dict[str, tuple[str, float, str]] = {}
+        for st in sets:
+            for n, sc, d in st:
+                union.setdefault(d, (n, sc, d))
+        names = [slot(st[0][2]) if st else "__base__" for st in sets for _ in range(rows)]
+        self.activate(tuple(union.values()))
+        if not union:
+            return contextlib.nullcontext()
+
+        def inject(_module: Any, args: Any, kwargs: Any) -> Any:
+            return args, {**kwargs, "adapter_names": names}
+
+        @contextlib.contextmanager
+        def hooks() -> Any:
+            handles = [m.register_forward_pre_hook(inject, with_kwargs=True) for m in self._layers()]
+            try:
+                yield
+            finally:
+                for h in handles:
+                    h.remove()
+
+        return hooks()
+
     # -- reports --------------------------------------------------------------------------------
     def names(self) -> list[str]:
         """The adapters loaded now (the names they were loaded for), least recently used first."""

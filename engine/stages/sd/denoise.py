@@ -32,6 +32,9 @@ class SDDenoise(TorchStage, SteppedStage):
     #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
     max_adapters: int | None = None
     hot: Any = None  # engine.adapters.hot.HotAdapters, made on the first request with adapters
+    #: requests of different single adapters share one UNet call (PEFT's per-sample adapter_names) instead of
+    #: one call per adapter set; measured faster (benchmarks/adapters.md) and byte-identical (the tests)
+    mixed_batches: bool = True
 
     def _load(self, model_dir: Path) -> None:
         from diffusers import StableDiffusionPipeline
@@ -63,7 +66,7 @@ class SDDenoise(TorchStage, SteppedStage):
         # gives a pair the same bytes in a batch of 2N as alone (measured at 8-64 latent pixels a side),
         # while an unguided request's batch of one differs from a batch of two in the last bits; a
         # guidance-embedding model (time_cond_proj_dim) runs alone. Requests with different LoRA adapter sets
-        # share the batch but not a UNet call: :meth:`step` makes one call per adapter set, each as if alone.
+        # share the batch: :meth:`step` gives each row its own adapters (one call, or one call per set).
         if float(params["guidance_scale"]) <= 1.0 or self.pipe.unet.config.time_cond_proj_dim is not None:
             return None
         return (int(params["height"]), int(params["width"]))
@@ -105,8 +108,10 @@ class SDDenoise(TorchStage, SteppedStage):
 
     @torch.no_grad()
     def step(self, states: list[_State]) -> None:
-        """One step of every state whose adapters are loaded: one UNet call per adapter set (in order of
-        first appearance), with that set active. A state whose adapter is still being read does not step
+        """One step of every state whose adapters are loaded: one UNet call for them all where PEFT's
+        per-sample adapters can serve them (each request at most one adapter, one scale per adapter:
+        :meth:`engine.adapters.hot.HotAdapters.mixed`), else one UNet call per adapter set (in order of first
+        appearance), with that set active. A state whose adapter is still being read does not step
         (it keeps its place); when none can, this waits up to :data:`ADAPTER_WAIT_S` for a read."""
         if self.hot is None:
             self._step_group(states)
@@ -120,6 +125,11 @@ class SDDenoise(TorchStage, SteppedStage):
         ready = [(k, g) for k, g in groups.items() if self.hot.ready(k, needed)]
         if not ready:
             self.hot.wait_any(ADAPTER_WAIT_S)
+            return
+        if len(ready) > 1 and self.mixed_batches and self.hot.mixable([k for k, _g in ready]):
+            together = [st for _k, g in ready for st in g]
+            with self.hot.mixed([st.lora for st in together], 2 if together[0].cfg else 1):
+                self._step_group(together)
             return
         for key, group in ready:
             self.hot.activate(key)
