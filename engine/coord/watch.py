@@ -120,3 +120,63 @@ class PrefixWatch:
         except (AttributeError, OSError, ValueError):
             pass  # already closed, or never opened
         self._resp.close()
+
+
+class ChangeFlag:
+    """A background watch on one prefix (or key) that raises a flag when anything under it changes, for a
+    loop that re-reads only then instead of every tick (the TaskManager's assignment: it read etcd five
+    times a second). :meth:`take` says whether to read now: after a change, when the watch is down (every
+    call: as if there were no watch), and every ``full_read_s`` as a safety net."""
+
+    def __init__(self, client: Any, prefix: str, full_read_s: float = 10.0, name: str = "onepiece-watch") -> None:
+        import threading
+        import time
+
+        self.client, self.prefix, self.full_read_s = client, prefix, full_read_s
+        self._clock = time.monotonic
+        self._flag = threading.Event()
+        self._flag.set()  # the first take() reads
+        self._stop = threading.Event()
+        self._last_read = -1e18
+        self.watching = False
+        self._watch: PrefixWatch | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import logging
+
+        log = logging.getLogger(__name__)
+        while not self._stop.is_set():
+            try:
+                self._watch = PrefixWatch(self.client, self.prefix)
+                self.watching = True
+                self._flag.set()  # a change made while no watch was open is read now
+                for _ in self._watch.changes():
+                    self._flag.set()
+            except WatchEnded as exc:
+                if not exc.quiet and not self._stop.is_set():
+                    log.warning("watch on %s ended (%s); reading every tick until it is open again", self.prefix, exc)
+            except Exception as exc:  # never let the thread die: the caller reads every tick meanwhile
+                log.warning("watch on %s failed (%s); reading every tick until it is open again", self.prefix, exc)
+            finally:
+                self.watching = False
+                if self._watch is not None:
+                    self._watch.close()
+            self._stop.wait(1.0)
+
+    def take(self) -> bool:
+        """True when the caller should read the prefix now (and the flag is lowered)."""
+        now = self._clock()
+        due = not self.watching or self._flag.is_set() or now - self._last_read >= self.full_read_s
+        if due:
+            self._flag.clear()
+            self._last_read = now
+        return due
+
+    def stop(self) -> None:
+        self._stop.set()
+        w = self._watch
+        if w is not None:
+            w.close()
+        self._thread.join(timeout=5)

@@ -69,6 +69,40 @@ redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[10], '*', 'uid', ARGV[1], 'type'
 return 1
 """
 
+# Accept a job: claim the UID (at most once), its status hash, its in-flight entry, its input and its
+# ``accepted`` event, in one round trip. KEYS: job, inflight, input, events; ARGV: uid, workflow, cost, now,
+# detail, ttl, maxlen, message ('' for none), has_message.
+_ACCEPT = """
+if redis.call('HSETNX', KEYS[1], 'state', 'queued') == 0 then return 0 end
+if ARGV[9] == '1' then redis.call('SET', KEYS[3], ARGV[8], 'EX', ARGV[6]) end
+redis.call('HSET', KEYS[1], 'state', 'queued', 'workflow', ARGV[2], 'stage', '', 'progress', 0, 'created', ARGV[4],
+           'updated', ARGV[4], 'detail', ARGV[5], 'cost', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'uid', ARGV[1], 'type', 'accepted', 'stage', '',
+           'progress', 0, 'ts', ARGV[4], 'detail', ARGV[5], 'attempt', 1)
+return 1
+"""
+
+# A worker's check before it runs a stage, and (ARGV[7] = '1') the stage's start when the job may run: not
+# finished, the stage not already done, no cancel asked. KEYS: job, done marker, cancel flag, events; ARGV:
+# uid, stage, progress, now, ttl, maxlen, start. Returns {state or '', done, cancel, started}.
+_GATE = """
+local s = redis.call('HGET', KEYS[1], 'state')
+local done = redis.call('EXISTS', KEYS[2])
+local cancel = redis.call('EXISTS', KEYS[3])
+local finished = s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired'
+if ARGV[7] == '1' and not finished and done == 0 and cancel == 0 then
+  local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
+  redis.call('HSET', KEYS[1], 'state', 'in_progress', 'stage', ARGV[2], 'progress', ARGV[3], 'updated', ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'uid', ARGV[1], 'type', 'stage_started', 'stage', ARGV[2],
+             'progress', ARGV[3], 'ts', ARGV[4], 'detail', '', 'attempt', attempt)
+  return {s or '', done, cancel, 1}
+end
+return {s or '', done, cancel, 0}
+"""
+
 # Start a job again after its node was lost: only if it is unfinished and still where the caller saw it
 # (so two Proxies sweeping at once retry it once), at most ARGV[5] times. Returns {1, message} to
 # re-inject, {2} when out of attempts, {0} when someone else moved or finished it.
@@ -135,6 +169,8 @@ class JobStore:
         self._event = client.register_script(_EVENT)
         self._finish = client.register_script(_FINISH)
         self._retry = client.register_script(_RETRY)
+        self._accept = client.register_script(_ACCEPT)
+        self._gate = client.register_script(_GATE)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> JobStore:
@@ -154,22 +190,10 @@ class JobStore:
         Returns False (and records nothing) when ``uid`` is already taken: a caller-chosen UID (the
         platform names its jobs) is claimed once.
         """
-        now = time.time()
-        if not self.r.hsetnx(keys.job_key(uid), "state", keys.QUEUED):
-            return False
-        pipe = self.r.pipeline(transaction=True)
-        if message is not None:
-            pipe.set(keys.input_key(uid), message, ex=self.ttl)
-        pipe.hset(keys.job_key(uid), mapping={
-            "state": keys.QUEUED, "workflow": workflow, "stage": "", "progress": 0, "created": now,
-            "updated": now, "detail": detail, "cost": cost,
-        })
-        pipe.expire(keys.job_key(uid), self.ttl)
-        pipe.zadd(keys.inflight_key(workflow), {uid: cost})
-        pipe.xadd(keys.EVENTS, {**self._fields(uid, keys.ACCEPTED, "", 0, now, detail), "attempt": 1},
-                  maxlen=self.maxlen, approximate=True)
-        pipe.execute()
-        return True
+        args: list[Any] = [uid, workflow, repr(float(cost)), repr(time.time()), detail, self.ttl, self.maxlen,
+                           bytes(message) if message is not None else b"", "1" if message is not None else "0"]
+        ks = [keys.job_key(uid), keys.inflight_key(workflow), keys.input_key(uid), keys.EVENTS]
+        return bool(self._accept(keys=ks, args=args))  # one round trip (was two: the claim, then the rest)
 
     def drain_sample(self, workflows: list[str]) -> dict[str, tuple[int, int]]:
         """workflow -> (jobs in flight, jobs completed since the store began): one round trip, for the
@@ -357,18 +381,28 @@ class JobStore:
         return bool(self.r.exists(keys.cancel_key(uid)))
 
     # -- worker bookkeeping -------------------------------------------------------------------
-    def gate(self, uid: str, stage: str) -> tuple[str | None, bool, bool]:
-        """(state, ``stage`` done, cancel requested) in one round trip: what a worker checks before it
-        runs a stage (three reads on the critical path between two stages otherwise)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hget(keys.job_key(uid), "state")
-        pipe.exists(keys.done_key(uid, stage))
-        pipe.exists(keys.cancel_key(uid))
-        state, done, cancel = pipe.execute()
-        return (state.decode() if isinstance(state, bytes) else state) or None, bool(done), bool(cancel)
+    def gate(self, uid: str, stage: str, start_progress: int | None = None) -> tuple[str | None, bool, bool, bool]:
+        """(state, ``stage`` done, cancel requested, started) in one round trip: what a worker checks before it
+        runs a stage. With ``start_progress``, the same script also starts the stage when the job may run (not
+        finished, the stage not done, no cancel): the ``stage_started`` event at that progress, as
+        :meth:`event` writes it, and ``started`` True; one round trip for both."""
+        ks = [keys.job_key(uid), keys.done_key(uid, stage), keys.cancel_key(uid), keys.EVENTS]
+        args = [uid, stage, int(start_progress or 0), time.time(), self.ttl, self.maxlen,
+                "1" if start_progress is not None else "0"]
+        state, done, cancel, started = self._gate(keys=ks, args=args)
+        state = state.decode() if isinstance(state, bytes) else state
+        return state or None, bool(done), bool(cancel), bool(started)
 
     def mark_done(self, uid: str, stage: str) -> None:
         self.r.set(keys.done_key(uid, stage), 1, ex=self.ttl)
+
+    def handed_on(self, uid: str, stage: str, node: str, instance: str) -> None:
+        """A stage handed the job to ``instance`` on ``node``: where to look if that node dies
+        (:meth:`located`), and the stage's done marker (:meth:`mark_done`), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(keys.job_key(uid), mapping={"node": node, "instance": instance})
+        pipe.set(keys.done_key(uid, stage), 1, ex=self.ttl)
+        pipe.execute()
 
     def is_done(self, uid: str, stage: str) -> bool:
         return bool(self.r.exists(keys.done_key(uid, stage)))

@@ -121,7 +121,7 @@ class StepBatcher:
                 self.w._undecodable(d, exc)
                 continue
             try:
-                admitted = self.w._admit(msg.header)
+                admitted = self.w._admit(msg.header, start=False)  # started when it begins stepping
             except Exception as exc:  # a misrouted message: failed like any bad request
                 self._fail(Waiting(d, msg, None), exc)
                 continue

@@ -135,6 +135,7 @@ class TaskManager:
         self.moves: list[dict[str, Any]] = []  # the last drains and start-ups, with their timings
         self._limits_cache: dict[tuple[str, str], dict[str, Any]] = {}  # (workflow, model folder) -> limits
         self._nice_warned = False  # a host refusing the workers' lower priority is said once, not per start
+        self._assignment_changes: Any = None  # engine.coord.watch.ChangeFlag on the assignment, once started
 
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -148,6 +149,10 @@ class TaskManager:
         self._lease_refreshed = self.clock()
         if self.static is not None:
             self.client.put(self.keys.assignment(self.s.node), self.static.to_json())
+        from engine.coord.watch import ChangeFlag
+
+        self._assignment_changes = ChangeFlag(self.client, self.keys.assignment(self.s.node),
+                                              name="onepiece-node-assignment")
         self._report(force=True)
 
     def run(self, should_stop: Callable[[], bool], interval: float = 0.2) -> None:
@@ -210,12 +215,18 @@ class TaskManager:
             if self.lease is not None:
                 self._try(self.lease.revoke)
         self.instances.clear()
+        if self._assignment_changes is not None:
+            self._assignment_changes.stop()
         self._unlink_segments()
         if self.store is not None:
             self.store.close()
 
     # -- reconciliation ----------------------------------------------------------------------------
     def _read_assignment(self) -> None:
+        """Read the node's assignment when it changed (an etcd watch: a tick no longer reads etcd five times a
+        second), when the watch is down, and every 10 s as a safety net."""
+        if self._assignment_changes is not None and not self._assignment_changes.take():
+            return
         try:
             values = self.client.get(self.keys.assignment(self.s.node))
         except Exception as exc:  # etcd unreachable: keep the last desired state

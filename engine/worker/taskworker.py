@@ -33,7 +33,7 @@ from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageE
 from engine.store import JobStore, keys
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
 from engine.worker.deliver import Outstanding, Producers, make_deliver
-from engine.worker.routes import RouteTable
+from engine.worker.routes import Route, RouteTable
 from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
 from engine.workflow.pricing import Fit, Samples
@@ -156,6 +156,7 @@ class TaskWorker:
         self.samples: dict[str, Samples] = {}
         self.fits: dict[str, Fit] = {}
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
+        self._started: set[str] = set()  # admitted requests whose stage_started the admission wrote
 
     # -- loop --------------------------------------------------------------------------------
     def serve(self, should_stop: Callable[[], bool]) -> None:
@@ -225,30 +226,48 @@ class TaskWorker:
         d.release()
         self.handled += 1
 
-    def _admit(self, h: wm.Header) -> bool:
-        """Whether to run the stage at all: not misrouted, finished, repeated, cancelled or expired."""
+    def _admit(self, h: wm.Header, start: bool = True) -> bool:
+        """Whether to run the stage at all: not misrouted, finished, repeated, cancelled or expired. With
+        ``start``, an admitted request's ``stage_started`` is written by the same round trip as the check
+        (:meth:`JobStore.gate`), and :meth:`open_run` writes none."""
         uid = h.uid
-        st = self.chain(h).stage
-        state, done, cancel = self.store.gate(uid, st)
+        chain = self.chain(h)
+        st = chain.stage
+        expired = self._expired(h)  # decided here, acted on only once the store says the job may run
+        progress = self._progress_before(h, chain) if start and expired is None else None
+        state, done, cancel, started = self.store.gate(uid, st, progress)
         if state in keys.TERMINAL or done:
             return False  # finished meanwhile, or a redelivery of work already handed on
         if cancel:
             self.store.finish(uid, h.workflow, keys.CANCELLED, st, detail=f"cancelled before {st}")
             return False
-        if h.deadline is not None:
-            left = h.deadline - time.time()
-            if left <= 0:
-                self.store.finish(uid, h.workflow, keys.EXPIRED, st, detail=f"deadline passed before {st} started")
-                return False
-            # Work that cannot end in time is not started: under overload the device time goes to requests
-            # that can still make their deadlines, not to ones that would expire half-way through.
-            need = self._fastest_for(h)
-            if need > left:
-                self.store.finish(uid, h.workflow, keys.EXPIRED, st,
-                                  detail=f"cannot finish by its deadline: {st} alone takes at least {need:.2f}s "
-                                         f"here, {left:.2f}s left")
-                return False
+        if expired is not None:
+            self.store.finish(uid, h.workflow, keys.EXPIRED, st, detail=expired)
+            return False
+        if started:
+            self._started.add(uid)
         return True
+
+    def _expired(self, h: wm.Header) -> str | None:
+        """Why the request must not start here for its deadline (None: it may)."""
+        if h.deadline is None:
+            return None
+        st, left = h.stage, h.deadline - time.time()
+        if left <= 0:
+            return f"deadline passed before {st} started"
+        # Work that cannot end in time is not started: under overload the device time goes to requests
+        # that can still make their deadlines, not to ones that would expire half-way through.
+        need = self._fastest_for(h)
+        if need > left:
+            return f"cannot finish by its deadline: {st} alone takes at least {need:.2f}s here, {left:.2f}s left"
+        return None
+
+    @staticmethod
+    def _progress_before(h: wm.Header, chain: Chain) -> int:
+        """The job's progress when this stage starts: the predicted cost of the stages before it."""
+        costs = chain.spec.estimate_cost(h.params)
+        total = sum(costs.values()) or 1.0
+        return int(100 * sum(costs.get(s, 0.0) for s in chain.route[:chain.route.index(chain.stage)]) / total)
 
     def chain(self, h: wm.Header) -> Chain:
         """The (workflow, stage) of this instance a message is for; a message for one it does not serve is
@@ -300,7 +319,10 @@ class TaskWorker:
         total = sum(costs.values()) or 1.0
         before = sum(costs.get(s, 0.0) for s in chain.route[:chain.route.index(st)])
         share = costs.get(st, 0.0)
-        self.store.event(uid, keys.STAGE_STARTED, st, int(100 * before / total), state=keys.IN_PROGRESS)
+        if uid in self._started:  # the admission's round trip wrote it (_admit)
+            self._started.discard(uid)
+        else:
+            self.store.event(uid, keys.STAGE_STARTED, st, int(100 * before / total), state=keys.IN_PROGRESS)
         run = Run(costs, before, share, total)
 
         def progress(step: int, n: int) -> None:
@@ -386,10 +408,11 @@ class TaskWorker:
                                 + (f" batch={batch}" if batch > 1 else ""))
         if chain.next_stage is None:
             self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
+            self.store.mark_done(uid, st)
         else:
             h.stage = chain.next_stage
-            self._send(h, tensors, blobs, costs.get(chain.next_stage, 0.0))
-        self.store.mark_done(uid, st)
+            route = self._send(h, tensors, blobs, costs.get(chain.next_stage, 0.0))
+            self.store.handed_on(uid, st, route.node, route.instance)  # where it went, and this stage done
 
     def _record(self, occupied: float, workflow: str | None = None) -> None:
         """Report how long the instance was occupied by one request, from taking it off the ring to handing
@@ -412,7 +435,7 @@ class TaskWorker:
         self.store.record_instance(cfg.instance, fields, occupied)
 
     # -- delivery --------------------------------------------------------------------------------
-    def _send(self, h: wm.Header, tensors: dict[str, wm.TensorData], blobs: dict[str, Any], cost: float) -> None:
+    def _send(self, h: wm.Header, tensors: dict[str, wm.TensorData], blobs: dict[str, Any], cost: float) -> Route:
         """Encode straight into a reserved span of the chosen instance's ring (no staging buffer).
 
         No refill callback is given: the carried inputs are views into our own
@@ -433,8 +456,7 @@ class TaskWorker:
                     wm.encode_into(res.view, h, tensors, blobs)
                     res.commit()
                     self.outstanding.sent(route.instance, cost)
-                    self.store.located(h.uid, route.node, route.instance)  # where to look if that node dies
-                    return
+                    return route  # the caller records where it went (JobStore.handed_on)
                 except TransportError as exc:
                     log.warning("send to %s failed (%s); retrying", route.instance, exc)
                     self.producers.drop(route.instance)

@@ -86,7 +86,8 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         producer.close()
         producer.region.close()
         etcd.put(KEYS.assignment("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
-        tm.tick()
+        _until(tm, lambda: ID not in tm.instances, timeout=10)  # the next tick after its watch saw the change
+        assert tm._assignment_changes.watching  # read on change, not every tick
         assert ID not in tm.instances and _routes(etcd) == [] and [d.spec.id for d in tm.draining] == [ID]
         _until(tm, lambda: not tm.draining, timeout=60)
         assert second.poll() == 0 and not ring.exists()
