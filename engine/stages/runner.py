@@ -46,9 +46,12 @@ def validate_request(
     :meth:`engine.workflow.spec.WorkflowSpec.validate_request`), then the model folder.
 
     Returns resolved params. Raises ``InvalidRequest`` (params and inputs) or ``MissingComponent``
-    (model folder).
+    (model folder). Limits and defaults are the loaded model's, as the Proxy's intake binds them
+    (:meth:`engine.workflow.spec.WorkflowSpec.bound`): a size the folder's transformer cannot run is refused
+    here, naming the field, and the default request is one it can.
     """
     spec = get_workflow(workflow)
+    spec = spec.bound(spec.limits_of(str(model_dir)))
     resolved = spec.validate_request(params, inputs)
     check_components(model_dir, [c for s in spec.stages for c in s.components])
     return resolved

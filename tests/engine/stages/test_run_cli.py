@@ -49,11 +49,11 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     (["--frames", "0"], "num_frames must be >= 1"),
     (["--frames", "-3"], "num_frames must be >= 1"),
     (["--frames", "10"], "num_frames - 1 must be divisible by 4"),
-    (["--frames", "257"], "num_frames must be <= 129"),
+    (["--frames", "257"], "num_frames must be <= 125"),  # the tiny transformer's rope_max_seq_len (32)
     (["--steps", "1000"], "num_inference_steps must be <= 100"),
     (["--steps", "0"], "num_inference_steps must be >= 1"),
-    (["--size", "4096x4096"], "must be <= 1280"),
-    (["--size", "1280x1280"], "exceeds wan2.1-i2v's limit"),
+    (["--size", "4096x4096"], "must be <= 512"),  # the same: 32 patches of 16 px
+    (["--size", "528x512"], "rope_max_seq_len is 32"),
     (["--size", "30x32"], "multiple of 16"),
     (["--size", "big"], "--size must look like WIDTHxHEIGHT"),
     (["--prompt", ""], "prompt must not be empty"),
