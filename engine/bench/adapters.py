@@ -5,7 +5,8 @@ monolith per adapter and a monolith that loads the adapter each request needs, o
    ``onepiece node`` and ``onepiece proxy``; one instance per stage, one thread each) whose adapter store
    holds N tiny adapters (``onepiece models make-tiny-lora``, seeds 1..N, registered as ``bench-lora-K``);
    a closed loop keeps ``--saturate`` requests in flight, each naming one of the N adapters at random, and
-   completions per second are counted over ``--seconds``. The denoise instance keeps every adapter hot and
+   completions per second are counted over ``--seconds`` (after a run without adapters on the same engine,
+   ``pool_no_adapters_rps``: the staged engine's own figure on this host now). The denoise instance keeps every adapter hot and
    steps requests of different adapters in one batch (one UNet call per adapter set,
    engine.stages.sd.denoise); its adapter load and swap times (p50, p99) come from its report.
 2. **a monolith per adapter**: N processes, each the one-call diffusers pipeline with its adapter loaded
@@ -59,6 +60,8 @@ def make_adapters(store_root: Path, model_dir: str, n: int, scratch: Path) -> li
 # -- the pool: a private engine under a closed loop -------------------------------------------------------
 async def _closed_loop(proxy: str, token: str, params: dict[str, Any], names: list[str], in_flight: int,
                        seconds: float, seed: int) -> dict[str, Any]:
+    """Completions per second with ``in_flight`` requests kept in the engine, each naming one of ``names``
+    at random (none: no adapters)."""
     from engine.bench.e2e import AsyncClient
 
     client = AsyncClient(proxy, token)
@@ -71,9 +74,8 @@ async def _closed_loop(proxy: str, token: str, params: dict[str, Any], names: li
     async def loop() -> None:
         nonlocal failed
         while not stop:
-            name = rng.choice(names)
-            status, doc = await client.submit(WORKFLOW, {**params, "seed": rng.randrange(1 << 30),
-                                                         "lora": [{"name": name, "scale": 1.0}]}, None)
+            lora = {"lora": [{"name": rng.choice(names), "scale": 1.0}]} if names else {}
+            status, doc = await client.submit(WORKFLOW, {**params, "seed": rng.randrange(1 << 30), **lora}, None)
             if status != 202:
                 raise RuntimeError(f"the pool refused a request: {status} {doc}")
             if await client.wait(doc["uid"], 300) == "completed":
@@ -92,7 +94,20 @@ async def _closed_loop(proxy: str, token: str, params: dict[str, Any], names: li
         await client.close()
     end = t0 + seconds
     done = sum(1 for t in finished if t0 <= t < end)
-    return {"pool_rps": done / seconds, "pool_failed": failed}
+    return {"rps": done / seconds, "failed": failed}
+
+
+async def _warm(proxy: str, token: str, params: dict[str, Any], names: list[str]) -> None:
+    from engine.bench.e2e import AsyncClient
+
+    client = AsyncClient(proxy, token)
+    try:
+        for lora in [{}] * 2 + [{"lora": [{"name": n, "scale": 1.0}]} for n in names]:
+            status, doc = await client.submit(WORKFLOW, {**params, **lora}, None)
+            if status != 202 or await client.wait(doc["uid"], 600) != "completed":
+                raise RuntimeError(f"a warm-up request did not complete: {status} {doc}")
+    finally:
+        await client.close()
 
 
 def pool(model_dir: str, adapters: int, seconds: float, in_flight: int, work: Path,
@@ -107,7 +122,12 @@ def pool(model_dir: str, adapters: int, seconds: float, in_flight: int, work: Pa
     names = [n for n, _f in make_adapters(store_root, model_dir, adapters, work / "lora")]
     with PrivateEngine(assignment.to_json(), work, f"bench-{os.getpid()}-lora-", threads_per_instance=1,
                        log=log) as eng:
-        out = asyncio.run(_closed_loop(eng.proxy, eng.token, PARAMS[WORKFLOW], names, in_flight, seconds, 1))
+        # warm: a process's first run pays one-off costs, and each adapter's first request loads it (timed)
+        asyncio.run(_warm(eng.proxy, eng.token, PARAMS[WORKFLOW], names))
+        # the same engine without adapters first: what the staged pool does on this host now
+        plain = asyncio.run(_closed_loop(eng.proxy, eng.token, PARAMS[WORKFLOW], [], in_flight, seconds, 0))
+        lora = asyncio.run(_closed_loop(eng.proxy, eng.token, PARAMS[WORKFLOW], names, in_flight, seconds, 1))
+        out = {"pool_rps": lora["rps"], "pool_failed": lora["failed"], "pool_no_adapters_rps": plain["rps"]}
         store = JobStore.from_url(eng.services[0].url)
         try:
             reports = {i.id: json.loads(store.instance_stats(i.id).get("adapters") or "null")
@@ -246,6 +266,9 @@ def main(args: Any) -> int:
           f"({r['pool_denoise_instances']} denoise instance(s), {r['pool_evicted']} evictions, "
           f"{r['pool_failed']} failed); adapter load p50 {ms(r['pool_load_s_p50'])} p99 {ms(r['pool_load_s_p99'])}, "
           f"swap p50 {ms(r['pool_swap_s_p50'])} p99 {ms(r['pool_swap_s_p99'])}")
+    print(f"  the same pool without adapters: {r['pool_no_adapters_rps']:.2f} requests/s "
+          f"(adapters cost {r['pool_rps'] / r['pool_no_adapters_rps']:.2f}x of it)" if r["pool_no_adapters_rps"] else
+          "  the same pool without adapters: no request completed")
     print(f"  a monolith per adapter ({r['monolith_per_adapter_processes']} processes): "
           f"{r['monolith_per_adapter_rps']:.2f} requests/s")
     print(f"  a monolith loading on demand ({r['monolith_on_demand_processes']} process(es), its best): "
