@@ -5,12 +5,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 LORA_HELP = ('LoRA adapters to apply: [{"name": ..., "scale": ...}], at most 4, names from GET /v1/adapters of '
              "this workflow (scale: default the adapter's; the openai client sends it in extra_body)")
 
 
+_LORA_SCHEMA = {
+    "type": "array", "maxItems": 4,
+    "items": {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]{0,63}$",
+                 "description": "a registered adapter of this workflow (GET /v1/adapters)"},
+        "scale": {"type": "number", "minimum": -4, "maximum": 4,
+                  "description": "its weight (default: the adapter's scale_default)"}}},
+}
+
+
+@extend_schema_field(_LORA_SCHEMA)
 class LoraField(serializers.Field):
     """A list of ``{"name", "scale"}`` objects; in a multipart form, the same list as a JSON string. The content
     (names, workflow, scales, count) is checked where every request is: the workflow spec

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from engine.adapters.registry import store
+from onepiece_platform.api_schema import native_errors
 
 
 class AdapterSerializer(serializers.Serializer):
@@ -37,7 +38,7 @@ class AdapterListView(APIView):
     permission_classes = [IsAuthenticated]
 
     @extend_schema(operation_id="listAdapters", parameters=[OpenApiParameter("workflow", str)],
-                   responses={200: AdapterListSerializer})
+                   responses={200: AdapterListSerializer, **native_errors()})
     def get(self, request: Request) -> Response:
         workflow = request.query_params.get("workflow") or None
         return Response({"object": "list", "data": listing(workflow)})
