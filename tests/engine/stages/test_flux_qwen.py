@@ -178,6 +178,9 @@ def test_flux_defaults_and_limits_come_from_the_folder(tiny_models: dict[str, Pa
     (plain / "serving.json").unlink()
     assert _bound("flux.1-dev", plain).param("num_inference_steps").default == 28  # without it, the pipeline's
     assert _refused(dev, {"guidance_scale": 20.5}).field == "guidance_scale"
+    assert _refused(dev, {"num_inference_steps": 101}).field == "num_inference_steps"
+    assert _refused(dev, {"width": 100}).field == "width"  # not a multiple of 16
+    assert _refused(dev, {"height": 48}).field == "height"  # under 64
     # dev's spec on a folder whose transformer has no guidance embedding (schnell's): no guidance to give
     on_schnell = _bound("flux.1-dev", tiny_models["flux.1-schnell"])
     assert on_schnell.validate_request({"prompt": PROMPT}, {})["guidance_scale"] == 0
