@@ -209,12 +209,12 @@ class HotAdapters:
         return bool(self._layers())
 
     def _layers(self) -> list[Any]:
-        if getattr(self, "_layer_cache", None) is None or self._layer_cache[0] != tuple(self.loaded):
+        if getattr(self, "_layer_cache", None) is None or self._layer_cache[0] != frozenset(self.loaded):
             from peft.tuners.lora import layer as lora
 
             kinds = (lora.Linear, lora.Conv2d)
             mods = [m for m in self.model.modules() if isinstance(m, lora.LoraLayer)]
-            self._layer_cache = (tuple(self.loaded), mods if all(isinstance(m, kinds) for m in mods) else [])
+            self._layer_cache = (frozenset(self.loaded), mods if all(isinstance(m, kinds) for m in mods) else [])
         return self._layer_cache[1]
 
     def mixed(self, sets: Sequence[AdapterSet], rows: int) -> Any:
