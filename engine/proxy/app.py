@@ -45,7 +45,7 @@ from engine.proxy import auth, deadlines
 from engine.proxy.drain import DrainMeter
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Ticket, taken
-from engine.proxy.monitor import Load, RequestMonitor
+from engine.proxy.monitor import Decision, Load, RequestMonitor
 from engine.proxy.recovery import OrphanSweeper
 from engine.store import JobStore, keys, outage
 from engine.transport.errors import MessageTooLarge
@@ -222,6 +222,10 @@ async def _read_body(request: web.Request) -> bytes:
                          413) from None
 
 
+def _parsed_ticket(intake: Intake, body: bytes, content_type: str) -> Ticket:
+    return intake.ticket(intake.parse(body, content_type))
+
+
 async def submit(request: web.Request) -> web.Response:
     """Order of work: the cheap refusals first (credential, declared size, queue state: nothing read), then
     the body, bounded as it streams, parsed and validated off the event loop; then the admission decision
@@ -236,9 +240,10 @@ async def submit(request: web.Request) -> web.Response:
     app[LIMITS].reading += reserve
     try:
         body = await _read_body(request)
-        sub = await asyncio.to_thread(app[INTAKE].parse, body, request.headers.get("Content-Type", ""))
+        intake, ctype = app[INTAKE], request.headers.get("Content-Type", "")
+        # parsed, validated and made a message in one trip off the loop (each trip costs the CPU a handoff)
+        ticket = await asyncio.to_thread(_parsed_ticket, intake, body, ctype)
         del body
-        ticket = await asyncio.to_thread(app[INTAKE].ticket, sub)
     except BadRequest as exc:
         return _error(exc.status, str(exc), exc.field)
     finally:
@@ -259,26 +264,32 @@ async def _admit(request: web.Request, ticket: Ticket) -> web.Response:
     # in-flight count (a burst would overshoot the queue bound and the deadline rule); the lock covers
     # the read, the decision and the acceptance, which moves the count.
     async with app[ADMITTING].setdefault(spec.name, asyncio.Lock()):
+        def admission() -> Decision | None:
+            """The claim check, the load read, the decision and the acceptance: one trip off the loop (None:
+            the caller's UID is taken)."""
+            if intake.claimed(store, ticket):
+                return None
+            decision = intake.decide(ticket, _loads(app, [spec.name])[spec.name], time.time())
+            if decision.admit:
+                intake.accept(store, ticket)
+            return decision
+
         try:
-            if await asyncio.to_thread(intake.claimed, store, ticket):
-                bad = taken()
-                return _error(bad.status, str(bad), bad.field)
-            load = (await asyncio.to_thread(_loads, app, [spec.name]))[spec.name]
-        except Exception as exc:  # Redis unreachable: an overload answer, never a 500
-            return _busy(f"the result store is unavailable: {exc}", 5)
-        decision = intake.decide(ticket, load, time.time())
-        if not decision.admit:
-            return _busy(decision.reason, decision.retry_after, request)
-        try:
-            await asyncio.to_thread(intake.accept, store, ticket)
+            decision = await asyncio.to_thread(admission)
         except BadRequest as exc:  # claimed meanwhile
             return _error(exc.status, str(exc), exc.field)
         except Exception as exc:  # Redis unreachable: an overload answer, never a 500
             return _busy(f"the result store is unavailable: {exc}", 5)
+        if decision is None:
+            bad = taken()
+            return _error(bad.status, str(bad), bad.field)
+        if not decision.admit:
+            return _busy(decision.reason, decision.retry_after, request)
     app[DRAIN].note_accepted(spec.name)  # in flight in the store from now on
     try:
-        target = await app[INJECTOR].inject(spec.name, ticket.entry, ticket.message, ticket.entry_cost)
-        await asyncio.to_thread(store.located, uid, target.node, target.instance)
+        # where it went is recorded by the injecting thread, right after the send (no second trip)
+        target = await app[INJECTOR].inject(spec.name, ticket.entry, ticket.message, ticket.entry_cost,
+                                            after=lambda r: store.located(uid, r.node, r.instance))
         app[ACCEPTED][spec.name] = app[ACCEPTED].get(spec.name, 0) + 1
     except MessageTooLarge as exc:  # a ring smaller than the one measured above: refused, and the job failed
         bad = intake.too_large(ticket, exc.size, exc.limit)
