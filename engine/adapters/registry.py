@@ -178,7 +178,7 @@ class AdapterStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).expanduser().resolve()
-        self._cache: tuple[tuple[int, int], dict[str, Adapter]] | None = None
+        self._cache: tuple[tuple[int, int, int], dict[str, Adapter]] | None = None
 
     @property
     def registry_path(self) -> Path:
@@ -190,7 +190,7 @@ class AdapterStore:
             st = self.registry_path.stat()
         except FileNotFoundError:
             return {}
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # a write replaces the file: a new inode
         if self._cache is not None and self._cache[0] == stamp:
             return self._cache[1]
         doc = json.loads(self.registry_path.read_text())
