@@ -46,6 +46,17 @@ def equality(models: str) -> dict[str, Any]:
                                                             "max_diff": float((pairs - both).abs().max())}
             out[f"sd unet, unguided, latent {side}"] = _equal(
                 lambda v, c: unet(v, torch.tensor(500.0), encoder_hidden_states=c).sample, x[:2], e[:2])
+        # N guided requests stepped together, as the batcher does (2N rows, a timestep per request), against
+        # each request's pair alone: where the batched bytes stop being the solo ones sets the default max_batch
+        for side in (8, 32):
+            for n in range(2, 9):
+                x, e = torch.randn(2 * n, 4, side, side), torch.randn(2 * n, 77, 32)
+                t = torch.tensor([float(100 + 37 * (i // 2)) for i in range(2 * n)])
+                pairs = torch.cat([unet(x[2 * i:2 * i + 2], t[2 * i], encoder_hidden_states=e[2 * i:2 * i + 2]).sample
+                                   for i in range(n)])
+                both = unet(x, t, encoder_hidden_states=e).sample
+                out[f"sd unet, {n} guided requests stepped together, latent {side}"] = {
+                    "equal": bool(torch.equal(pairs, both)), "max_diff": float((pairs - both).abs().max())}
         vae = AutoencoderKL.from_pretrained(f"{sd}/vae").eval()
         out["sd vae decode, latent 32"] = _equal(lambda v: vae.decode(v).sample, torch.randn(2, 4, 32, 32))
         clip = CLIPTextModel.from_pretrained(f"{sd}/text_encoder").eval()

@@ -59,10 +59,12 @@ SPEC = WorkflowSpec(
             "denoise", f"{_P}.denoise.SDDenoise", inputs=("prompt_embeds", "negative_prompt_embeds"),
             outputs=(TensorSpec("denoised", shape=(1, "C_lat", "H_lat", "W_lat")),),
             components=("unet", "scheduler"), doc="initial noise from the seed, guided UNet denoising",
-            # step-level batches of guided requests: their solo bytes (tests/engine/stages/test_step_batching.py);
-            # the tiny model at 64x64 on one thread gave 1.18x the requests/s at 2, 1.34x at 4, 1.51x at 8, and
-            # nothing at 128x128 (compute-bound): a bigger batch only helps when small requests queue up
-            max_batch=8,
+            # step-level batches of guided requests: their solo bytes (tests/engine/stages/test_step_batching.py)
+            # up to 7 requests (14 UNet rows); 8 (16 rows) differ in the last bits on one thread (oneDNN picks
+            # another kernel there; equal on two threads), at 64-256 px alike (benchmarks/batch_equality.py), so
+            # 7 is the default. The tiny model at 64x64 on one thread gave 1.18x the requests/s at 2, 1.34x at
+            # 4, 1.51x at 8, and nothing at 128x128 (compute-bound): a bigger batch helps when small requests queue
+            max_batch=7,
         ),
         StageSpec(
             "vae_decode", f"{_P}.decoders.SDVaeDecode", inputs=("denoised",),
