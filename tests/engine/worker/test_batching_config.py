@@ -28,4 +28,4 @@ def test_the_node_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     s = settings_from(p.parse_args(["--max-batch", "denoise=3", "--batch-wait-ms", "denoise=20"]), "http://e", "redis://r")
     assert s.batching.for_stage("sd-t2i", "denoise") == (3, 20.0)
     s = settings_from(p.parse_args([]), "http://e", "redis://r")
-    assert s.batching.for_stage("sd-t2i", "denoise") == (8, 0.0)
+    assert s.batching.for_stage("sd-t2i", "denoise") == (7, 0.0)
