@@ -7,7 +7,7 @@ gets its own RC queue pair; when its control connection drops, the owner moves
 that queue pair to the error state, so a fenced or dead peer can write nothing
 more (the hardware's version of the ring's quarantine rule).
 
-Requirements: the distribution's pyverbs matching its rdma-core (README, "RDMA
+Requirements: the distribution's pyverbs matching its rdma-core (docs/operations.md, "RDMA
 hosts"), and a device whose atomics are coherent with the CPU's
 (``IBV_ATOMIC_GLOB``), because the consumer CASes the same words locally.
 Written after rdma-core's pyverbs examples; no machine in CI has an RDMA
@@ -45,7 +45,7 @@ def _pyverbs() -> Any:
     except ImportError as exc:
         raise NoRdmaDevice(
             "pyverbs is not installed: install the distribution's python3-pyverbs matching its rdma-core "
-            "(README, 'RDMA hosts')"
+            "(docs/operations.md, 'RDMA hosts')"
         ) from exc
     return e, addr, cq, device, mr, pd, qp, wr
 
