@@ -235,12 +235,14 @@ def test_late_write_of_a_fenced_producer_never_touches_a_delivered_record(ring_n
     c = RingConsumer.create(f"shm://{ring_name}", cfg)
     slow = attach_producer(f"shm://{ring_name}", 0)
     fast = attach_producer(f"shm://{ring_name}", 1, send_timeout=0.2)
-    stalled, resume = threading.Event(), threading.Event()
+    stalled, resume, landed = threading.Event(), threading.Event(), threading.Event()
 
     def stall(where: str) -> None:
         if where == "mid_payload" and not stalled.is_set():
             stalled.set()
             resume.wait(10)  # then finish writing the second half of the payload
+        elif where == "before_commit" and stalled.is_set():
+            landed.set()  # the payload's second half and the header are written: the late write has landed
 
     slow.fault_hook = stall
     t = threading.Thread(target=slow.send, args=(b"S" * 3000,), name="onepiece-test-slow")
@@ -262,7 +264,7 @@ def test_late_write_of_a_fenced_producer_never_touches_a_delivered_record(ring_n
         if len(held) > 3:
             held.pop(0)[0].release()
     resume.set()
-    time.sleep(0.2)  # the late write lands now
+    assert landed.wait(5), "the stalled producer never finished its late write"
     for d, verified in held:
         assert bytes(d.view) == verified, "a late write changed a delivered record"
     assert blocked, "the quarantined span was handed to another producer"
