@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,14 +31,6 @@ def _png(w: int = 16, h: int = 16) -> bytes:
 
 def _body(**doc: Any) -> bytes:
     return json.dumps(doc).encode()
-
-
-@pytest.fixture
-def store(redis_server: Any) -> Iterator[JobStore]:
-    s = JobStore.from_url(redis_server.url, ttl=60)
-    s.r.flushdb()
-    yield s
-    s.close()
 
 
 def test_parse_and_submission_answer_alike() -> None:
@@ -103,22 +94,22 @@ def test_admission_is_the_monitors_and_none_admits_everything() -> None:
     assert not bounded.room({"sd-t2i": _load(100)}, 0.0).admit
 
 
-def test_submit_accepts_once_then_injects(store: JobStore) -> None:
+def test_submit_accepts_once_then_injects(job_store: JobStore) -> None:
     intake, injected = Intake(), []
     uid = uuid.uuid4().hex
-    ticket = intake.submit(store, intake.submission("sd-t2i", SD, {}, uid=uid), inject=injected.append)
+    ticket = intake.submit(job_store, intake.submission("sd-t2i", SD, {}, uid=uid), inject=injected.append)
     assert isinstance(ticket, Ticket) and injected == [ticket]
-    st = store.status(uid)
+    st = job_store.status(uid)
     assert st is not None and st.state == keys.QUEUED
-    assert store.inflight("sd-t2i") == (1, pytest.approx(ticket.cost))
+    assert job_store.inflight("sd-t2i") == (1, pytest.approx(ticket.cost))
     with pytest.raises(BadRequest) as exc:
-        intake.submit(store, intake.submission("sd-t2i", SD, {}, uid=uid), inject=injected.append)
+        intake.submit(job_store, intake.submission("sd-t2i", SD, {}, uid=uid), inject=injected.append)
     assert (exc.value.status, exc.value.field) == (409, "uid") and len(injected) == 1
 
 
-def test_submit_refuses_when_there_is_no_room(store: JobStore) -> None:
+def test_submit_refuses_when_there_is_no_room(job_store: JobStore) -> None:
     intake = Intake(monitor=RequestMonitor(max_queue=1))
     with pytest.raises(Overloaded) as exc:
-        intake.submit(store, intake.submission("sd-t2i", SD, {}), load=lambda wf: _load(10))
+        intake.submit(job_store, intake.submission("sd-t2i", SD, {}), load=lambda wf: _load(10))
     assert exc.value.decision.retry_after >= 1
-    assert store.inflight("sd-t2i") == (0, 0.0) and store.events() == []
+    assert job_store.inflight("sd-t2i") == (0, 0.0) and job_store.events() == []
