@@ -13,7 +13,8 @@ pytestmark = pytest.mark.models
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    from engine.workflow.pools import DIGEST_FILE  # the stage pools' cache of these digests: not model content
+    # the stage pools' cache of these digests is not model content
+    from engine.workflow.pools import DIGEST_FILE
 
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != DIGEST_FILE}
