@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.manager import actions as act
 from engine.manager.election import Election, connect
 from engine.manager.node_manager import ManagerConfig, NodeManager
-
-ASSIGNMENTS, NODES = "/assignments/", "/nodes/"  # under the test's own root (engine.coord.keys)
+from tests.fixtures.coord import leading_election
 
 WF = "sd-t2i"
 TIMES = {"text_encode": 0.01, "denoise": 0.3, "vae_decode": 0.05, "image_encode": 0.01}
@@ -30,9 +30,8 @@ def env(etcd_server):
     client = connect(etcd_server.url)
     for n in ("n1", "n2", "n3"):
         inst = {f"x.{s}": {"workflow": WF, "stage": s, "last_stage_s": t} for s, t in TIMES.items()}
-        client.put(root + NODES + n, json.dumps({"node": n, "instances": inst}))
-    e = Election(client, "nm", ttl=2, key=root + "/leader")
-    e.try_acquire()
+        client.put(Keyspace(root).node(n), json.dumps({"node": n, "instances": inst}))
+    e = leading_election(client, root, "nm", ttl=2)
     nm = NodeManager(client, e, ManagerConfig(workflows={WF: "/m"}, slots_per_node=4, root=root, ewma=1.0),
                      clock=Clock())
     assert nm.tick().applied  # the initial allocation
@@ -48,7 +47,7 @@ def _do(client, root, nm, action, **args):
 
 
 def _placed(client, root) -> dict[str, list[str]]:
-    prefix = root + ASSIGNMENTS
+    prefix = Keyspace(root).assignments()
     return {m["key"].decode()[len(prefix):]: [i["id"] for i in json.loads(v)["instances"]]
             for v, m in client.get_prefix(prefix)}
 
@@ -59,9 +58,9 @@ def test_scale_stage_applies_at_once_and_is_audited(env) -> None:
     assert r["ok"] and r["actor"] == "alice" and r["fence_token"] == nm.election.leadership.token
     placed = [i for ids in _placed(client, root).values() for i in ids]
     assert sum(1 for i in placed if ".vae_decode." in i) == 3
-    audit = [json.loads(v) for v, _ in client.get_prefix(root + "/audit/")]
+    audit = [json.loads(v) for v, _ in client.get_prefix(Keyspace(root).audits())]
     assert [a["action"] for a in audit] == ["scale_stage"]
-    assert client.get_prefix(root + "/actions/requests/") == []
+    assert client.get_prefix(Keyspace(root).action_requests()) == []
 
 
 @pytest.mark.parametrize(("action", "args", "why"), [
@@ -80,7 +79,7 @@ def test_invalid_actions_are_refused_with_a_reason_and_audited(env, action, args
     r = _do(client, root, nm, action, **args)
     assert not r["ok"] and why in r["error"]
     assert _placed(client, root) == before
-    assert len(client.get_prefix(root + "/audit/")) == 1
+    assert len(client.get_prefix(Keyspace(root).audits())) == 1
 
 
 def test_drain_moves_everything_off_the_node(env) -> None:
@@ -112,7 +111,7 @@ def test_a_deposed_manager_cannot_apply_an_action(env, etcd_server) -> None:
     rid = act.submit(client, root, "scale_stage", {"workflow": WF, "stage": "denoise", "instances": 2}, "bob")
     assert not nm.tick().leader
     assert act.result(client, root, rid, timeout=0.2) is None  # not applied, still queued
-    other = Election(connect(etcd_server.url), "nm2", ttl=2, key=root + "/leader")
+    other = Election(connect(etcd_server.url), "nm2", ttl=2, key=Keyspace(root).leader())
     assert other.try_acquire() is not None
     nm2 = NodeManager(client, other, nm.cfg, clock=Clock())
     nm2.tick()

@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.manager.allocator import for_budget
 from engine.manager.election import Election, connect
 from engine.manager.node_manager import ManagerConfig, NodeManager
-
-ASSIGNMENTS, NODES = "/assignments/", "/nodes/"  # under the test's own root (engine.coord.keys)
+from tests.fixtures.coord import leading_election
 
 WF = "sd-t2i"
 
@@ -25,6 +25,7 @@ class Clock:
 
 
 ROOT = f"/onepiece-test-{uuid.uuid4().hex[:6]}"
+KEYS = Keyspace(ROOT)  # the test's own root; the Proxies' route tables read the default one
 
 
 @pytest.fixture
@@ -32,11 +33,11 @@ def cluster(etcd_server):
     """Live nodes reporting measured stage times (as TaskManagers do), under a key prefix of our own."""
     client = connect(etcd_server.url)
     client.delete_prefix(ROOT + "/")
-    key = f"{ROOT}/leader"
+    key = KEYS.leader()
 
     def report(node: str, times: dict[str, float]) -> None:
         instances = {f"{WF}.{s}.x{node}": {"workflow": WF, "stage": s, "last_stage_s": t} for s, t in times.items()}
-        client.put(ROOT + NODES + node, json.dumps({"node": node, "instances": instances}))
+        client.put(KEYS.node(node), json.dumps({"node": node, "instances": instances}))
 
     yield client, key, report
     client.delete_prefix(ROOT + "/")
@@ -50,7 +51,7 @@ def _manager(client, key, clock, **cfg) -> NodeManager:
 
 
 def _assignments(client) -> dict[str, dict]:
-    prefix = ROOT + ASSIGNMENTS
+    prefix = KEYS.assignments()
     return {meta["key"].decode()[len(prefix):]: json.loads(v) for v, meta in client.get_prefix(prefix)}
 
 
@@ -113,7 +114,7 @@ def test_a_deposed_managers_tick_writes_nothing(cluster) -> None:
     b = _manager(client, key, Clock())
     assert b.election.leadership is not None
     assert b.tick().applied
-    client.delete_prefix(ROOT + ASSIGNMENTS)  # a node lost its assignment: a wants to write one
+    client.delete_prefix(KEYS.assignments())  # a node lost its assignment: a wants to write one
     result = a.tick()  # a still believes it leads: etcd refuses its writes
     assert not result.leader and "stale" in result.reason
     assert _assignments(client) == {}
@@ -132,20 +133,20 @@ def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server
     result = nm.tick()
     assert result.applied
     nm.tick()  # with the instances now assigned, the capacity is theirs
-    raw = client.get(f"{ROOT}/capacity/{WF}")
+    raw = client.get(KEYS.capacity(WF))
     body = json.loads(raw[0])
     denoise = result.counts[WF]["denoise"]
     assert body["rps"] == pytest.approx(denoise / 0.5)
     assert body["bottleneck"] == "denoise" and body["fence_token"] == nm.election.leadership.token
     # the Proxies' route table reads it (under the real root, /onepiece)
-    client.put(f"/onepiece/capacity/{WF}", raw[0])
+    client.put(Keyspace().capacity(WF), raw[0])
     try:
         table = RouteTable(connect(etcd_server.url))
         table.refresh()
         assert table.capacity(WF) == pytest.approx(body["rps"])
         assert table.capacity("wan2.1-i2v") is None
     finally:
-        client.delete(f"/onepiece/capacity/{WF}")
+        client.delete(Keyspace().capacity(WF))
     nm.election.resign()
 
 
@@ -159,34 +160,32 @@ def test_the_scheduling_mode_is_published_with_the_capacity(cluster, etcd_server
     stages = ["text_encode", "image_encode", "vae_encode", "denoise", "vae_decode", "video_encode"]
     for n in ("n1", "n2"):
         instances = {f"{wan}.{s}.x{n}": {"workflow": wan, "stage": s, "last_stage_s": 0.1} for s in stages}
-        client.put(ROOT + NODES + n, json.dumps({"node": n, "instances": instances}))
-    e = Election(client, "nm-mode", ttl=2, key=key)
-    e.try_acquire()
+        client.put(KEYS.node(n), json.dumps({"node": n, "instances": instances}))
+    e = leading_election(client, ROOT, "nm-mode", ttl=2)
     nm = NodeManager(client, e, ManagerConfig(workflows={wan: "/models/wan"}, root=ROOT, slots_per_node=8),
                      clock=Clock())
     nm.tick()
-    assert json.loads(client.get(f"{ROOT}/capacity/{wan}")[0])["mode"] == "individual"
+    assert json.loads(client.get(KEYS.capacity(wan))[0])["mode"] == "individual"
     action_id = act.submit(client, ROOT, "set_mode", {"workflow": wan, "mode": "collaboration"}, "ops")
     nm.tick()
     assert act.result(client, ROOT, action_id, timeout=1)["ok"]
     nm.tick()
-    raw = client.get(f"{ROOT}/capacity/{wan}")
+    raw = client.get(KEYS.capacity(wan))
     assert json.loads(raw[0])["mode"] == "collaboration"
-    client.put(f"/onepiece/capacity/{wan}", raw[0])
+    client.put(Keyspace().capacity(wan), raw[0])
     try:
         table = RouteTable(connect(etcd_server.url))
         table.refresh()
         assert table.mode(wan) == "collaboration" and table.mode(WF) == "individual"
     finally:
-        client.delete(f"/onepiece/capacity/{wan}")
+        client.delete(Keyspace().capacity(wan))
     e.resign()
 
 
 def test_two_workflows_share_the_slots_and_each_gets_its_minimums(cluster) -> None:
     client, key, report = cluster
     report("n1", {"denoise": 0.3})
-    e = Election(client, "nm-two", ttl=2, key=key)
-    e.try_acquire()
+    e = leading_election(client, ROOT, "nm-two", ttl=2)
     nm = NodeManager(client, e, ManagerConfig(workflows={WF: "/a", "wan2.1-i2v": "/b"}, root=ROOT,
                                               slots_per_node=10), clock=Clock())
     result = nm.tick()

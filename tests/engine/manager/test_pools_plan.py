@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.manager.election import Election, connect
+from engine.coord.keys import Keyspace
+from engine.manager.election import connect
 from engine.manager.node_manager import ManagerConfig, NodeManager
+from tests.fixtures.coord import leading_election
 
 WAN = ("wan2.1-i2v", "wan2.1-t2v")
 ROOT = f"/onepiece-pools-{uuid.uuid4().hex[:6]}"
@@ -30,12 +32,11 @@ class Clock:
 def manager(etcd_server, tiny_models: dict[str, Path]):
     client = connect(etcd_server.url)
     client.delete_prefix(ROOT + "/")
-    e = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=2, key=f"{ROOT}/manager/leader")
-    assert e.try_acquire() is not None
+    e = leading_election(client, ROOT, ttl=2)
     # one node's report: each workflow's requests measured apart, shared instances included
     instances = {f"{w}.{s}.x": {"workflow": w, "stage": s, "serves": [f"{w}/{s}"], "service_s": {w: t}}
                  for w in WAN for s, t in TIMES.items() if s != "image_encode" and s != "vae_encode" or w == WAN[0]}
-    client.put(f"{ROOT}/nodes/n1", json.dumps({"node": "n1", "instances": instances}))
+    client.put(Keyspace(ROOT).node("n1"), json.dumps({"node": "n1", "instances": instances}))
     nm = NodeManager(client, e, ManagerConfig(workflows={w: str(tiny_models[w]) for w in WAN}, root=ROOT,
                                               slots_per_node=10, ewma=1.0), clock=Clock())
     yield client, nm
@@ -44,7 +45,7 @@ def manager(etcd_server, tiny_models: dict[str, Path]):
 
 
 def _instances(client) -> list[dict]:
-    body = json.loads(client.get(f"{ROOT}/assignments/n1")[0])
+    body = json.loads(client.get(Keyspace(ROOT).assignment("n1"))[0])
     return body["instances"]
 
 
@@ -61,7 +62,7 @@ def test_a_shared_pool_is_sized_once_from_both_workflows_demand(manager) -> None
     assert result.counts["wan2.1-i2v"]["vae_decode"] == result.counts["wan2.1-t2v"]["vae_decode"] == 4
     assert not any(i["workflow"] == "wan2.1-t2v" and i["stage"] in ("text_encode", "vae_decode", "video_encode")
                    for i in placed)  # no per-workflow copy of a shared stage
-    cap = json.loads(client.get(f"{ROOT}/capacity/wan2.1-t2v")[0])
+    cap = json.loads(client.get(Keyspace(ROOT).capacity("wan2.1-t2v"))[0])
     assert cap["shared"]["vae_decode"] == ["wan2.1-i2v/vae_decode", "wan2.1-t2v/vae_decode"]
     assert "denoise" not in cap["shared"]
 
@@ -70,13 +71,13 @@ def test_a_shared_pools_capacity_is_not_promised_to_both_workflows(manager) -> N
     client, nm = manager
     nm.tick()
     nm.tick()  # capacity counts the instances assigned (the first tick wrote them)
-    idle = json.loads(client.get(f"{ROOT}/capacity/wan2.1-t2v")[0])["rps"]
+    idle = json.loads(client.get(Keyspace(ROOT).capacity("wan2.1-t2v"))[0])["rps"]
     assert idle == pytest.approx(4 / 1.0)  # nobody else is using the four decoders
     # the I2V Proxy's arrivals take 2.5 decoders' worth (2.5 requests/s x 1.0 s): T2V is left with 1.5
-    client.put(f"{ROOT}/proxies/default/p1", json.dumps({"url": "http://p1", "rps": {"wan2.1-i2v": 2.5}}))
+    client.put(Keyspace(ROOT).proxy("default", "p1"), json.dumps({"url": "http://p1", "rps": {"wan2.1-i2v": 2.5}}))
     nm.cfg.cooldown = 0.0
     nm.tick()
-    cap = json.loads(client.get(f"{ROOT}/capacity/wan2.1-t2v")[0])
+    cap = json.loads(client.get(Keyspace(ROOT).capacity("wan2.1-t2v"))[0])
     decoders = cap["instances"]["vae_decode"]
     assert cap["rps"] == pytest.approx((decoders - 2.5) / 1.0) and cap["bottleneck"] == "vae_decode"
     # and the allocation follows the demand: the I2V-only stages may grow, the shared decoder stays the largest

@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.manager import sets
-from engine.manager.election import Election, connect
+from engine.manager.election import connect
 from engine.manager.node_manager import ManagerConfig, NodeManager
-
-NODES = "/nodes/"  # under the test's own root (engine.coord.keys)
+from tests.fixtures.coord import leading_election
 
 WF = "sd-t2i"
 ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]
@@ -52,7 +52,7 @@ def test_which_proxy_picks_the_least_loaded_set(etcd_server) -> None:
         "B": {"proxies": ["http://b:1", "http://b:2"], "workflows": {WF: {"capacity": 1.0, "arrival": 0.2}}},
         "C": {"proxies": [], "workflows": {WF: {"capacity": 9.0, "arrival": 0.0}}},  # no Proxy: never chosen
     }
-    client.put(f"{root}/sets/state", json.dumps(state))
+    client.put(Keyspace(root).sets_state(), json.dumps(state))
     try:
         assert sets.which_proxy(client, WF, root, rng=lambda xs: xs[0]) == "http://b:1"
         assert sets.which_proxy(client, None, root, rng=lambda xs: xs[-1]) == "http://b:2"  # any, for look-ups
@@ -68,30 +68,29 @@ def test_the_manager_allocates_per_set_and_lends_a_node_to_a_short_set(etcd_serv
 
     def report(node: str, home: str) -> None:
         instances = {f"x.{s}.{node}": {"workflow": WF, "stage": s, "last_stage_s": t} for s, t in TIMES.items()}
-        client.put(root + NODES + node, json.dumps({"node": node, "set": home, "instances": instances}))
+        client.put(Keyspace(root).node(node), json.dumps({"node": node, "set": home, "instances": instances}))
 
     for n in ("a1", "a2", "a3"):
         report(n, "A")
     report("b1", "B")
     sets.register_proxy(client, "A", "pa", "http://proxy-a", {WF: 5.0}, None, root)
     sets.register_proxy(client, "B", "pb", "http://proxy-b", {WF: 0.1}, None, root)
-    e = Election(client, "nm-sets", ttl=2, key=f"{root}/leader")
-    e.try_acquire()
+    e = leading_election(client, root, "nm-sets", ttl=2)
     clock = [1000.0]
     nm = NodeManager(client, e, ManagerConfig(workflows={WF: "/m"}, root=root, slots_per_node=4, cooldown=5),
                      clock=lambda: clock[0])
     try:
         assert nm.tick().applied
-        plans = {n: json.loads(client.get(f"{root}/assignments/{n}")[0])["instances"] for n in ("a1", "a2", "a3", "b1")}
+        plans = {n: json.loads(client.get(Keyspace(root).assignment(n))[0])["instances"] for n in ("a1", "a2", "a3", "b1")}
         # each set serves every stage on its own nodes, and says so on every instance
         for members, name in ((("a1", "a2", "a3"), "A"), (("b1",), "B")):
             stages = [i["stage"] for n in members for i in plans[n]]
             assert set(stages) == set(ROUTE), (name, stages)
             assert all(i.get("workflow_set", "default") == name for n in members for i in plans[n])
         nm.tick()  # the next tick measures the sets as placed
-        state = json.loads(client.get(f"{root}/sets/state")[0])
+        state = json.loads(client.get(Keyspace(root).sets_state())[0])
         assert state["B"]["proxies"] == ["http://proxy-b"] and state["A"]["nodes"] == ["a1", "a2", "a3"]
-        cap_b = json.loads(client.get(f"{root}/sets/capacity/B/{WF}")[0])["rps"]
+        cap_b = json.loads(client.get(Keyspace(root).set_capacity("B", WF))[0])["rps"]
         assert cap_b == pytest.approx(state["B"]["workflows"][WF]["capacity"]) and cap_b > 0
         assert sets.which_proxy(client, WF, root) == "http://proxy-b"  # B is less loaded
         # B's load grows past its one node: after the cooldown A lends it a node
@@ -99,11 +98,11 @@ def test_the_manager_allocates_per_set_and_lends_a_node_to_a_short_set(etcd_serv
         clock[0] += 10
         result = nm.tick()
         assert result.applied and "moved to set B" in result.reason
-        assert json.loads(client.get(f"{root}/sets/nodes/a1")[0]) == "B"
-        lent = json.loads(client.get(f"{root}/assignments/a1")[0])["instances"]
+        assert json.loads(client.get(Keyspace(root).set_node("a1"))[0]) == "B"
+        lent = json.loads(client.get(Keyspace(root).assignment("a1"))[0])["instances"]
         assert lent and all(i["workflow_set"] == "B" for i in lent)
         nm.tick()
-        state = json.loads(client.get(f"{root}/sets/state")[0])
+        state = json.loads(client.get(Keyspace(root).sets_state())[0])
         assert state["B"]["nodes"] == ["a1", "b1"]
         assert state["B"]["workflows"][WF]["capacity"] > cap_b  # two nodes' worth now
         assert sets.which_proxy(client, WF, root) == "http://proxy-a"  # now A is the less loaded
