@@ -71,6 +71,7 @@ class AsgiLiveServer:
 @pytest.fixture
 def cluster(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[dict[str, Any]]:
     """An etcd root of its own; ``put_node`` registers a node the way a TaskManager reports it."""
+    from engine.coord.keys import Keyspace
     from engine.manager.election import connect
     from onepiece_platform.engine_link.cluster import reset_clusters
 
@@ -82,7 +83,7 @@ def cluster(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[dict[st
 
     def put_node(node: str, instances: dict[str, dict[str, Any]], devices: list[dict[str, Any]] | None = None) -> None:
         body = {"node": node, "ts": time.time(), "instances": instances, "devices": devices or []}
-        client.put(f"{root}/nodes/{node}", json.dumps(body))
+        client.put(Keyspace(root).node(node), json.dumps(body))
 
     yield {"root": root, "client": client, "put_node": put_node}
     client.delete_prefix(root + "/")
@@ -134,14 +135,13 @@ def login(page: Any, url: str, name: str) -> None:
 
 def _leader(cluster: dict[str, Any], workflows: dict[str, str], slots_per_node: int) -> Iterator[Any]:
     """A leading Node Manager ticking in a thread, so actions get a verdict."""
-    from engine.manager.election import Election
     from engine.manager.node_manager import ManagerConfig, NodeManager
+    from tests.fixtures.coord import leading_election
 
     root, client = cluster["root"], cluster["client"]
-    election = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=60, key=f"{root}/leader")
+    election = leading_election(client, root, ttl=60)
     manager = NodeManager(client, election, ManagerConfig(workflows=workflows, root=root,
                                                           slots_per_node=slots_per_node))
-    assert election.try_acquire() is not None
     stop = threading.Event()
 
     def run() -> None:

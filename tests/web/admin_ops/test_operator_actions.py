@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from engine.manager.election import Election, connect
+from engine.coord.keys import Keyspace
+from engine.manager.election import connect
 from engine.manager.node_manager import ManagerConfig, NodeManager
 from engine.store import keys
 from onepiece_platform.accounts.models import AuditEntry
 from onepiece_platform.engine_link.models import OperatorAction
 from onepiece_platform.jobs.models import Job
+from tests.fixtures.coord import leading_election
 from tests.fixtures.web import png, sd_body
-
-NODES = "/nodes/"  # under the test's own root (engine.coord.keys)
 
 pytestmark = pytest.mark.django_db
 WF = "sd-t2i"
@@ -35,10 +35,9 @@ def nm(etcd_server: Any, settings: Any, web_redis: str) -> Any:
     times = {"text_encode": 0.01, "denoise": 0.3, "vae_decode": 0.05, "image_encode": 0.01}
     for node in ("n1", "n2"):
         inst = {f"{WF}.{s}.x{node}": {"workflow": WF, "stage": s, "last_stage_s": t} for s, t in times.items()}
-        client.put(root + NODES + node, json.dumps({"node": node, "instances": inst}))
-    election = Election(client, f"nm-{uuid.uuid4().hex[:4]}", ttl=60, key=f"{root}/leader")  # no keep-alive thread here
+        client.put(Keyspace(root).node(node), json.dumps({"node": node, "instances": inst}))
+    election = leading_election(client, root, ttl=60)  # no keep-alive thread here
     manager = NodeManager(client, election, ManagerConfig(workflows={WF: "/models/sd"}, root=root, slots_per_node=5))
-    assert election.try_acquire() is not None
     manager.tick()  # the leader writes assignments
     yield manager
     election.resign()
@@ -133,7 +132,7 @@ def test_warm_up_sends_one_small_request_per_instance(nm, store, workers_thread)
 
     for node in ("n1", "n2"):  # each node's text_encode instance publishes its route
         inst = f"{WF}.text_encode.x{node}"
-        nm.client.put(f"{nm.cfg.root}/routes/{WF}/text_encode/{inst}",
+        nm.client.put(Keyspace(nm.cfg.root).route(WF, "text_encode", inst),
                       json.dumps({"address": f"shm://{inst}", "node": node, "instance": inst}))
     report = warm_up.apply(args=[[WF], ["n1"]], kwargs={"timeout_s": 10}).get()
     assert report[WF]["sent"] == 1 and report[WF]["completed"] == 1 and report[WF]["failed"] == 0

@@ -33,19 +33,19 @@ def root(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[tuple[str,
 
 
 def test_snapshot_carries_devices_and_the_leaders_recommended_counts(root) -> None:
-    from engine.manager.election import Election
+    from engine.coord.keys import Keyspace
     from engine.manager.node_manager import ManagerConfig, NodeManager
     from onepiece_platform.engine_link.cluster import get_cluster
+    from tests.fixtures.coord import leading_election
 
     prefix, client = root
     instances = {f"{WF}.{s}.0": {"workflow": WF, "stage": s, "last_stage_s": t, "ready": True}
                  for s, t in TIMES.items()}
-    client.put(f"{prefix}/nodes/n1", json.dumps({"node": "n1", "ts": time.time(), "instances": instances,
+    client.put(Keyspace(prefix).node("n1"), json.dumps({"node": "n1", "ts": time.time(), "instances": instances,
                                                  "devices": [GPU, {**GPU, "index": 1}]}))
-    election = Election(client, "nm-a", ttl=60, key=f"{prefix}/leader")
+    election = leading_election(client, prefix, "nm-a", ttl=60)
     manager = NodeManager(client, election, ManagerConfig(workflows={WF: "/models/sd"}, root=prefix,
                                                           slots_per_node=5))
-    assert election.try_acquire() is not None
     try:
         manager.tick()
     finally:
