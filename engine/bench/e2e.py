@@ -499,7 +499,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workflow", default="sd-t2i", choices=["sd-t2i"])
     p.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
     p.add_argument("--seconds", type=float, default=15.0, help="duration of the capacity and each load run")
-    p.add_argument("--poll-ms", type=float, default=None, help=argparse.SUPPRESS)  # unused since the long poll
     p.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
     p.add_argument("--hog", type=int, default=0, metavar="N",
                    help="run N processes that each keep one core busy beside the engine for the whole run "

@@ -61,7 +61,6 @@ CONTENT_TYPES = {"image": "image/png", "video": "video/mp4"}
 
 STORE = web.AppKey("store", JobStore)
 INJECTOR = web.AppKey("injector", Injector)
-MONITOR = web.AppKey("monitor", RequestMonitor)
 ROUTES = web.AppKey("routes", RouteTable)
 INTAKE = web.AppKey("intake", Intake)
 ACCEPTED = web.AppKey("accepted", dict)  # workflow -> requests accepted since start
@@ -540,7 +539,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
                           middlewares=[auth.middleware(token), deadlines.body_deadline()])
     app[ACCEPTED], app[LIMITS], app[DRAIN], app[ENDINGS], app[ADMITTING] = {}, limits, DrainMeter(), {}, {}
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
-    app[STORE], app[ROUTES], app[INJECTOR], app[MONITOR] = store, routes, injector, monitor
+    app[STORE], app[ROUTES], app[INJECTOR] = store, routes, injector
     app[PRICER] = Pricer()
     # requests are checked against the loaded models' limits (published with the routes) and priced
     # from the stage times the instances measured

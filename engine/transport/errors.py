@@ -42,10 +42,6 @@ class ConsumerGone(TransportError):
     """The consumer stopped heartbeating or its process is dead."""
 
 
-class ProducerFenced(TransportError):
-    """This producer's reservation was stolen or its epoch is stale; the message will be resent."""
-
-
 class RecordError(TransportError):
     """A record in the buffer is malformed (bad magic, length or checksum)."""
 

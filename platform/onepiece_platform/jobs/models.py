@@ -97,11 +97,6 @@ class Job(models.Model):
         """What the quota is charged: the measured cost once known, else the estimate."""
         return self.cost_estimate_gpu_s if self.cost_measured_gpu_s is None else self.cost_measured_gpu_s
 
-    def measured_gpu_s(self) -> float | None:
-        """Device seconds of every stage run that both started and finished, over all attempts; None if none did."""
-        runs = [r.device_s for r in self.stage_runs.all() if r.device_s is not None]
-        return sum(runs) if runs else None
-
     @property
     def stage_times(self) -> dict[str, dict[str, float | int]]:
         """stage -> {started, finished, attempt, device_s} of each stage's latest attempt (unix s)."""
