@@ -15,8 +15,14 @@ keeps its own seed, scheduler, progress, cancel, deadline and error:
   of device memory, must not recur), so a failing request fails alone and the
   others complete, none lost or repeated;
 * a request that cannot share (``batch_key`` None, or another key while a
-  batch runs) waits in arrival order; while one waits no newer request joins,
-  so it starts when the current batch's longest request ends (its bound).
+  batch runs) waits in line; while one waits no request behind it joins,
+  so it starts when the current batch's longest request ends (its bound);
+* the line is ordered by priority with aging (:mod:`engine.worker.order`):
+  a higher-priority arrival goes ahead of waiting lower ones, so it joins at
+  the next step boundary (or takes the next free slot of a full batch) before
+  them, and a batch still forming (``wait_s``) starts at once when one comes; a
+  request that waited ``order.AGING_S`` counts as high, and ties go to the one
+  taken first, so no later arrival passes it after that.
 
 Every delivery is released last, after its request was handed on or ended, as
 :meth:`engine.worker.taskworker.TaskWorker.handle` does. A request's service
@@ -36,6 +42,7 @@ from typing import Any
 
 from engine.stages.base import Cancelled, DeadlineExceeded, SteppedStage
 from engine.transport.ring import Delivery
+from engine.worker import order
 from engine.workflow import message as wm
 
 log = logging.getLogger("onepiece.worker")
@@ -49,6 +56,15 @@ class Waiting:
     msg: wm.Message
     key: Hashable | None
     arrived: float = field(default_factory=time.monotonic)
+    seq: int = 0  # the order it was taken in (ties of priority go to the first taken)
+
+    @property
+    def priority(self) -> int:
+        return self.msg.header.priority
+
+    @property
+    def taken(self) -> float:
+        return self.arrived
 
 
 @dataclass
@@ -94,6 +110,7 @@ class StepBatcher:
         self.waiting: deque[Waiting] = deque()
         self.active: list[Active] = []
         self.sizes: deque[int] = deque(maxlen=1024)  # the batch sizes of the last steps taken (tests, debugging)
+        self._seq = 0
 
     # -- the loop ---------------------------------------------------------------------------------
     def serve(self, should_stop: Callable[[], bool]) -> None:
@@ -129,9 +146,17 @@ class StepBatcher:
                 d.release()
                 self.w.handled += 1
                 continue
-            self.waiting.append(Waiting(d, msg, self.ex.batch_key(msg.header.params)))
+            self._seq += 1
+            self.waiting.append(Waiting(d, msg, self.ex.batch_key(msg.header.params), seq=self._seq))
+
+    def order(self) -> None:
+        """The line in serving order: effective priority first (aging included), then the order taken."""
+        now = time.monotonic()
+        if len(self.waiting) > 1:
+            self.waiting = deque(sorted(self.waiting, key=lambda w: order.rank(w.priority, w.arrived, w.seq, now)))
 
     def admit_joiners(self) -> None:
+        self.order()
         key = self.active[0].w.key if self.active else None
         if not self.active and self.waiting and self.waiting[0].key is None:
             self._alone(self.waiting.popleft())  # cannot share: served as the plain path serves it
@@ -148,9 +173,13 @@ class StepBatcher:
         first = self.waiting[0]
         until = first.arrived + self.wait_s
         deadlines = [w.msg.header.deadline for w in list(self.waiting)[:n] if w.msg.header.deadline]
+        top = max(w.priority for w in list(self.waiting)[:n])
         while n < self.max_batch and time.monotonic() < until and not any(time.time() >= d for d in deadlines):
             self.take(min(0.005, max(0.0, until - time.monotonic())))
+            self.order()
             n = joiners(None, 0, [w.key for w in self.waiting], self.max_batch)
+            if self.waiting[0].priority > top:  # a higher-priority arrival does not wait for a forming batch
+                break
         return n
 
     # -- one request's life ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Any
 from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
 from engine.store import JobStore, keys
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
+from engine.worker import order
 from engine.worker.deliver import Outstanding, Producers, make_deliver
 from engine.worker.routes import Route, RouteTable
 from engine.workflow import WorkflowSpec, get_workflow
@@ -62,6 +63,17 @@ def stage_failed(stage: str, exc: BaseException) -> str:
     """The public detail of a job failed by ``exc`` in ``stage``: ``stage_failed: the <stage> stage failed
     (<kind of error>); ...`` (the message and traceback stay in the log and the stage run)."""
     return f"{STAGE_FAILED}: the {stage} stage failed ({type(exc).__name__}); the request was not completed"
+
+
+@dataclass
+class Held:
+    """A message taken off the inbox ring and not yet handled: its place in line (engine.worker.order)."""
+
+    d: Delivery
+    msg: wm.Message | None  # None: undecodable (handle() fails its job)
+    priority: int
+    taken: float  # time.monotonic() when it was taken
+    seq: int  # the order it was taken in
 
 
 @dataclass(frozen=True)
@@ -162,10 +174,12 @@ class TaskWorker:
     def serve(self, should_stop: Callable[[], bool]) -> None:
         """Handle messages until ``should_stop()``; checked at least every 100 ms while idle.
 
-        What the ring holds is taken as one batch (``recv_many``: a run of records verified by one
-        native call) and handled in ring order, with ``should_stop()`` checked between messages as
-        before. Each message is still released on its own, last, by :meth:`handle`: a stop or a crash
-        in the middle of a batch leaves the rest unreleased, exactly like messages not yet taken. A stage
+        What the ring holds is taken (``recv_many``: runs of records verified by one native call each) and
+        held; the next message handled is the held one of highest priority, with aging
+        (:mod:`engine.worker.order`: one that waited ``order.AGING_S`` here is served as if high, and ties
+        go to the one taken first, so no later arrival passes it after that), and ``should_stop()`` is
+        checked between messages. Each message is still released on its own, last, by :meth:`handle`: a
+        stop or a crash leaves the held rest unreleased, exactly like messages not yet taken. A stage
         that steps (SteppedStage) with ``max_batch`` > 1 is served by :class:`engine.worker.batching.StepBatcher`
         instead, under the same release rule.
         """
@@ -178,21 +192,37 @@ class TaskWorker:
                                        self.config.batch_wait_ms / 1000.0, RECV_BATCH)
             self.batcher.serve(should_stop)
             return
+        held: list[Held] = []  # taken off the ring, not yet handled (each unreleased until handled)
+        seq = 0
         while not should_stop():
-            batch = self.consumer.recv_many(RECV_BATCH, timeout=0.1)
-            if not batch:
+            batch = self.consumer.recv_many(RECV_BATCH, timeout=0.0 if held else 0.1)
+            while batch:  # everything the ring holds now, so the choice is among all of it
+                for d in batch:
+                    held.append(self._hold(d, seq))
+                    seq += 1
+                batch = self.consumer.recv_many(RECV_BATCH, timeout=0.0) if len(batch) == RECV_BATCH else None
+            if not held:
                 self.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
                 continue
-            for d in batch:
-                self.handle(d)
-                self.last_active = time.monotonic()
-                if should_stop():
-                    break
+            h = held.pop(order.pick(held, time.monotonic()))
+            self.handle(h.d, h.msg)
+            self.last_active = time.monotonic()
 
-    def handle(self, d: Delivery) -> None:
-        """Run the stage on one message; the input is released on every path, last."""
+    @staticmethod
+    def _hold(d: Delivery, seq: int) -> Held:
+        """A taken message with what its place in line needs (an undecodable one keeps normal priority:
+        :meth:`handle` fails its job)."""
         try:
-            msg = wm.decode(d.view)
+            msg: wm.Message | None = wm.decode(d.view)
+        except wm.MessageError:
+            msg = None
+        return Held(d, msg, msg.header.priority if msg is not None else 0, time.monotonic(), seq)
+
+    def handle(self, d: Delivery, msg: wm.Message | None = None) -> None:
+        """Run the stage on one message (``msg``: its decoded form, when the caller has it); the input is
+        released on every path, last."""
+        try:
+            msg = wm.decode(d.view) if msg is None else msg
         except wm.MessageError as exc:
             self._undecodable(d, exc)
             return

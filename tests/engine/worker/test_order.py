@@ -1,0 +1,278 @@
+"""Priorities at a stage (engine.worker.order): the TaskWorker serves what it holds highest priority first
+through its real inbox ring and job store, a stop leaves the rest unreleased, aging bounds how long a low
+one is passed over, and the StepBatcher lets a high-priority arrival ahead of waiting low ones."""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.coord import etcd_client
+from engine.store import JobStore, keys
+from engine.transport.ring import RingConfig, RingConsumer, attach_producer
+from engine.worker import order
+from engine.worker.routes import RouteTable
+from engine.worker.taskworker import TaskWorker, WorkerConfig
+from engine.workflow import get_workflow
+from engine.workflow import message as wm
+
+ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]
+PARAMS = {"prompt": "a cat", "negative_prompt": None, "height": 8, "width": 8, "num_inference_steps": 2,
+          "guidance_scale": 7.5, "seed": 0}
+LOW, NORMAL, HIGH = order.LEVELS["low"], order.LEVELS["normal"], order.LEVELS["high"]
+
+
+def test_names_map_to_levels_and_nothing_else_does() -> None:
+    assert [order.level(n) for n in ("low", "normal", "high")] == [-1, 0, 1]
+    for bad in ("urgent", "HIGH", 1, None, True):
+        with pytest.raises(ValueError, match="priority"):
+            order.level(bad)
+    assert order.name_of(1) == "high" and order.name_of(-5) == "low"
+
+
+@dataclass
+class _Item:
+    uid: int
+    priority: int
+    taken: float
+    seq: int
+
+
+def test_aging_bounds_how_long_a_later_arrival_may_pass_a_waiting_one() -> None:
+    """A simulated stage under a steady overload of high-priority arrivals (two per service time) with low
+    ones among them: every low one is served, and whenever a request taken later is served first, the one
+    it passed had waited less than AGING_S (the stated bound), on a clock the test controls."""
+    rng = random.Random(7)
+    aging, service = 5.0, 1.0
+    now, seq, held, served = 0.0, 0, [], []
+    arrivals = sorted((rng.uniform(0, 200), rng.choice([LOW, HIGH, HIGH, NORMAL])) for _ in range(300))
+    arrivals += [(0.0, LOW)]  # a low one waiting from the start, behind everything
+    arrivals.sort()
+    i = 0
+    while i < len(arrivals) or held:
+        while i < len(arrivals) and arrivals[i][0] <= now:
+            held.append(_Item(seq, arrivals[i][1], arrivals[i][0], seq))
+            seq, i = seq + 1, i + 1
+        if not held:
+            now = arrivals[i][0]
+            continue
+        item = held.pop(order.pick(held, now, aging))
+        for other in held:  # everyone it passes that was taken before it waited less than the bound
+            if other.seq < item.seq:
+                assert now - other.taken < aging, (other, item, now)
+        served.append(item)
+        now += service
+    assert len(served) == len(arrivals) and {s.priority for s in served} == {LOW, NORMAL, HIGH}
+    # the ordering is real: some high one passed an earlier low one
+    pos = {s.uid: k for k, s in enumerate(served)}
+    assert any(a.priority == HIGH and b.priority == LOW and a.seq > b.seq and pos[a.uid] < pos[b.uid]
+               for a in served for b in served)
+
+
+# -- the TaskWorker, through its real ring and store ------------------------------------------------------
+
+@pytest.fixture
+def ring() -> Iterator[tuple[RingConsumer, Any]]:
+    address = f"shm://test-{os.getpid()}-{uuid.uuid4().hex[:6]}-ord"
+    consumer = RingConsumer.create(address, RingConfig(slots=32, buffer_bytes=1 << 20))
+    producer = attach_producer(address)
+    yield consumer, producer
+    producer.close()
+    consumer.close()
+
+
+def _worker(store: JobStore, consumer: RingConsumer, etcd_url: str) -> TaskWorker:
+    from engine.stages.sd.image import SDImageEncode  # torch-free: pixels to a PNG
+
+    cfg = WorkerConfig(instance="sd-t2i.image_encode.ord", workflow="sd-t2i", stage="image_encode", model_dir="/",
+                       address="shm://unused", redis_url="", etcd_url=etcd_url)
+    ex = SDImageEncode()
+    ex.load("/")
+    return TaskWorker(cfg, store, RouteTable(etcd_client(etcd_url)), ex, consumer)
+
+
+def _send(producer: Any, store: JobStore, priority: int) -> str:
+    uid = uuid.uuid4().hex
+    store.accept(uid, "sd-t2i", 1.0)
+    pixels = (np.arange(8 * 8 * 3) % 251).astype("uint8").reshape(1, 8, 8, 3)
+    header = wm.Header(uid=uid, workflow="sd-t2i", stage="image_encode", route=ROUTE, params=PARAMS,
+                       priority=priority)
+    producer.send(wm.encode(header, {"pixels": wm.from_numpy(pixels)}))
+    return uid
+
+
+def _serve(worker: TaskWorker, until: int) -> list[str]:
+    """Serve until ``until`` messages were handled; the order they were handled in."""
+    handled: list[str] = []
+    orig = worker.handle
+
+    def handle(d: Any, msg: Any = None) -> None:
+        handled.append(msg.header.uid)
+        orig(d, msg)
+
+    worker.handle = handle  # type: ignore[method-assign]
+    worker.serve(lambda: len(handled) >= until)
+    return handled
+
+
+def test_the_worker_serves_higher_priority_first_and_a_stop_leaves_the_rest_unreleased(
+        redis_server: Any, etcd_server: Any, ring: tuple[RingConsumer, Any]) -> None:
+    consumer, producer = ring
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    worker = _worker(store, consumer, etcd_server.url)
+    sent = [(_send(producer, store, p), p) for p in (LOW, LOW, NORMAL, HIGH, LOW, HIGH, NORMAL)]
+    by = {p: [u for u, q in sent if q == p] for p in (LOW, NORMAL, HIGH)}
+    first = _serve(worker, 4)  # then a stop, with three still held
+    assert first == by[HIGH] + by[NORMAL]  # highest first, ties in ring order
+    for uid in first:
+        assert store.status(uid).state == keys.COMPLETED
+    for uid in by[LOW]:  # taken, never handled: still queued, and unreleased, so a recovering consumer
+        assert store.status(uid).state == keys.QUEUED  # (the next incarnation) gets them again
+    assert consumer.stats.released == 4  # the handled ones only
+    store.close()
+
+
+def test_a_message_that_waited_past_the_bound_is_served_as_high(
+        redis_server: Any, etcd_server: Any, ring: tuple[RingConsumer, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the bound at 0 every held message has waited past it: all count as high and are served in the
+    order taken, the low ones no longer passed by later high ones."""
+    monkeypatch.setattr(order, "AGING_S", 0.0)
+    consumer, producer = ring
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    worker = _worker(store, consumer, etcd_server.url)
+    sent = [_send(producer, store, p) for p in (LOW, HIGH, LOW, HIGH)]
+    assert _serve(worker, 4) == sent
+    store.close()
+
+
+# -- the StepBatcher ----------------------------------------------------------------------------------
+
+SPEC = get_workflow("sd-t2i")
+
+
+class _Steps:
+    """A stepped stage of plain numbers (every request shares)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def batch_key(self, params: Any) -> Any:
+        return "all"
+
+    def begin(self, inputs: Any, params: Any) -> dict[str, Any]:
+        return {"i": 0, "n": int(params["num_inference_steps"]), "uid": params["uid"]}
+
+    def step(self, states: list[dict[str, Any]]) -> None:
+        self.batches.append([st["uid"] for st in states])
+        for st in states:
+            st["i"] += 1
+
+    def progress(self, state: dict[str, Any]) -> tuple[int, int]:
+        return state["i"], state["n"]
+
+    def end(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"x": state["uid"]}
+
+
+class _Delivery:
+    def __init__(self, uid: str, raw: bytes, released: list[str]) -> None:
+        self.uid, self.view, self.released = uid, memoryview(raw), released
+
+    def release(self) -> None:
+        self.released.append(self.uid)
+
+
+class _Worker:
+    """The TaskWorker calls a StepBatcher makes; its inbox hands out ``arrivals`` one list per take."""
+
+    config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
+                          redis_url="", etcd_url="")
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+        self.handled = 0
+        self.last_active = 0.0
+        self.consumer = self
+        self.arrivals: list[list[Any]] = []
+
+    def recv_many(self, n: int, timeout: float) -> list[Any]:
+        return self.arrivals.pop(0) if self.arrivals else []
+
+    def _admit(self, h: Any, start: bool = True) -> bool:
+        return True
+
+    def open_run(self, h: Any) -> Any:
+        from engine.stages.base import StageContext
+        from engine.worker.taskworker import Run
+
+        return Run({}, 0.0, 0.0, 1.0, StageContext())
+
+    def values_of(self, msg: Any) -> dict[str, Any]:
+        return {"prompt_embeds": None, "negative_prompt_embeds": None}
+
+    def inputs_of(self, h: Any, values: dict[str, Any]) -> dict[str, Any]:
+        return {k: values[k] for k in SPEC.stage("denoise").inputs}
+
+    def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
+        self.done.append(out["x"])
+
+    def _record(self, s: float, workflow: str | None = None) -> None:
+        pass
+
+    def errored(self, h: Any, exc: Exception) -> None:
+        raise AssertionError(f"{h.uid} failed: {exc}")
+
+
+def _arrival(uid: str, priority: int, steps: int, released: list[str]) -> _Delivery:
+    h = wm.Header(uid=uid.encode().hex().ljust(32, "0"), workflow="sd-t2i", stage="denoise", route=SPEC.route(), priority=priority,
+                  params={"num_inference_steps": steps, "uid": uid})
+    return _Delivery(uid, wm.encode(h), released)
+
+
+def test_a_high_priority_arrival_takes_the_next_free_slot_before_waiting_low_ones() -> None:
+    from engine.worker.batching import StepBatcher
+
+    steps, worker, released = _Steps(), _Worker(), []
+    batcher = StepBatcher(worker, steps, 2)  # type: ignore[arg-type]
+    worker.arrivals = [[_arrival("low0", LOW, 1, released), _arrival("low1", LOW, 3, released),
+                        _arrival("low2", LOW, 3, released), _arrival("low3", LOW, 3, released)]]
+    batcher.take(0.0)
+    batcher.admit_joiners()
+    batcher.step()  # low0 and low1 share the first step; low0 is done, a slot is free
+    worker.arrivals = [[_arrival("high", HIGH, 2, released)]]  # arrives behind two waiting low ones
+    batcher.take(0.0)
+    batcher.admit_joiners()
+    batcher.step()
+    assert steps.batches[:2] == [["low0", "low1"], ["low1", "high"]]
+    while batcher.active or batcher.waiting:
+        batcher.admit_joiners()
+        batcher.step()
+    assert worker.done == ["low0", "low1", "high", "low2", "low3"] and sorted(released) == sorted(worker.done)
+
+
+def test_a_high_priority_arrival_does_not_wait_for_a_forming_batch_of_low_ones() -> None:
+    """A batch of low ones waits (batch_wait) for more; a high one arriving starts it at once, itself first.
+    The inbox refuses to be asked again after the high one came: the wait ended there."""
+    from engine.worker.batching import StepBatcher
+
+    steps, worker, released = _Steps(), _Worker(), []
+    batcher = StepBatcher(worker, steps, 4, wait_s=3600.0)  # type: ignore[arg-type]
+    worker.arrivals = [[_arrival("low0", LOW, 1, released)], [], [_arrival("high", HIGH, 1, released)]]
+
+    def recv_many(n: int, timeout: float) -> list[Any]:
+        if not worker.arrivals:
+            raise AssertionError("the forming batch kept waiting after a high-priority arrival")
+        return worker.arrivals.pop(0)
+
+    worker.recv_many = recv_many  # type: ignore[method-assign]
+    batcher.take(0.0)
+    batcher.admit_joiners()
+    assert [a.w.msg.header.params["uid"] for a in batcher.active] == ["high", "low0"]
