@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from engine.coord.keys import Keyspace
 from tests.browser.conftest import login, make_user, shot
 
 pytestmark = pytest.mark.timeout(60)
@@ -58,7 +59,7 @@ def test_staff_sees_the_cluster_live_and_acts(live_asgi, cluster, leader, browse
         # what the page marks and times is what the leader publishes now (never a figure of its own)
         deadline = time.monotonic() + 10
         while True:
-            published = json.loads(cluster["client"].get(f"{cluster['root']}/capacity/{WF}")[0])
+            published = json.loads(cluster["client"].get(Keyspace(cluster["root"]).capacity(WF))[0])
             shown = page.evaluate(BOTTLENECK), page.inner_text(f'[data-workflow="{WF}"] [data-stage="vae_decode"] .service')
             if shown == (published["bottleneck"], f"service {published['service_s']['vae_decode']:.3f} s"):
                 break

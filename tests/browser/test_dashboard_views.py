@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engine.coord.keys import Keyspace
 from tests.browser.conftest import login, make_user, shot
 from tests.fixtures.web import png
 
@@ -66,7 +67,7 @@ def test_devices_and_theorem1_per_stage(live_asgi, cluster, leader, browser) -> 
         denoise = f'[data-workflow="{WF}"] [data-stage="denoise"]'
         page.wait_for_function(f"!document.querySelector('{denoise} .recommended').textContent.includes('–')",
                                timeout=10_000)
-        rec = json.loads(cluster["client"].get(f"{cluster['root']}/capacity/{WF}")[0])["recommended"]
+        rec = json.loads(cluster["client"].get(Keyspace(cluster["root"]).capacity(WF))[0])["recommended"]
         assert page.inner_text(f"{denoise} .recommended") == f"Theorem 1: {rec['denoise']}"
         assert rec["denoise"] > 1 and "off" in page.get_attribute(f"{denoise} .recommended", "class")
         assert page.inner_text(f"{denoise} .count") == "1 instance"

@@ -46,7 +46,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
     tm.start()
     try:
         _until(tm, lambda: tm.instances.get(ID) is not None and tm.instances[ID].ready)
-        assert _routes(etcd) == [f"/onepiece/routes/sd-t2i/image_encode/{ID}"] and ring.exists()
+        assert _routes(etcd) == [KEYS.route("sd-t2i", "image_encode", ID)] and ring.exists()
         first = tm.instances[ID].proc
         assert first is not None
 

@@ -95,13 +95,14 @@ def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, e
     import json
 
     from engine.coord import etcd_client
+    from engine.coord.keys import Keyspace
     from engine.embedded import free_port
 
     etcd = etcd_client(etcd_server.url)
     dead = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # the busier set's Proxy: never asked
     state = {"busy": {"proxies": [dead], "workflows": {"sd-t2i": {"capacity": 1.0, "arrival": 0.9}}},
              "idle": {"proxies": [proxy_url], "workflows": {"sd-t2i": {"capacity": 1.0, "arrival": 0.1}}}}
-    etcd.put("/onepiece/sets/state", json.dumps(state))
+    etcd.put(Keyspace().sets_state(), json.dumps(state))
     settings.ETCD_URL = etcd_server.url
     settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
                          "PROXY_URL": "etcd", **_TOKEN}
@@ -111,6 +112,6 @@ def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, e
     for _ in range(6):  # a look-up tries the registered Proxies in turn: the dead one never fails it
         assert c.status(r.json()["uid"]) is not None
     state["idle"]["workflows"]["sd-t2i"]["capacity"] = 0.0  # now no set can take sd-t2i but the busy one
-    etcd.put("/onepiece/sets/state", json.dumps(state))
+    etcd.put(Keyspace().sets_state(), json.dumps(state))
     with pytest.raises(EngineError, match="unreachable"):
         ProxyEngineClient("etcd", timeout=1).submit("sd-t2i", SD, {})
