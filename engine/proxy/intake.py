@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.proxy.monitor import Decision, Load, RequestMonitor
+from engine.worker import order
 from engine.workflow import InvalidRequest, WorkflowSpec, images, request_workflow
 from engine.workflow import message as wm
 from engine.workflow.images import ImageTooLarge
 
 FIELDS = frozenset({"workflow", "params", "inputs", "deadline_s", "priority", "uid"})
 MAX_DEADLINE_S = 7 * 86400.0
-MAX_PRIORITY = 1000
 MAX_PARTS = 16
 MAX_NAME_CHARS = 64
 
@@ -67,7 +67,7 @@ class Submission:
     params: dict[str, Any]
     inputs: dict[str, bytes]
     deadline: float | None  # absolute (epoch seconds)
-    priority: int
+    priority: int  # the header's level (engine.worker.order.LEVELS: low -1, normal 0, high 1)
     uid: str | None  # caller-supplied (32 lowercase hex), or None: the Proxy draws one
 
 
@@ -214,10 +214,10 @@ class Intake:
                 raise BadRequest(name, f"input {name!r} is not valid base64") from None
         params = doc.get("params") or {}
         return self.submission(doc.get("workflow"), params, inputs, doc.get("deadline_s"),
-                               doc.get("priority", 0), doc.get("uid"))
+                               doc.get("priority", order.DEFAULT), doc.get("uid"))
 
     def submission(self, workflow: object, params: object, inputs: dict[str, bytes], deadline_s: object = None,
-                   priority: object = 0, uid: object = None) -> Submission:
+                   priority: object = order.DEFAULT, uid: object = None) -> Submission:
         """A validated submission from its parts; raises :class:`BadRequest`."""
         spec = self.spec(workflow)
         try:
@@ -231,12 +231,14 @@ class Intake:
         if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
                                        or not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_DEADLINE_S):
             raise BadRequest("deadline_s", f"deadline_s must be a number of seconds in (0, {MAX_DEADLINE_S:.0f}]")
-        if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
-            raise BadRequest("priority", f"priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
+        try:
+            level = order.level(priority)  # low, normal or high (who may use which is the platform's rule)
+        except ValueError as exc:
+            raise BadRequest("priority", str(exc)) from None
         if uid is not None and not is_uid(uid):
             raise BadRequest("uid", "uid must be 32 lowercase hex digits")
         deadline = time.time() + float(deadline_s) if deadline_s else None
-        return Submission(spec, resolved, inputs, deadline, priority, uid if isinstance(uid, str) else None)
+        return Submission(spec, resolved, inputs, deadline, level, uid if isinstance(uid, str) else None)
 
     # -- cost and the message ------------------------------------------------------------------
     def ticket(self, sub: Submission) -> Ticket:

@@ -6,8 +6,9 @@ from onepiece_platform.accounts.models import ApiKey, AuditEntry
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["prefix", "user", "name", "created_at", "expires_at", "revoked_at", "last_used_at"]
-    list_filter = ["revoked_at", "expires_at"]
+    list_display = ["prefix", "user", "name", "max_priority", "created_at", "expires_at", "revoked_at",
+                    "last_used_at"]
+    list_filter = ["revoked_at", "expires_at", "max_priority"]
     search_fields = ["prefix", "user__username", "name"]
     readonly_fields = ["prefix", "secret_hash", "created_at", "last_used_at"]
     actions = ["revoke"]

@@ -18,6 +18,7 @@ from django.db import models
 from django.utils import timezone
 
 KEY_PREFIX = "op"
+PRIORITIES = ("low", "normal", "high")  # lowest first (engine.worker.order.LEVELS)
 
 
 def hash_secret(secret: str) -> str:
@@ -33,6 +34,12 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # the key's tier: the highest request priority it may ask for ("" : by its owner, high for staff, else
+    # normal; see max_priority_allowed). An operator raises or lowers it per key in the admin.
+    max_priority = models.CharField(max_length=8, blank=True, default="",
+                                    choices=[(p, p) for p in PRIORITIES],
+                                    help_text="the highest priority requests with this key may ask for; "
+                                              "empty: high for staff users' keys, normal for others")
 
     class Meta:
         ordering = ["-created_at"]
@@ -49,6 +56,11 @@ class ApiKey(models.Model):
         key = cls.objects.create(user=user, name=name, prefix=prefix, secret_hash=hash_secret(secret),
                                  expires_at=expires_at)
         return key, f"{KEY_PREFIX}_{prefix}_{secret}"
+
+    @property
+    def max_priority_allowed(self) -> str:
+        """The highest priority this key may use: its own setting, else high for staff, normal for others."""
+        return self.max_priority or ("high" if getattr(self.user, "is_staff", False) else "normal")
 
     def matches(self, secret: str) -> bool:
         return hmac.compare_digest(self.secret_hash, hash_secret(secret))

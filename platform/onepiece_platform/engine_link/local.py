@@ -25,9 +25,9 @@ class LocalEngineClient(EngineClient):
         return JobStore(get_redis())
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None, uid: str | None = None) -> Accepted:
+               deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:
         try:
-            sub = INTAKE.submission(workflow, params, inputs, deadline_s, uid=uid)
+            sub = INTAKE.submission(workflow, params, inputs, deadline_s, priority, uid=uid)
             ticket = INTAKE.submit(self.store(), sub)
         except BadRequest as exc:
             raise EngineRejected(exc.status, str(exc), exc.field) from None

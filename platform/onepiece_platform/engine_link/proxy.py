@@ -145,13 +145,15 @@ class ProxyEngineClient(EngineClient):
         return parsed or None
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None, uid: str | None = None) -> Accepted:
+               deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:
         body: dict[str, Any] = {"workflow": workflow, "params": params,
                                 "inputs": {k: base64.b64encode(v).decode() for k, v in inputs.items()}}
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
         if uid is not None:
             body["uid"] = uid
+        if priority != "normal":
+            body["priority"] = priority
         # ?workflow= lets the Proxy refuse an overloaded workflow before it reads the body
         code, raw, headers = self._call("POST", f"/v1/requests?workflow={urllib.parse.quote(workflow)}", body)
         doc = self._json(raw)

@@ -49,7 +49,7 @@ def again(job: Job, engine: EngineClient) -> tuple[str, str] | None:
                         progress=0, submitting=False, updated_at=timezone.now()):
         return None  # finished meanwhile, or another reconciler took it
     try:
-        engine.submit(job.workflow, job.params, inputs, deadline, uid=job.uid)
+        engine.submit(job.workflow, job.params, inputs, deadline, uid=job.uid, priority=job.priority)
     except EngineRejected as exc:
         if exc.status == 400:  # it can never run (its inputs were not kept, a model gone)
             return FAILED, f"{LOST}; it could not be submitted again: {exc.message}"

@@ -59,6 +59,8 @@ class Job(models.Model):
     # submits it again under its UID: engine_link/resubmit.py): the params above, the uploaded inputs
     # (JobInput, kept until the job finishes) and the deadline the request asked for.
     deadline_s = models.FloatField(null=True, blank=True, help_text="seconds from submission the job had")
+    priority = models.CharField(max_length=8, default="normal", choices=[(p, p) for p in ("low", "normal", "high")],
+                                help_text="the priority every stage served it at (engine.worker.order)")
     resubmissions = models.PositiveSmallIntegerField(default=0, editable=False,
                                                      help_text="times submitted again after the engine lost it")
     attempt_base = models.PositiveSmallIntegerField(default=0, editable=False,

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from engine.workflow import InvalidRequest, images, request_workflow
 from onepiece_platform import conf
+from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.engine_link.models import Rejection
 from onepiece_platform.jobs.models import NON_TERMINAL, Job, JobInput
@@ -92,6 +93,22 @@ def _repeat(earlier: Job, workflow: str, api: str, scope: str) -> Submitted:
     return Submitted(earlier, False)
 
 
+def check_priority(user: Any, api_key: Any, priority: object) -> str:
+    """The request's priority once it is one of ``low``, ``normal``, ``high`` (else 400) and no higher than
+    its API key's tier allows (:attr:`ApiKey.max_priority_allowed`: the key's own setting, else high for
+    staff users' keys and normal for others; a signed-in session gets the same rule by its user); over it
+    is a 403. Both name ``priority``."""
+    if not isinstance(priority, str) or priority not in PRIORITIES:
+        raise Invalid("priority", f"priority must be one of {', '.join(PRIORITIES)}")
+    if api_key is not None:
+        ceiling, whose = api_key.max_priority_allowed, "this API key"
+    else:
+        ceiling, whose = ("high" if getattr(user, "is_staff", False) else "normal"), "this account"
+    if PRIORITIES.index(priority) > PRIORITIES.index(ceiling):
+        raise Invalid("priority", f"priority {priority} is over what {whose} may use (at most {ceiling})", 403)
+    return priority
+
+
 def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], limits: Limits) -> tuple[dict[str, Any], float]:
     """(resolved params, estimated GPU-seconds) once the request passes the workflow spec's check (the
     one the Proxy runs, with this platform's upload limits) and the user's limits; raises :class:`Invalid`."""
@@ -148,13 +165,16 @@ def _rejected(workflow: str, reason: str, status: int) -> None:
 
 def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
            idempotency_key: str = "", api: str = "native", deadline_s: float | None = None,
-           api_key: Any = None, webhook_url: str = "", scope: str = SCOPE_JOBS) -> Submitted:
+           api_key: Any = None, webhook_url: str = "", scope: str = SCOPE_JOBS,
+           priority: str = "normal") -> Submitted:
     """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError.
 
     ``scope``: the route and operation an ``idempotency_key`` belongs to (``SCOPE_*``, :func:`remix_scope`).
 
     ``api_key``: the key the request came with (its webhook endpoint gets the job's completion event);
     ``webhook_url``: a per-request receiver of that event, vetted by the caller.
+    ``priority``: ``low``, ``normal`` or ``high``, within the key's tier (:func:`check_priority`); every
+    stage serves higher priority first, with aging (engine.worker.order), and the ledger row records it.
     """
     if idempotency_key:
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
@@ -162,6 +182,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
             if earlier.submitting and not earlier.terminal:
                 raise IdempotencyInProgress(idempotency_key)
             return _repeat(earlier, workflow, api, scope)
+    priority = check_priority(user, api_key, priority)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
     # The platform names the job: the row holds its UID before the engine can write an event about it.
@@ -172,7 +193,8 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
             job = Job.objects.create(uid=uid, owner=user, workflow=workflow, params=resolved, api=api,
                                      cost_estimate_gpu_s=cost, idempotency_key=idempotency_key,
                                      idempotency_scope=scope if idempotency_key else "", submitting=True,
-                                     api_key=api_key, webhook_url=webhook_url, deadline_s=deadline_s)
+                                     api_key=api_key, webhook_url=webhook_url, deadline_s=deadline_s,
+                                     priority=priority)
             keep_inputs(job, inputs)  # to submit it again if the engine loses it (engine_link/resubmit.py)
     except IntegrityError:
         if not idempotency_key:  # not a key clash: a real error, never "someone's earlier job"
@@ -193,7 +215,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
     Job.objects.filter(pk=job.pk).update(quota_day=day)
     job.quota_day = day
     try:
-        get_engine().submit(workflow, resolved, inputs, deadline_s, uid=uid)
+        get_engine().submit(workflow, resolved, inputs, deadline_s, uid=uid, priority=priority)
     except (EngineRejected, EngineError) as exc:
         job.delete()
         counters.unreserve(user.pk, day, uid)

@@ -36,10 +36,10 @@ def _body(**doc: Any) -> bytes:
 def test_parse_and_submission_answer_alike() -> None:
     intake = Intake()
     body = _body(workflow="wan2.1-i2v", params=WAN, inputs={"image": base64.b64encode(_png()).decode()},
-                 deadline_s=30, priority=2)
+                 deadline_s=30, priority="high")
     parsed = intake.parse(body, "application/json")
-    direct = intake.submission("wan2.1-i2v", WAN, {"image": _png()}, 30, 2)
-    assert parsed.params == direct.params and parsed.inputs == direct.inputs and parsed.priority == 2
+    direct = intake.submission("wan2.1-i2v", WAN, {"image": _png()}, 30, "high")
+    assert parsed.params == direct.params and parsed.inputs == direct.inputs and parsed.priority == 1 == direct.priority
     assert parsed.deadline is not None and direct.deadline is not None
 
 

@@ -10,11 +10,15 @@ class ApiKeySerializer(serializers.ModelSerializer):
     """A key as listed: never its secret."""
 
     active = serializers.BooleanField(read_only=True)
+    max_priority = serializers.CharField(source="max_priority_allowed", read_only=True,
+                                         help_text="the highest request priority this key may use (set by an "
+                                                   "operator; by default high for staff, normal for others)")
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at", "active"]
-        read_only_fields = ["id", "prefix", "created_at", "revoked_at", "last_used_at", "active"]
+        fields = ["id", "name", "prefix", "created_at", "expires_at", "revoked_at", "last_used_at", "active",
+                  "max_priority"]
+        read_only_fields = ["id", "prefix", "created_at", "revoked_at", "last_used_at", "active", "max_priority"]
 
     def validate_expires_at(self, value):  # type: ignore[no-untyped-def]
         if value is not None and value <= timezone.now():

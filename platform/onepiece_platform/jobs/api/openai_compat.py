@@ -249,14 +249,14 @@ _SENT_AS = {"width": "size", "height": "size", "num_frames": "seconds"}
 
 
 def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: dict[str, bytes],
-                  scope: str = services.SCOPE_VIDEOS) -> Job:
+                  scope: str = services.SCOPE_VIDEOS, priority: str = "normal") -> Job:
     """Submit as the native API does; a size or length the workflow refuses is reported on the field the
     client sent (``size`` / ``seconds``, or ``width`` / ``num_frames`` when it sent those). The Idempotency-Key is taken whole (over the limit:
     400) and belongs to ``scope``, the route and operation (a remix: of that one source)."""
     key = services.idempotency_key(request.headers)
     try:
         return services.submit(request.user, model, params, inputs, key, "openai",
-                               api_key=api_key_of(request), scope=scope).job
+                               api_key=api_key_of(request), scope=scope, priority=priority).job
     except services.Invalid as exc:
         sent = _SENT_AS.get(exc.field)
         if sent is not None and sent in request.data and exc.field not in request.data:
@@ -280,7 +280,8 @@ class VideoListCreateView(OpenAIView):
         if model not in _video_workflows():
             raise services.Invalid("model", f"unknown video model {model!r}; known: {', '.join(_video_workflows())}")
         params = _video_params(get_workflow(model), d)
-        return Response(_video(_submit_video(request, model, params, _image_input(model, ref))))
+        return Response(_video(_submit_video(request, model, params, _image_input(model, ref),
+                                             priority=d["priority"])))
 
     @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
     def get(self, request: Request) -> Response:
@@ -413,7 +414,7 @@ class ImageGenerationView(OpenAIView):
                 # accepting work this call would cancel at the end of it
                 jobs.append(services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai",
                                             deadline_s=float(conf.get("IMAGE_WAIT_S")),
-                                            api_key=api_key_of(request)).job)
+                                            api_key=api_key_of(request), priority=d["priority"]).job)
         except Exception:
             # all n or none: a request refused part-way (quota, engine busy) must not leave its first
             # images running, charged, for a caller who was told it failed

@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import workflows
+from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.strict import AsciiIntegerField, RefuseUnknownFields, StrictCharField, StrictRegexField
 
@@ -126,6 +127,8 @@ class _GenerateSerializer(RefuseUnknownFields):
     # (No docstring: it would become the request's description in the OpenAPI schema.)
     output: ClassVar[str]
     lora = LoraField(required=False)  # OnePiece extension (extra_body): LoRA adapters of the operators' registry
+    # OnePiece extension (extra_body): low, normal or high, within the API key's tier (403 over it)
+    priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default="normal")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import workflows
+from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.api_schema import PageSerializer
 from onepiece_platform.jobs.models import STATES, Job
@@ -22,6 +23,10 @@ class SubmitSerializer(RefuseUnknownFields):
                                    help_text="input name -> base64 bytes (e.g. image for image-to-video)")
     deadline_s = serializers.FloatField(required=False, min_value=1.0, max_value=86400.0)
     lora = LoraField(required=False)
+    priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default="normal",
+                                       help_text="every stage serves higher priority first (a request waiting "
+                                                 "10 s at a stage counts as high: none starves); the API key's "
+                                                 "tier sets the highest allowed (403 over it)")
     webhook_url = serializers.CharField(required=False, max_length=2000,
                                         help_text="also send the job's terminal event (job.completed, job.failed, "
                                                   "job.cancelled, job.expired) here, signed with the secret of "
@@ -63,7 +68,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
-                  "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "created_at", "started_at",
+                  "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "priority", "created_at", "started_at",
                   "finished_at", "cancel_requested", "webhook_url", "resubmissions", "links"]
         read_only_fields = fields
 

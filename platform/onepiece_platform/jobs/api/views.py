@@ -121,7 +121,8 @@ class JobListCreateView(APIView):
             params["lora"] = s.validated_data["lora"]
         done = services.submit(request.user, s.validated_data["workflow"], params,
                                inputs, key, "native", s.validated_data.get("deadline_s"),
-                               api_key=api_key_of(request), webhook_url=hook)
+                               api_key=api_key_of(request), webhook_url=hook,
+                               priority=s.validated_data["priority"])
         body = JobSerializer(done.job).data
         return Response(body, status=status.HTTP_202_ACCEPTED,
                         headers={"Location": body["links"]["self"]})
