@@ -16,8 +16,11 @@ from etcd3gw import exceptions
 
 from engine.coord import etcd_client
 from engine.coord.client import FailoverClient, parse_endpoints
+from engine.coord.keys import Keyspace
 from engine.manager.election import Election, connect
 from tests.deploy.etcdcluster import etcd_cluster
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 
 def test_parse_endpoints() -> None:
@@ -107,6 +110,6 @@ def test_cluster_member_loss(tmp_path: Path) -> None:
 
         # When the leader resigns, the lease is revoked through a live member: the key goes.
         nm.stop()
-        assert client.get("/onepiece/manager/leader") == []
+        assert client.get(KEYS.leader()) == []
         lease.revoke()
         assert client.get("/t/leased") == []

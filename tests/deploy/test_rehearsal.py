@@ -43,10 +43,13 @@ from typing import Any
 import pytest
 
 from engine.coord import etcd_client
+from engine.coord.keys import Keyspace
 from engine.embedded.services import free_port
 from engine.launcher import WEB_SERVER_FLAGS
 from tests.deploy.etcdcluster import etcd_cluster
 from tests.netns import Hosts, hosts
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -157,7 +160,7 @@ class Rehearsal:
 
 
 def _leader(etcd: Any) -> tuple[str, int] | None:
-    got = etcd.get("/onepiece/manager/leader", metadata=True)
+    got = etcd.get(KEYS.leader(), metadata=True)
     if not got:
         return None
     return json.loads(got[0][0])["candidate"], int(got[0][1]["create_revision"])
@@ -247,7 +250,7 @@ def _rehearse(r: Rehearsal, cluster: Any, tiny_models: dict[str, Path], t_start:
 
     def routes() -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
-        for value, meta in etcd.get_prefix("/onepiece/routes/sd-t2i/"):
+        for value, meta in etcd.get_prefix(KEYS.routes("sd-t2i")):
             stage = meta["key"].decode().split("/")[-2]  # /onepiece/routes/<workflow>/<stage>/<instance>
             out.setdefault(stage, []).append(json.loads(value)["address"])
         return out
@@ -338,7 +341,7 @@ def _rehearse(r: Rehearsal, cluster: Any, tiny_models: dict[str, Path], t_start:
     assert etcd.failovers >= 1 and etcd.url != cluster.members[1].url
     # the new leader's fenced writes pass: it publishes capacity under its own token
     _wait("the new leader's capacity write",
-          lambda: json.loads(etcd.get("/onepiece/capacity/sd-t2i")[0])["fence_token"] == new[1], 20)
+          lambda: json.loads(etcd.get(KEYS.capacity("sd-t2i"))[0])["fence_token"] == new[1], 20)
 
     outcome = finished(before + during + after, 150)
     took = time.monotonic() - t_kill

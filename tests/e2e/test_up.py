@@ -13,9 +13,12 @@ from typing import Any
 import psutil
 import pytest
 
+from engine.coord.keys import Keyspace
 from tests.e2e import first_minute
 from tests.e2e.up import start_up, stop_up
 from tests.fixtures.web import png
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 
 @pytest.mark.timeout(600)
@@ -51,16 +54,16 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
         password = (tmp_path / "state" / "secrets" / "etcd-password").read_text().strip()
         assert lines["etcd"].startswith("http://onepiece:***@") and password not in "".join(lines.values())
         with pytest.raises(Etcd3Exception):
-            etcd_client(lines["etcd"].replace("onepiece:***@", "")).get("/onepiece/capacity/sd-t2i")
+            etcd_client(lines["etcd"].replace("onepiece:***@", "")).get(KEYS.capacity("sd-t2i"))
         etcd = etcd_client(lines["etcd"].replace("***", quote(password, safe=""), 1))
         deadline = time.monotonic() + 60
-        while not all(etcd.get(f"/onepiece/capacity/{wf}") for wf in ("sd-t2i", "wan2.1-i2v", "wan2.1-t2v")):
+        while not all(etcd.get(KEYS.capacity(wf)) for wf in ("sd-t2i", "wan2.1-i2v", "wan2.1-t2v")):
             assert time.monotonic() < deadline, "the Node Manager published no capacity"
             time.sleep(0.2)
-        capacity = json.loads(etcd.get("/onepiece/capacity/sd-t2i")[0])
+        capacity = json.loads(etcd.get(KEYS.capacity("sd-t2i"))[0])
         assert capacity["fence_token"] > 0 and capacity["rps"] > 0 and capacity["mode"] == "individual"
         assert capacity["instances"] == {s: 1 for s in ("text_encode", "denoise", "vae_decode", "image_encode")}
-        t2v = json.loads(etcd.get("/onepiece/capacity/wan2.1-t2v")[0])
+        t2v = json.loads(etcd.get(KEYS.capacity("wan2.1-t2v"))[0])
         assert t2v["rps"] > 0 and t2v["instances"] == {s: 1 for s in ("text_encode", "denoise", "vae_decode",
                                                                      "video_encode")}
         # text-to-video end to end: the official client, no image, an mp4 back

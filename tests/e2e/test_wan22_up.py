@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from tests.e2e.up import start_up, stop_up
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.integration]
 WF, I2V = "wan2.2-t2v-a14b", "wan2.2-i2v-a14b"
@@ -130,8 +133,8 @@ def _six_stages(lines: dict[str, str], client: Any, state: Path) -> None:
     password = (state / "secrets" / "etcd-password").read_text().strip()
     etcd = etcd_client(lines["etcd"].replace("***", quote(password, safe=""), 1))
     deadline = time.monotonic() + 60
-    while not etcd.get(f"/onepiece/capacity/{I2V}"):
+    while not etcd.get(KEYS.capacity(I2V)):
         assert time.monotonic() < deadline, "the Node Manager published no capacity for the six-stage workflow"
         time.sleep(0.2)
-    capacity = json.loads(etcd.get(f"/onepiece/capacity/{I2V}")[0])
+    capacity = json.loads(etcd.get(KEYS.capacity(I2V))[0])
     assert capacity["rps"] > 0 and set(capacity["instances"]) == set(route), capacity

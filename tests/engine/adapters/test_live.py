@@ -14,8 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.embedded.services import EtcdServer, RedisServer
 from tests.fixtures.runtime import NodeRun, engine
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -74,7 +77,7 @@ def test_adapters_through_a_live_engine(tiny_models: dict[str, Path], adapters: 
             assert all(r["evicted"] == 0 and r["max"] == 1 for r in loaded.values()), loaded  # affinity held
             assert sorted(int(s["requests"]) - plain[i] for i, s in report.items()) == [2, 3]
             # the node's report in etcd carries them per instance (what the dashboard shows)
-            values = c.etcd.get("/onepiece/nodes/lora-node")
+            values = c.etcd.get(KEYS.node("lora-node"))
             node_report = json.loads(values[0]) if values else {}
             shown = {iid: (i.get("adapters") or {}).get("loaded") for iid, i in node_report.get("instances", {}).items()
                      if iid.startswith(f"{WF}.denoise")}

@@ -27,8 +27,11 @@ from typing import Any
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.embedded.services import EtcdServer, RedisServer
 from tests.fixtures.runtime import Cluster, NodeRun, engine, stop
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(900)]
 
@@ -133,7 +136,7 @@ def live(tiny_models: dict[str, Path], tmp_path: Path) -> Iterator[Live]:
 
 
 def _capacity(c: Cluster) -> dict[str, Any]:
-    raw = c.etcd.get(f"/onepiece/capacity/{WF}")
+    raw = c.etcd.get(KEYS.capacity(WF))
     return json.loads(raw[0]) if raw else {}
 
 
@@ -141,11 +144,11 @@ def _settled(c: Cluster, want: dict[str, int], timeout: float) -> float:
     """Wait until the assignment has ``want`` and every instance serves; returns when."""
     deadline = time.monotonic() + timeout
     while True:
-        raw = c.etcd.get("/onepiece/assignments/n1")
+        raw = c.etcd.get(KEYS.assignment("n1"))
         have: dict[str, int] = {}
         for i in json.loads(raw[0])["instances"] if raw else []:
             have[i["stage"]] = have.get(i["stage"], 0) + 1
-        report = json.loads(c.etcd.get("/onepiece/nodes/n1")[0])
+        report = json.loads(c.etcd.get(KEYS.node("n1"))[0])
         ready = all(i["ready"] for i in report["instances"].values())
         if have == want and ready and not report["draining"] and len(report["instances"]) == sum(want.values()):
             return time.monotonic()
@@ -164,7 +167,7 @@ def _pin(live: Live, counts: dict[str, int | None]) -> None:
 
 
 def _leader(c: Cluster) -> str:
-    raw = c.etcd.get("/onepiece/manager/leader")
+    raw = c.etcd.get(KEYS.leader())
     return json.loads(raw[0])["candidate"] if raw else ""
 
 
@@ -184,15 +187,15 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
         shift, shift_m = time.time(), time.monotonic()
         want = {"text_encode": 1, "denoise": 3, "vae_decode": 1, "image_encode": 1}
         settled = _settled(c, want, timeout=180)
-        assignment = json.loads(c.etcd.get("/onepiece/assignments/n1")[0])
+        assignment = json.loads(c.etcd.get(KEYS.assignment("n1"))[0])
         decided = assignment["decided_at"] - shift
-        report = json.loads(c.etcd.get("/onepiece/nodes/n1")[0])
+        report = json.loads(c.etcd.get(KEYS.node("n1"))[0])
         drains = [m["drain_s"] for m in report["moves"] if m["event"] == "drained" and m["at"] > shift]
         startups = [m for m in report["moves"] if m["event"] == "ready" and m["at"] > shift]
         time.sleep(8)  # let the queues built during the move drain out
         phases.append(("long settled", time.monotonic()))
         rebalanced = load.measure(WINDOW_S)
-        kept = json.loads(c.etcd.get("/onepiece/assignments/n1")[0])["decided_at"] == assignment["decided_at"]
+        kept = json.loads(c.etcd.get(KEYS.assignment("n1"))[0])["decided_at"] == assignment["decided_at"]
         service = _capacity(c)["service_s"]
 
         # every split of the 6 slots ranked by Theorem 1's throughput on the measured stage times: the

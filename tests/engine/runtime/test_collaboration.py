@@ -13,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.embedded.services import EtcdServer, RedisServer
+from engine.store import keys
 from tests.fixtures.runtime import Cluster, NodeRun, engine
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -46,7 +50,7 @@ def collab(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 def _set_mode(c: Cluster, mode: str) -> None:
     """What the leading Node Manager publishes after a set_mode action (tested in tests/engine/manager)."""
-    c.etcd.put(f"/onepiece/capacity/{WF}", json.dumps({"rps": 1.0, "mode": mode}))
+    c.etcd.put(KEYS.capacity(WF), json.dumps({"rps": 1.0, "mode": mode}))
     time.sleep(0.5)  # workers refresh their route tables every 0.2 s here
 
 
@@ -92,8 +96,8 @@ def test_a_helper_killed_mid_request_costs_time_not_the_request(collab: Cluster,
         assert time.monotonic() < deadline, collab.events(uid)
         time.sleep(0.02)
     # the helper is the denoise instance that did not take the request
-    leader = (collab.store.r.hget(f"onepiece:job:{uid}", "instance") or b"").decode()
-    report = json.loads(collab.etcd.get("/onepiece/nodes/n1")[0])
+    leader = (collab.store.r.hget(keys.job_key(uid), "instance") or b"").decode()
+    report = json.loads(collab.etcd.get(KEYS.node("n1"))[0])
     helper = next(i for i in (f"{WF}.denoise.0", f"{WF}.denoise.1") if i != leader)
     os.kill(report["instances"][helper]["pid"], signal.SIGKILL)
     done = collab.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=180)

@@ -23,9 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.embedded.services import EtcdServer, RedisServer
 from tests.fixtures.runtime import Cluster, NodeRun, engine
 from tests.netns import Hosts, hosts
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -42,7 +45,7 @@ class TwoHosts:
     nodes: dict[str, subprocess.Popen[str]]
 
     def pid(self, node: str, instance: str) -> int:
-        raw = self.cluster.etcd.get(f"/onepiece/nodes/{node}")
+        raw = self.cluster.etcd.get(KEYS.node(node))
         return int(json.loads(raw[0])["instances"][instance]["pid"])
 
 
@@ -104,7 +107,7 @@ def _submit_retrying(c: Cluster) -> str:
 
 def test_a_request_crosses_hosts_over_tcp(two_hosts: TwoHosts, tiny_models: dict[str, Path]) -> None:
     c, net = two_hosts.cluster, two_hosts.hosts
-    routes = {m["key"].decode().rsplit("/", 1)[1]: json.loads(v) for v, m in c.etcd.get_prefix("/onepiece/routes/")}
+    routes = {m["key"].decode().rsplit("/", 1)[1]: json.loads(v) for v, m in c.etcd.get_prefix(KEYS.routes())}
     for name, stages in ON.items():
         host = net[0 if name == "a" else 1].address
         for s in stages:
@@ -149,7 +152,7 @@ def test_sigkill_of_each_stage_worker_in_turn(two_hosts: TwoHosts, tiny_models: 
         node = "a" if stage in ON["a"] else "b"
         deadline = time.monotonic() + 30
         while True:
-            raw = c.etcd.get(f"/onepiece/nodes/host-{node}")
+            raw = c.etcd.get(KEYS.node(f"host-{node}"))
             inst = json.loads(raw[0])["instances"][f"sd-t2i.{stage}.{node}"]
             if inst["restarts"] >= 1 and inst["ready"]:
                 break

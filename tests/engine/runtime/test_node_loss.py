@@ -13,8 +13,12 @@ from typing import Any
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.embedded.services import EtcdServer, RedisServer
+from engine.store import keys
 from tests.fixtures.runtime import Cluster, NodeRun, engine
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -49,7 +53,7 @@ def two_nodes(tiny_models: dict[str, Path], tmp_path: Path
 
 
 def _where(c: Cluster, uid: str) -> tuple[str, str]:
-    node, state = c.store.r.hmget(f"onepiece:job:{uid}", "node", "state")
+    node, state = c.store.r.hmget(keys.job_key(uid), "node", "state")
     return (node or b"").decode(), (state or b"").decode()
 
 
@@ -61,7 +65,7 @@ def test_jobs_on_a_dead_node_start_again_on_the_other(two_nodes: tuple[Cluster, 
         assert time.monotonic() < deadline, [_where(c, u) for u in uids]
         time.sleep(0.05)
     # the whole node goes at once: its TaskManager and every worker it started
-    report = json.loads(c.etcd.get("/onepiece/nodes/n1")[0])
+    report = json.loads(c.etcd.get(KEYS.node("n1"))[0])
     victims = [procs["n1"].pid] + [i["pid"] for i in report["instances"].values() if i["pid"]]
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
@@ -78,6 +82,6 @@ def test_jobs_on_a_dead_node_start_again_on_the_other(two_nodes: tuple[Cluster, 
         retried = [e for e in events if e["type"] == "retried"]
         assert len(retried) == 1 and "node n1 was lost" in retried[0]["detail"], events
         assert _where(c, uid)[0] == "n2"
-    assert not c.etcd.get("/onepiece/nodes/n1")  # its lease expired
+    assert not c.etcd.get(KEYS.node("n1"))  # its lease expired
     results = {bytes(c.store.result(u) or b"") for u in uids}
     assert len(results) == 1 and b"" not in results  # same request, same image, from either node

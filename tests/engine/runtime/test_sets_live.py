@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.coord.keys import Keyspace
 from engine.embedded.services import EtcdServer, RedisServer
 from tests.fixtures.runtime import NodeRun, engine, stop
+
+KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -47,7 +50,7 @@ def test_requests_stay_in_their_set_and_clients_get_the_less_loaded_set(
             deadline = time.monotonic() + 60
             while True:
                 regs = {m["key"].decode().split("/")[3]: json.loads(v)["url"]
-                        for v, m in c.etcd.get_prefix("/onepiece/proxies/")}
+                        for v, m in c.etcd.get_prefix(KEYS.proxies())}
                 if regs == {"A": proxy_a, "B": proxy_b}:
                     break
                 assert time.monotonic() < deadline, regs
@@ -61,7 +64,7 @@ def test_requests_stay_in_their_set_and_clients_get_the_less_loaded_set(
             # the manager's view: set A carries the load, so a client is sent to set B's Proxy
             deadline = time.monotonic() + 60
             while True:
-                raw = c.etcd.get("/onepiece/sets/state")
+                raw = c.etcd.get(KEYS.sets_state())
                 state = json.loads(raw[0]) if raw else {}
                 ok = all(state.get(s, {}).get("workflows", {}).get(WF, {}).get("capacity", 0) > 0 for s in "AB")
                 if ok and state["A"]["workflows"][WF]["arrival"] > 0:

@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 
 from engine.embedded import EtcdServer, RedisServer
+from engine.store import keys
 from tests.fixtures import REPO_ROOT
 from tests.fixtures.runtime import Cluster, NodeRun, engine
 from tests.web.ledger.conftest import Platform
@@ -288,7 +289,7 @@ def _events_of(redis_url: str, uid: str) -> list[dict[str, str]]:
     r = redis_lib.Redis.from_url(redis_url)
     try:
         return [{k.decode(): v.decode() for k, v in f.items()} | {"id": i.decode()}
-                for i, f in r.xrange("onepiece:events") if f[b"uid"].decode() == uid]
+                for i, f in r.xrange(keys.EVENTS) if f[b"uid"].decode() == uid]
     finally:
         r.close()
 
@@ -304,10 +305,10 @@ def _wait_drained(url: str, redis_url: str, timeout: float) -> None:
         while True:
             m = _metrics(url)
             done = sum(m.get(f"onepiece_ledger_events_total:{k}", 0) for k in ("applied", "held", "dead"))
-            last = r.xrevrange("onepiece:events", count=1)
-            if done >= r.xlen("onepiece:events") and m.get("onepiece_ledger_held_events", 0) == 0:
+            last = r.xrevrange(keys.EVENTS, count=1)
+            if done >= r.xlen(keys.EVENTS) and m.get("onepiece_ledger_held_events", 0) == 0:
                 return
-            assert time.monotonic() < deadline, (done, r.xlen("onepiece:events"), last, m)
+            assert time.monotonic() < deadline, (done, r.xlen(keys.EVENTS), last, m)
             time.sleep(0.5)
     finally:
         r.close()
@@ -336,7 +337,7 @@ def _check_stream(redis_url: str, jobs: dict[str, dict[str, Any]]) -> int:
     import redis as redis_lib
 
     r = redis_lib.Redis.from_url(redis_url)
-    entries = r.xrange("onepiece:events")
+    entries = r.xrange(keys.EVENTS)
     r.close()
     seen: dict[str, list[tuple[str, str]]] = {}
     for _id, f in entries:
@@ -357,9 +358,11 @@ def _counters(redis_url: str, user_id: int) -> tuple[int, float]:
 
     import redis as redis_lib
 
+    from onepiece_platform.quotas import counters
+
     r = redis_lib.Redis.from_url(redis_url)
     day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
-    running, spent = r.mget(f"onepiece:web:quota:{user_id}:running", f"onepiece:web:quota:{user_id}:gpu:{day}")
+    running, spent = r.mget(*counters._keys(user_id, day)[:2])  # the user's running count and the day's GPU s
     r.close()
     return int(running or 0), float(spent or 0.0)
 
@@ -399,8 +402,10 @@ for j in Job.objects.order_by("created_at"):
 """)
             import redis as redis_lib
 
+            from onepiece_platform.quotas import counters
+
             r = redis_lib.Redis.from_url(redis_url)
-            records = {k.decode(): r.hgetall(k) for k in r.scan_iter("onepiece:web:quota:job:*")}
+            records = {k.decode(): r.hgetall(k) for k in r.scan_iter(counters._job_prefix() + "*")}
             r.close()
             raise AssertionError(f"counters differ from the ledger: {bad}\nledger:\n{out[-6000:]}\n"
                                  f"records: {records}")
