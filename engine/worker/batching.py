@@ -62,10 +62,6 @@ class Waiting:
     def priority(self) -> int:
         return self.msg.header.priority
 
-    @property
-    def taken(self) -> float:
-        return self.arrived
-
 
 @dataclass
 class Active:
@@ -130,24 +126,31 @@ class StepBatcher:
             self.step()
 
     def take(self, timeout: float) -> None:
-        """Decode and admit what the inbox holds (waiting up to ``timeout`` for a first message)."""
-        for d in self.w.consumer.recv_many(self.recv_batch, timeout=timeout):
-            try:
-                msg = wm.decode(d.view)
-            except wm.MessageError as exc:
-                self.w._undecodable(d, exc)
-                continue
-            try:
-                admitted = self.w._admit(msg.header, start=False)  # started when it begins stepping
-            except Exception as exc:  # a misrouted message: failed like any bad request
-                self._fail(Waiting(d, msg, None), exc)
-                continue
-            if not admitted:
-                d.release()
-                self.w.handled += 1
-                continue
-            self._seq += 1
-            self.waiting.append(Waiting(d, msg, self.ex.batch_key(msg.header.params), seq=self._seq))
+        """Decode and admit what the inbox holds (waiting up to ``timeout`` for a first message): all that is
+        ready, so the line is ordered among everything the instance holds."""
+        batch = self.w.consumer.recv_many(self.recv_batch, timeout=timeout)
+        while batch:
+            for d in batch:
+                self._take_one(d)
+            batch = self.w.consumer.recv_many(self.recv_batch, timeout=0.0)  # a batch may stop short of the rest
+
+    def _take_one(self, d: Delivery) -> None:
+        try:
+            msg = wm.decode(d.view)
+        except wm.MessageError as exc:
+            self.w._undecodable(d, exc)
+            return
+        try:
+            admitted = self.w._admit(msg.header, start=False)  # started when it begins stepping
+        except Exception as exc:  # a misrouted message: failed like any bad request
+            self._fail(Waiting(d, msg, None), exc)
+            return
+        if not admitted:
+            d.release()
+            self.w.handled += 1
+            return
+        self._seq += 1
+        self.waiting.append(Waiting(d, msg, self.ex.batch_key(msg.header.params), seq=self._seq))
 
     def order(self) -> None:
         """The line in serving order: effective priority first (aging included), then the order taken."""

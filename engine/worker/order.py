@@ -9,7 +9,12 @@ The bound (aging): a request that has waited :data:`AGING_S` seconds at a stage 
 is served as if it were ``high``. Ties go to the request taken first, so from then on no request the
 stage took after it is served before it. In other words, a request is passed over by later arrivals
 only during its first :data:`AGING_S` seconds at each stage; after that it waits only for requests
-taken before it (first come, first served among them), of which a stage holds a finite number.
+taken before it (first come, first served among them), of which a stage holds a finite number. A stage
+takes everything its inbox ring holds between two requests, so "since the stage took it" is at most one
+service time (the request being run when it arrived) after it reached the stage.
+
+The clock is the stage's own (``time.monotonic``), never the header's timestamps: stages on other hosts
+have other clocks, and a skewed one must not make a request look old or new.
 
 Pure: no clock of its own (callers pass ``now``, :func:`time.monotonic` in the engine), no I/O.
 """

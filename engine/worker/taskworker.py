@@ -200,7 +200,7 @@ class TaskWorker:
                 for d in batch:
                     held.append(self._hold(d, seq))
                     seq += 1
-                batch = self.consumer.recv_many(RECV_BATCH, timeout=0.0) if len(batch) == RECV_BATCH else None
+                batch = self.consumer.recv_many(RECV_BATCH, timeout=0.0)  # a batch may stop short of the rest
             if not held:
                 self.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
                 continue

@@ -37,6 +37,18 @@ def test_names_map_to_levels_and_nothing_else_does() -> None:
     assert order.name_of(1) == "high" and order.name_of(-5) == "low"
 
 
+def test_the_proxy_intake_takes_the_names_only() -> None:
+    from engine.proxy.intake import BadRequest, Intake
+
+    intake = Intake()
+    assert intake.submission("sd-t2i", {"prompt": "a cat"}, {}).priority == 0  # normal by default
+    assert intake.submission("sd-t2i", {"prompt": "a cat"}, {}, priority="low").priority == -1
+    for bad in ("urgent", 1, None):
+        with pytest.raises(BadRequest) as e:
+            intake.submission("sd-t2i", {"prompt": "a cat"}, {}, priority=bad)
+        assert e.value.field == "priority" and e.value.status == 400
+
+
 @dataclass
 class _Item:
     uid: int
@@ -265,7 +277,8 @@ def test_a_high_priority_arrival_does_not_wait_for_a_forming_batch_of_low_ones()
 
     steps, worker, released = _Steps(), _Worker(), []
     batcher = StepBatcher(worker, steps, 4, wait_s=3600.0)  # type: ignore[arg-type]
-    worker.arrivals = [[_arrival("low0", LOW, 1, released)], [], [_arrival("high", HIGH, 1, released)]]
+    # each take drains the inbox: a batch, then an empty answer
+    worker.arrivals = [[_arrival("low0", LOW, 1, released)], [], [], [_arrival("high", HIGH, 1, released)], []]
 
     def recv_many(n: int, timeout: float) -> list[Any]:
         if not worker.arrivals:
