@@ -56,3 +56,31 @@ def rank(priority: int, taken: float, seq: int, now: float, aging_s: float | Non
 def pick(held: list[Any], now: float, aging_s: float | None = None) -> int:
     """The index in ``held`` of the request to serve next; each item has ``priority``, ``taken`` and ``seq``."""
     return min(range(len(held)), key=lambda i: rank(held[i].priority, held[i].taken, held[i].seq, now, aging_s))
+
+
+class Line:
+    """Held requests in serving order, O(1) per choice: one first-in-first-out queue per level, each in the
+    order taken. The head of a queue ranks before everything behind it (taken earlier, so it has waited at
+    least as long, at the same level), so the best of the heads is the best of all: what :func:`pick`
+    would choose over the whole list."""
+
+    def __init__(self) -> None:
+        from collections import deque
+
+        self._queues: dict[int, Any] = {lvl: deque() for lvl in sorted(NAMES, reverse=True)}
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, item: Any) -> None:
+        """``item`` has ``priority``, ``taken`` and ``seq`` (taken after everything added before)."""
+        self._queues[max(-1, min(HIGH, int(item.priority)))].append(item)
+        self._n += 1
+
+    def pop(self, now: float, aging_s: float | None = None) -> Any:
+        heads = [q[0] for q in self._queues.values() if q]
+        best = min(heads, key=lambda h: rank(h.priority, h.taken, h.seq, now, aging_s))
+        self._queues[max(-1, min(HIGH, int(best.priority)))].popleft()
+        self._n -= 1
+        return best

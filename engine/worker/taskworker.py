@@ -192,19 +192,19 @@ class TaskWorker:
                                        self.config.batch_wait_ms / 1000.0, RECV_BATCH)
             self.batcher.serve(should_stop)
             return
-        held: list[Held] = []  # taken off the ring, not yet handled (each unreleased until handled)
+        held = order.Line()  # taken off the ring, not yet handled (each unreleased until handled)
         seq = 0
         while not should_stop():
             batch = self.consumer.recv_many(RECV_BATCH, timeout=0.0 if held else 0.1)
             while batch:  # everything the ring holds now, so the choice is among all of it
                 for d in batch:
-                    held.append(self._hold(d, seq))
+                    held.add(self._hold(d, seq))
                     seq += 1
                 batch = self.consumer.recv_many(RECV_BATCH, timeout=0.0)  # a batch may stop short of the rest
             if not held:
                 self.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
                 continue
-            h = held.pop(order.pick(held, time.monotonic()))
+            h = held.pop(time.monotonic())
             self.handle(h.d, h.msg)
             self.last_active = time.monotonic()
 

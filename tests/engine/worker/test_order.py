@@ -63,7 +63,7 @@ def test_aging_bounds_how_long_a_later_arrival_may_pass_a_waiting_one() -> None:
     it passed had waited less than AGING_S (the stated bound), on a clock the test controls."""
     rng = random.Random(7)
     aging, service = 5.0, 1.0
-    now, seq, held, served = 0.0, 0, [], []
+    now, seq, held, served, line = 0.0, 0, [], [], order.Line()
     arrivals = sorted((rng.uniform(0, 200), rng.choice([LOW, HIGH, HIGH, NORMAL])) for _ in range(300))
     arrivals += [(0.0, LOW)]  # a low one waiting from the start, behind everything
     arrivals.sort()
@@ -71,17 +71,19 @@ def test_aging_bounds_how_long_a_later_arrival_may_pass_a_waiting_one() -> None:
     while i < len(arrivals) or held:
         while i < len(arrivals) and arrivals[i][0] <= now:
             held.append(_Item(seq, arrivals[i][1], arrivals[i][0], seq))
+            line.add(held[-1])
             seq, i = seq + 1, i + 1
         if not held:
             now = arrivals[i][0]
             continue
         item = held.pop(order.pick(held, now, aging))
+        assert line.pop(now, aging) is item  # the worker's O(1) line chooses as the whole-list rule does
         for other in held:  # everyone it passes that was taken before it waited less than the bound
             if other.seq < item.seq:
                 assert now - other.taken < aging, (other, item, now)
         served.append(item)
         now += service
-    assert len(served) == len(arrivals) and {s.priority for s in served} == {LOW, NORMAL, HIGH}
+    assert len(served) == len(arrivals) and not len(line) and {s.priority for s in served} == {LOW, NORMAL, HIGH}
     # the ordering is real: some high one passed an earlier low one
     pos = {s.uid: k for k, s in enumerate(served)}
     assert any(a.priority == HIGH and b.priority == LOW and a.seq > b.seq and pos[a.uid] < pos[b.uid]
