@@ -421,8 +421,9 @@ class NodeManager:
     def _throughput(self, workflow: str, counts: dict[str, int],
                     arrival: dict[str, float] | None = None) -> tuple[float, str]:
         """(requests/s, bottleneck) of ``workflow`` with ``counts`` instances per stage. A shared pool's
-        instances first serve the other workflows' arrivals (their measured rates x service times): what
-        is left is this workflow's, so no pool's capacity is promised twice."""
+        instances first serve the other workflows' arrivals (their measured rates x their measured service
+        times there; a stage time not measured yet, the cost model's prior for a reference GPU, is not
+        charged): what is left is this workflow's, so no pool's capacity is promised twice."""
         prof = self.profile(workflow)
         if not arrival:
             return throughput(prof, counts)
@@ -432,9 +433,8 @@ class NodeManager:
             others = 0.0
             if pool is not None and pool.shared:
                 for w, st in pool.members:
-                    if w != workflow and w in self.cfg.workflows:
-                        t = next(q.seconds for q in self.profile(w) if q.name == st)
-                        others += arrival.get(w, 0.0) * t
+                    if w != workflow and w in self.cfg.workflows and (w, st) in self.service_s:
+                        others += arrival.get(w, 0.0) * self.service_s[w, st]
             left[p.name] = max(0.0, counts.get(p.name, 0) - others)
         rates = {p.name: left[p.name] / p.seconds for p in prof}
         neck = min(rates, key=lambda k: rates[k])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +78,16 @@ def test_adapters_through_a_live_engine(tiny_models: dict[str, Path], adapters: 
             assert all(r["evicted"] == 0 and r["max"] == 1 for r in loaded.values()), loaded  # affinity held
             assert sorted(int(s["requests"]) - plain[i] for i, s in report.items()) == [2, 3]
             # the node's report in etcd carries them per instance (what the dashboard shows)
-            values = c.etcd.get(KEYS.node("lora-node"))
-            node_report = json.loads(values[0]) if values else {}
-            shown = {iid: (i.get("adapters") or {}).get("loaded") for iid, i in node_report.get("instances", {}).items()
-                     if iid.startswith(f"{WF}.denoise")}
-            assert sorted(sum(shown.values(), [])) in ([], ["alpha", "beta"])  # [] only before its next report
+            deadline = time.monotonic() + 15  # the node reports every 2 s: wait for the report that has them
+            while True:
+                values = c.etcd.get(KEYS.node("lora-node"))
+                node_report = json.loads(values[0]) if values else {}
+                shown = {iid: (i.get("adapters") or {}).get("loaded") or []
+                         for iid, i in node_report.get("instances", {}).items() if iid.startswith(f"{WF}.denoise")}
+                if sorted(sum(shown.values(), [])) == ["alpha", "beta"] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert sorted(sum(shown.values(), [])) == ["alpha", "beta"], node_report
     finally:
         etcd_srv.stop()
         redis.stop()
