@@ -109,9 +109,10 @@ class Reconciler:
         self.unsaved_retries = 0  # transient failures not yet added to the cursor's count
         # UIDs whose acceptance this reconciler saw with no ledger row: jobs the platform never submitted
         # (the platform writes its row, UID and all, before it calls the engine), such as direct Proxy
-        # clients (`onepiece bench e2e`). Their later events are passed over without touching the database:
-        # holding each of them for HOLD_UNKNOWN_S cost most of a core under such load, and a dead letter per
-        # event; a query and a savepoint per event still cost more than the rest of the Proxy's path.
+        # clients (`onepiece bench e2e`). Their later events are passed over when they find no row (a row
+        # that did appear would still be found): holding each of them for HOLD_UNKNOWN_S cost most of a core
+        # under such load, and a dead letter per event. (Skipping the query for them too lost a platform
+        # job under PostgreSQL, in the ledger load test: its acceptance was read before its row committed.)
         self._foreign: OrderedDict[str, None] = OrderedDict()
 
     # -- the stream ---------------------------------------------------------------------------------
@@ -192,11 +193,6 @@ class Reconciler:
         except Malformed as exc:
             self._dead(entry_id, fields.get("uid", ""), fields, DeadLetter.MALFORMED, str(exc))
             return "dead"
-        if ev["uid"] in self._foreign:
-            # a job the platform did not submit (its acceptance found no row, and the platform writes its row,
-            # UID and all, before the engine can see the job): nothing for the ledger, and no query or
-            # savepoint to learn it again per event (on the Proxy's own path, most of the reconciler's CPU)
-            return "applied"
         return self._apply(entry_id, ev, fields)
 
     def _apply(self, entry_id: str, ev: dict[str, Any], fields: dict[str, str]) -> str:
