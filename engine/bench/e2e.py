@@ -187,12 +187,17 @@ def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> tuple[l
     """(staged seconds, one-call seconds), the two run alternately so that both see the same host."""
     for _ in range(2):  # warm the workers
         client.run_one(workflow, one.params)
-    staged, base = [], []
+    staged, base, other = [], [], []
     for _ in range(n):
         state, took = client.run_one(workflow, one.params)
         if state == "completed":
             staged.append(took)
+        else:
+            other.append(state)
         base.append(one.call())
+    if not staged:
+        raise SystemExit(f"error: no staged request completed ({', '.join(sorted(set(other)))}): is the engine "
+                         f"serving {workflow}?")
     return staged, base
 
 
@@ -535,7 +540,17 @@ def main(args: Any) -> int:
         print("error: --proxy is required (the proxy: line of onepiece up)", file=sys.stderr)
         return 2
 
+    from engine import envs
+
     state = args.state or str(Path(args.model_dir).resolve().parents[1])
+    token = Path(state) / "secrets" / "proxy-token"
+    if not envs.PROXY_TOKEN and token.is_file():  # the credential `onepiece up` generated for its Proxy
+        os.environ["ONEPIECE_PROXY_TOKEN"] = token.read_text().strip()
+    status, _ = _call(f"{args.proxy.rstrip('/')}/v1/workflows")
+    if status in (401, 403):
+        print(f"error: the Proxy refused the credential ({status}): set ONEPIECE_PROXY_TOKEN, or --state to the "
+              "folder of the onepiece up that runs it (its secrets/proxy-token)", file=sys.stderr)
+        return 2
     processes = roles_from_state(state)
     if not processes:
         print(f"no processes.json under {state}: the control plane's CPU is not measured (--state)", file=sys.stderr)
