@@ -68,9 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "workflow with a folder under --models); each workflow "
                    "costs one worker process per stage, each ~430 MB and seconds of imports")
     p.add_argument("--ring-bytes", type=int, default=None, help="buffer bytes per stage inbox ring")
-    p.add_argument("--spare-slots", type=int, default=0, metavar="N",
+    p.add_argument("--spare-slots", type=int, default=None, metavar="N",
                    help="instance slots beyond one per stage pool, for the Node Manager to give to bottleneck stages "
-                   "(shared among the workflows by weight; each is one more worker process when used)")
+                   "(shared among the workflows by weight; each is one more worker process when used; default: "
+                   "on a host without a GPU, its usable cores minus one, so that the bottleneck stage can use "
+                   "every core; with a GPU, 0)")
     p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
                    help="CPU threads per stage instance (default: ONEPIECE_THREADS_PER_INSTANCE or auto: the "
                    "host's cores shared among the instances)")
@@ -406,7 +408,7 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, sup: Supervisor, e
     # The Node Manager takes over from the static assignment (keeping its instances: one node, one slot per
     # instance) and from then on measures stage times, rebalances, applies operators' actions and feeds the
     # Proxy's admission control with the measured capacity.
-    manager_cmd = [*cli, "manager", "--name", "local-manager", "--slots-per-node", str(len(want) + max(0, args.spare_slots)),
+    manager_cmd = [*cli, "manager", "--name", "local-manager", "--slots-per-node", str(len(want) + spare_slots(args.spare_slots)),
                    *(a for wf, folder in sorted(models.items()) for a in ("--workflow", f"{wf}={folder}"))]
     procs["manager"] = _spawn(sup, stack, "manager", manager_cmd, env, logs / "manager.log", 15.0).proc
     while not etcd.get(keys.leader()):
@@ -416,6 +418,19 @@ def _start_engine(args: argparse.Namespace, stack: ExitStack, sup: Supervisor, e
             raise ServiceError(f"the Node Manager did not take the lead; see {logs / 'manager.log'}")
         time.sleep(0.1)
     return proxy_url, len(want)
+
+
+def spare_slots(explicit: int | None) -> int:
+    """Instance slots beyond one per stage pool. Default on a host without a GPU: its usable cores minus one.
+    Every instance there has a budget of one thread when the instances outnumber the cores, so with one slot
+    per pool the bottleneck stage runs on one core while the others idle (measured, sd-t2i on 2 cores: the
+    stage workers kept 1.18 of 2 cores busy at saturation); the spare slots let the Node Manager give that
+    stage an instance per remaining core. With a GPU the stages share the device, and the slots stay 0."""
+    from engine.worker.threads import is_cuda, usable_cores
+
+    if explicit is not None:
+        return max(0, explicit)
+    return 0 if is_cuda(None) else max(0, usable_cores() - 1)
 
 
 def _proxy_sees_routes(proxy_url: str, served: set[str]) -> bool:

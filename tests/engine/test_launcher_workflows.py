@@ -43,3 +43,15 @@ def test_tiny_models_serve_the_first_workflows_unless_asked_and_all_names_every_
     assert set(_ensure_models(parser.parse_args(["--workflows", "all"]), {}, tmp_path)) == set(workflows())
     with pytest.raises(ServiceError, match="unknown workflow no-such-model"):
         _ensure_models(parser.parse_args(["--workflows", "sd-t2i,no-such-model"]), {}, tmp_path)
+
+
+def test_spare_slots_default_to_the_cores_a_bottleneck_could_use_on_a_host_without_a_gpu(tmp_path: Path) -> None:
+    from engine.launcher import spare_slots
+    from engine.worker.threads import is_cuda, usable_cores
+
+    args = _args(tmp_path)
+    assert args.spare_slots is None  # unset: decided from the host
+    expected = 0 if is_cuda(None) else usable_cores() - 1
+    assert spare_slots(args.spare_slots) == expected
+    assert spare_slots(_args(tmp_path, "--spare-slots", "3").spare_slots) == 3  # an operator's choice wins
+    assert spare_slots(-2) == 0
