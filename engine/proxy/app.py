@@ -41,7 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.proxy import auth, deadlines
+from engine.proxy import auth, deadlines, eta
 from engine.proxy.drain import DrainMeter
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Ticket, taken
@@ -70,6 +70,10 @@ ADMITTING = web.AppKey("admitting", dict)  # workflow -> asyncio.Lock held from 
 ENDINGS = web.AppKey("endings", dict)  # uid -> asyncio.Event set when the job's terminal event is seen
 PRICER = web.AppKey("pricer", Pricer)  # stage fits the instances published: a request's seconds of work here
 PRICE_REFRESH_S = 2.0
+BOOK = web.AppKey("book", eta.Book)  # the jobs this Proxy accepted and has not seen end: their place in line
+HISTORIES = web.AppKey("histories", dict)  # (workflow, priority) -> eta.History of its finished jobs
+BOOK_PRUNE_S = 5.0  # how often the book drops jobs whose end it missed (one store read per workflow)
+ETA_HEADER = "OnePiece-ETA"  # on submit and status answers of unfinished jobs: eta.Estimate.header()
 
 
 @dataclass
@@ -263,14 +267,19 @@ async def _admit(request: web.Request, ticket: Ticket) -> web.Response:
     # in-flight count (a burst would overshoot the queue bound and the deadline rule); the lock covers
     # the read, the decision and the acceptance, which moves the count.
     async with app[ADMITTING].setdefault(spec.name, asyncio.Lock()):
+        stage_s: list[float] = []
+
         def admission() -> Decision | None:
             """The claim check, the load read, the decision and the acceptance: one trip off the loop (None:
             the caller's UID is taken)."""
             if intake.claimed(store, ticket):
                 return None
-            decision = intake.decide(ticket, _loads(app, [spec.name])[spec.name], time.time())
+            decision = intake.decide(ticket, _loads(app, [spec.name])[spec.name], time.time(),
+                                     app[BOOK].counts(spec.name))
             if decision.admit:
                 intake.accept(store, ticket)
+                stage_s.extend(eta.stage_seconds(app[PRICER].fits, spec, ticket.sub.params,
+                                                 app[ROUTES].base_latency(spec.name)))
             return decision
 
         try:
@@ -285,22 +294,68 @@ async def _admit(request: web.Request, ticket: Ticket) -> web.Response:
         if not decision.admit:
             return _busy(decision.reason, decision.retry_after, request)
     app[DRAIN].note_accepted(spec.name)  # in flight in the store from now on
+    job = app[BOOK].add(uid, spec.name, ticket.sub.priority, time.monotonic(), stage_s)
+    estimate, job.raw_s = _estimate(app, job, None, 0, job.accepted)
+    job.p50_s, job.p90_s = estimate.eta_s, estimate.eta_p90_s  # what it is told now: judged when it ends
     try:
         # where it went is recorded by the injecting thread, right after the send (no second trip)
         target = await app[INJECTOR].inject(spec.name, ticket.entry, ticket.message, ticket.entry_cost,
                                             after=lambda r: store.located(uid, r.node, r.instance))
         app[ACCEPTED][spec.name] = app[ACCEPTED].get(spec.name, 0) + 1
     except MessageTooLarge as exc:  # a ring smaller than the one measured above: refused, and the job failed
+        app[BOOK].end(uid)
         bad = intake.too_large(ticket, exc.size, exc.limit)
         await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, ticket.entry, str(bad))
         return _error(bad.status, str(bad), bad.field)
     except Exception as exc:  # any send failure is an overload answer
+        app[BOOK].end(uid)
         await asyncio.to_thread(store.finish, uid, spec.name, keys.FAILED, ticket.entry,
                                 f"could not enter {ticket.entry}: {exc}")
         return _busy(f"could not hand the request to {ticket.entry}: {exc}", 1)
     return web.json_response({"uid": uid, "state": keys.QUEUED, "workflow": spec.name, "cost_gpu_s": ticket.cost,
                               "predicted_wait_s": decision.predicted_wait_s, "instance": target.instance,
-                              "deadline": ticket.sub.deadline}, status=202)
+                              "deadline": ticket.sub.deadline, **estimate.as_dict()}, status=202,
+                             headers={ETA_HEADER: estimate.header()})
+
+
+def _rate(app: web.Application, workflow: str) -> float | None:
+    """Requests/s the workflow's line drains at: measured while saturated, else the Node Manager's capacity."""
+    return app[DRAIN].rate(workflow, time.monotonic()) or app[ROUTES].capacity(workflow) or None
+
+
+def _estimate(app: web.Application, job: eta.Entry, stage_index: int | None, progress: float,
+              now: float) -> tuple[eta.Estimate, float]:
+    """(the calibrated estimate, the raw model) of ``job`` now, from cached values only (no I/O)."""
+    ahead = app[BOOK].ahead(job, now)
+    rate = _rate(app, job.workflow)
+    raw = eta.raw(eta.remaining_work(job.stage_s, stage_index, progress), ahead, rate, max(job.stage_s, default=0.0))
+    history = app[HISTORIES].setdefault((job.workflow, job.priority), eta.History())
+    return history.estimate(raw, ahead, rate), raw
+
+
+def _status_estimate(app: web.Application, st: Any) -> eta.Estimate:
+    """The estimate of an unfinished job: from the book when this Proxy accepted it, else (another Proxy's,
+    or accepted before a restart) as a normal job behind everything this Proxy knows, its stage times the
+    Node Manager's."""
+    now = time.monotonic()
+    route = get_workflow(st.workflow).route()
+    job = app[BOOK].entries.get(st.uid)
+    if job is None:
+        base = app[ROUTES].base_latency(st.workflow)
+        job = eta.Entry(st.uid, st.workflow, 0, 1 << 62, now - max(0.0, time.time() - st.created),
+                        tuple([base / len(route)] * len(route)))
+    index = route.index(st.stage) if st.state == keys.IN_PROGRESS and st.stage in route else None
+    return _estimate(app, job, index, st.progress, now)[0]
+
+
+def _status_response(app: web.Application, st: Any) -> web.Response:
+    """The status; an unfinished job's with its ETA (eta_s, eta_p90_s, provisional, queue_ahead) and the
+    ``OnePiece-ETA`` header."""
+    body = st.as_dict()
+    if st.terminal:
+        return web.json_response(body)
+    estimate = _status_estimate(app, st)
+    return web.json_response({**body, **estimate.as_dict()}, headers={ETA_HEADER: estimate.header()})
 
 
 def _uid(request: web.Request) -> str | None:
@@ -382,13 +437,47 @@ async def _watch_endings(app: web.Application) -> None:
     while True:
         try:
             after, events = await asyncio.to_thread(store.read_events, after, 1000, 1000, keys.ENDINGS)
+            now = time.monotonic()
             for e in events:
-                if e.get("type") in keys.TERMINAL and (entry := endings.get(e.get("uid", ""))):
-                    entry[0].set()
+                if e.get("type") in keys.TERMINAL:
+                    if entry := endings.get(e.get("uid", "")):
+                        entry[0].set()
+                    _ended(app, e.get("uid", ""), e.get("type", ""), now)
         except Exception as exc:  # Redis unreachable: the waiters read the status every second meanwhile
             log.warning("reading the event stream failed: %s", exc)
             after = "$"
             await asyncio.sleep(1.0)
+
+
+def _ended(app: web.Application, uid: str, state: str, now: float) -> None:
+    """A job left the line: out of the book, and a completed one's time against what it was told at submit
+    into its history (the ETA's calibration)."""
+    job = app[BOOK].end(uid)
+    if job is not None and state == keys.COMPLETED:
+        app[HISTORIES].setdefault((job.workflow, job.priority), eta.History()).record(
+            job.raw_s, job.p50_s, job.p90_s, now - job.accepted)
+
+
+def _inflight_uids(store: JobStore, names: list[str]) -> set[str]:
+    """Every UID the store has in flight for these workflows (one round trip)."""
+    pipe = store.r.pipeline(transaction=False)
+    for name in names:
+        pipe.zrange(keys.inflight_key(name), 0, -1)
+    return {u.decode() for members in pipe.execute() for u in members}
+
+
+async def _prune_book(app: web.Application) -> None:
+    """Drop from the book the jobs whose end the endings stream did not show (a Redis restart, a trimmed
+    stream): what the store no longer has in flight."""
+    store, names = app[STORE], sorted(workflows())
+    while True:
+        await asyncio.sleep(BOOK_PRUNE_S)
+        try:
+            before = time.monotonic()
+            uids = await asyncio.to_thread(_inflight_uids, store, names)
+            app[BOOK].keep(uids, before)
+        except Exception as exc:  # Redis away: pruned on a later round
+            log.warning("pruning the ETA book failed: %s", exc)
 
 
 @_store_guarded
@@ -409,7 +498,7 @@ async def status(request: web.Request) -> web.Response:
         except ValueError:
             return _error(400, f"wait must be a number of seconds in [0, {MAX_WAIT_S:.0f}]", "wait")
         st = await _wait_terminal(request.app, uid, st, wait)
-    return web.json_response(st.as_dict())
+    return _status_response(request.app, st)
 
 
 @_store_guarded
@@ -541,6 +630,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     sweeper = OrphanSweeper(store, routes.client, injector, max_attempts)
     app[STORE], app[ROUTES], app[INJECTOR] = store, routes, injector
     app[PRICER] = Pricer()
+    app[BOOK], app[HISTORIES] = eta.Book(), {}
     # requests are checked against the loaded models' limits (published with the routes) and priced
     # from the stage times the instances measured
     app[INTAKE] = Intake(limits.max_image_bytes, limits.max_image_pixels, monitor, limits=routes.limits,
@@ -559,7 +649,8 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
                  asyncio.create_task(_sweep_orphans(sweeper, sweep_interval)),
                  asyncio.create_task(_sample_drain(app)),
                  asyncio.create_task(_refresh_prices(app)),
-                 asyncio.create_task(_watch_endings(app))]
+                 asyncio.create_task(_watch_endings(app)),
+                 asyncio.create_task(_prune_book(app))]
         if registration is not None:
             tasks.append(asyncio.create_task(_register(app, *registration)))
         yield

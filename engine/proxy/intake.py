@@ -29,7 +29,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine.proxy.monitor import Decision, Load, RequestMonitor
@@ -152,6 +152,29 @@ class Ticket:
     # its seconds of stage work here, priced from measured stage times (engine.workflow.pricing); None
     # before any stage of its workflow was measured
     seconds: float | None = None
+
+
+LOW_SHARE = 0.5  # low-priority requests are admitted while the queue holds under this share of its budget
+
+
+def as_seen_by(priority: int, load: Load, by_priority: Mapping[int, int] | None = None) -> Load:
+    """The load a request of ``priority`` is admitted on, so that under overload low is refused before
+    normal and high, and high keeps its latency. A low request sees every job in flight as 1/LOW_SHARE
+    jobs: it is refused at half the fill (the queue bound, and with a deadline the predicted finish) at
+    which the others still enter, so half of the admission budget is kept for normal and high. A high
+    request is served before every waiting lower one (engine.worker.order), so the low jobs in flight
+    (``by_priority``) are not ahead of it: it sees only the rest, bounded below by one job per instance
+    (those being served, which it cannot pass). Normal sees the load as it is."""
+    if priority < 0:
+        return replace(load, inflight=math.ceil(load.inflight / LOW_SHARE),
+                       inflight_cost=load.inflight_cost / LOW_SHARE)
+    if priority > 0 and by_priority:
+        low = by_priority.get(-1, 0)
+        seen = max(min(load.inflight, load.instances), load.inflight - low)
+        if seen < load.inflight:
+            share = seen / max(1, load.inflight)
+            return replace(load, inflight=seen, inflight_cost=load.inflight_cost * share)
+    return load
 
 
 def taken() -> BadRequest:
@@ -300,11 +323,21 @@ class Intake:
             refusals.append(decision)
         return min(refusals, key=lambda d: d.retry_after)
 
-    def decide(self, ticket: Ticket, load: Load | None, now: float) -> Decision:
-        """Admit or refuse the request with its cost and deadline (never queues)."""
+    def decide(self, ticket: Ticket, load: Load | None, now: float,
+               by_priority: Mapping[int, int] | None = None) -> Decision:
+        """Admit or refuse the request with its cost, deadline and priority (never queues): see
+        :func:`as_seen_by`. ``by_priority``: the in-flight jobs per level this caller knows of (the
+        Proxy's own book), None where unknown."""
         if self.monitor is None or load is None:
             return Decision(True)
-        return self.monitor.decide(load, ticket.cost, now, ticket.sub.deadline, ticket.seconds)
+        # the queue bound holds for every level (it bounds what the rings and the store hold)
+        full = load.inflight >= self.monitor.max_queue
+        seen = load if full else as_seen_by(ticket.sub.priority, load, by_priority)
+        decision = self.monitor.decide(seen, ticket.cost, now, ticket.sub.deadline, ticket.seconds)
+        if not decision.admit and ticket.sub.priority < 0 and not full:
+            return replace(decision, reason=f"{decision.reason}; {order.name_of(ticket.sub.priority)} priority "
+                                            f"is admitted while the queue is below {LOW_SHARE:.0%} of its budget")
+        return decision
 
     # -- acceptance ----------------------------------------------------------------------------
     @staticmethod
