@@ -641,6 +641,8 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     app.router.add_delete("/v1/requests/{uid}", cancel)
     app.router.add_get("/v1/requests/{uid}/result", result)
     app.router.add_delete("/v1/requests/{uid}/result", drop_result)
+    from engine.proxy import stream  # ?stream=true on the result route: the fragments as they come
+    stream.install(app, store)
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
 

@@ -367,11 +367,18 @@ class JobStore:
         for uid in uids:
             batch.append(keys.result_key(uid))
             if len(batch) >= chunk:
-                dropped += int(self.r.unlink(*batch))
+                dropped += self._unlink_results(batch)
                 batch = []
         if batch:
-            dropped += int(self.r.unlink(*batch))
+            dropped += self._unlink_results(batch)
         return dropped
+
+    def _unlink_results(self, result_keys: list[str]) -> int:
+        """UNLINK result keys and their streamed copies (engine.store.fragments); how many results existed."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.unlink(*result_keys)
+        pipe.unlink(*(keys.fragments_key(k.rsplit(":", 1)[1]) for k in result_keys))
+        return int(pipe.execute()[0])
 
     def request_cancel(self, uid: str) -> None:
         """Flag ``uid`` so that the worker running it stops at its next step check."""

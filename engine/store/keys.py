@@ -37,6 +37,12 @@ def result_key(uid: str) -> str:
     return f"{PREFIX}:result:{uid}"
 
 
+def fragments_key(uid: str) -> str:
+    """A stream of the job's streamed result, one entry per fragment in order, then an end marker
+    (engine.store.fragments); written only by a stage that streams (video_encode), expiring with the result."""
+    return f"{PREFIX}:fragments:{uid}"
+
+
 def job_key(uid: str) -> str:
     """The status hash: state, workflow, stage, progress, created, updated, detail, cost."""
     return f"{PREFIX}:job:{uid}"

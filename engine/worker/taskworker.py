@@ -32,7 +32,7 @@ from typing import Any
 from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
 from engine.store import JobStore, keys
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
-from engine.worker import order
+from engine.worker import chunks, order
 from engine.worker.deliver import Outstanding, Producers, make_deliver
 from engine.worker.routes import Route, RouteTable
 from engine.workflow import WorkflowSpec, get_workflow
@@ -169,6 +169,7 @@ class TaskWorker:
         self.fits: dict[str, Fit] = {}
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
         self._started: set[str] = set()  # admitted requests whose stage_started the admission wrote
+        self.chunks = chunks.Receiver(self)  # requests whose input arrives in chunks (engine.worker.chunks)
 
     # -- loop --------------------------------------------------------------------------------
     def serve(self, should_stop: Callable[[], bool]) -> None:
@@ -201,6 +202,7 @@ class TaskWorker:
                     held.add(self._hold(d, seq))
                     seq += 1
                 batch = self.consumer.recv_many(RECV_BATCH, timeout=0.0)  # a batch may stop short of the rest
+            self.chunks.sweep()  # held chunks of requests that ended meanwhile (at most every second)
             if not held:
                 self.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
                 continue
@@ -227,6 +229,10 @@ class TaskWorker:
             self._undecodable(d, exc)
             return
         h = msg.header
+        if h.chunk >= 0:  # one of several messages of a request: held until its final one (engine.worker.chunks)
+            self.chunks.take(d, msg)
+            self.handled += 1
+            return
         release = True
         t0 = time.perf_counter()
         try:
@@ -325,6 +331,8 @@ class TaskWorker:
 
     def _run(self, h: wm.Header, msg: wm.Message) -> bool:
         """Run the stage and hand its output on; False when it stopped early (cancel, deadline)."""
+        if chunks.sends_chunks(self.executor) and self.chain(h).next_stage is not None:
+            return chunks.run_chunked(self, h, msg)  # the output handed on in chunks as it comes
         run = self.open_run(h)
         values = self.values_of(msg)
         if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
@@ -406,10 +414,11 @@ class TaskWorker:
         return True
 
     def close_run(self, h: wm.Header, run: Run, values: dict[str, Any], out: dict[str, Any], elapsed: float,
-                  batch: int = 1, wall_s: float | None = None) -> None:
+                  batch: int = 1, wall_s: float | None = None, pinned: Route | None = None) -> None:
         """The stage's outputs handed on (or the result written), timed and sampled for pricing. ``elapsed``:
         the seconds the request cost the instance (its share of batched steps); ``wall_s``: since it began,
-        when that differs (reported in the stage_finished event)."""
+        when that differs (reported in the stage_finished event); ``pinned``: the instance the request's
+        earlier chunks went to (engine.worker.chunks)."""
         from engine.stages.components import values_to_message
 
         chain = self.chain(h)
@@ -441,7 +450,7 @@ class TaskWorker:
             self.store.mark_done(uid, st)
         else:
             h.stage = chain.next_stage
-            route = self._send(h, tensors, blobs, costs.get(chain.next_stage, 0.0))
+            route = self._send(h, tensors, blobs, costs.get(chain.next_stage, 0.0), pinned)
             self.store.handed_on(uid, st, route.node, route.instance)  # where it went, and this stage done
 
     def _record(self, occupied: float, workflow: str | None = None) -> None:
@@ -465,8 +474,10 @@ class TaskWorker:
         self.store.record_instance(cfg.instance, fields, occupied)
 
     # -- delivery --------------------------------------------------------------------------------
-    def _send(self, h: wm.Header, tensors: dict[str, wm.TensorData], blobs: dict[str, Any], cost: float) -> Route:
-        """Encode straight into a reserved span of the chosen instance's ring (no staging buffer).
+    def _send(self, h: wm.Header, tensors: dict[str, wm.TensorData], blobs: dict[str, Any], cost: float,
+              pinned: Route | None = None) -> Route:
+        """Encode straight into a reserved span of the chosen instance's ring (no staging buffer); ``pinned``:
+        that instance only (a request's later chunks go where its first went).
 
         No refill callback is given: the carried inputs are views into our own
         inbox slot, which is released right after, so the producer keeps a copy
@@ -479,6 +490,8 @@ class TaskWorker:
         delay = 0.05
         while True:
             candidates = self.routes.candidates(h.workflow, h.stage)
+            if pinned is not None:  # gone from the routes: its chunks are lost with it, so the request fails
+                candidates = [r for r in candidates if r.instance == pinned.instance]
             if candidates:
                 route = self.deliver.choose_for(candidates, cost, h.params, h.stage)  # adapter affinity
                 try:

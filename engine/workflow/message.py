@@ -120,13 +120,20 @@ class Header:
     attempt: int = 0
     timestamps: dict[str, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    # a chunked hand-off (engine.worker.chunks): this message's index among its request's chunks to the same
+    # stage, and whether it is the last; -1: the request's one message (the header then carries neither field)
+    chunk: int = -1
+    final: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "uid": self.uid, "workflow": self.workflow, "stage": self.stage, "route": list(self.route),
             "deadline": self.deadline, "priority": self.priority, "attempt": self.attempt,
             "timestamps": dict(self.timestamps), "params": dict(self.params),
         }
+        if self.chunk >= 0:
+            out["chunk"], out["final"] = self.chunk, self.final
+        return out
 
 
 @dataclass
@@ -265,6 +272,8 @@ def _parse_header(obj: Any) -> Header:
         deadline=None if deadline is None else float(deadline), priority=_field(obj, "priority", int),
         attempt=_field(obj, "attempt", int), timestamps={str(k): float(v) for k, v in timestamps.items()},
         params=_field(obj, "params", dict),
+        chunk=_field(obj, "chunk", int) if "chunk" in obj else -1,
+        final=_field(obj, "final", bool) if "chunk" in obj else True,
     )
 
 
