@@ -64,6 +64,10 @@ class StageContext:
     #: Collaboration mode: a handle on a peer instance that computes the unconditional half of each
     #: guided step (engine.worker.collab.CfgRemote); None in Individual mode.
     cfg_parallel: Any = None
+    #: Live previews (engine.stages.preview): ``preview(step, total, estimate)`` is offered the current
+    #: latents every ``preview_every`` steps (0: never); it must return at once (it hands them to a thread).
+    preview: Callable[[int, int, Any], None] | None = None
+    preview_every: int = 0
 
     def check(self) -> None:
         """Raise :class:`Cancelled` or :class:`DeadlineExceeded` if the request must stop."""
@@ -72,9 +76,18 @@ class StageContext:
         if self.deadline is not None and self.clock() > self.deadline:
             raise DeadlineExceeded(f"deadline {self.deadline:.3f} passed")
 
-    def step_done(self, step: int, total: int) -> None:
+    def step_done(self, step: int, total: int, estimate: Any = None) -> None:
+        """Step ``step`` of ``total`` is done; ``estimate``: the latents after it (for a preview)."""
         if self.progress is not None:
             self.progress(step, total)
+        self.offer_preview(step, total, estimate)
+
+    def offer_preview(self, step: int, total: int, estimate: Any) -> None:
+        """Hand ``estimate`` to the preview hook when ``step`` is one of every ``preview_every``; a stage
+        whose steps are a part of the workflow's (a Wan2.2 expert) calls this with the whole run's numbers."""
+        if self.preview is not None and estimate is not None and self.preview_every > 0 \
+                and step % self.preview_every == 0:
+            self.preview(step, total, estimate)
 
 
 class StageExecutor(ABC):
@@ -169,6 +182,10 @@ class SteppedStage(StageExecutor):
     def progress(self, state: Any) -> tuple[int, int]:
         """(steps done, steps in all) of a state."""
 
+    def estimate(self, state: Any) -> Any:
+        """The state's current latents, for a live preview (None: this stage has none to show)."""
+        return None
+
     @abstractmethod
     def end(self, state: Any) -> dict[str, Any]:
         """The stage's outputs once every step is done."""
@@ -180,5 +197,5 @@ class SteppedStage(StageExecutor):
             ctx.check()
             self.step([state])
             done, total = self.progress(state)
-            ctx.step_done(done, total)
+            ctx.step_done(done, total, self.estimate(state))
         return self.end(state)

@@ -69,6 +69,12 @@ class ModularStage(TorchStage):
         self.pipe = cls(blocks=self.block_seq, pretrained_model_name_or_path=str(model_dir))
         # only this stage's components: every other one stays None in the block pipeline
         self.pipe.update_components(**self.load_components(model_dir))
+        self.latent_scale = type(self).vae_scale(read_config(model_dir, "vae"))
+
+    def preview_grid(self, params: Mapping[str, Any]) -> tuple[int, int]:
+        """The latent rows and columns of a request's packed 2x2 tokens (engine.stages.preview.unpack)."""
+        k = 2 * self.latent_scale
+        return 2 * (int(params["height"]) // k), 2 * (int(params["width"]) // k)
 
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         """The state the blocks start from: message values and request parameters, by block input name."""
@@ -117,7 +123,7 @@ class ModularStage(TorchStage):
             ctx.check()
             self.before_step(block_state)
             out = step(components, block_state, **kwargs)
-            ctx.step_done(int(kwargs["i"]) + 1, total)
+            ctx.step_done(int(kwargs["i"]) + 1, total, getattr(out[1], "latents", None))
             return out
 
         loop.loop_step = checked

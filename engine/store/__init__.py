@@ -3,6 +3,6 @@
 Importing this package does not import redis: :class:`JobStore.from_url` does.
 """
 
-from engine.store.jobs import JobStatus, JobStore
+from engine.store.jobs import JobStatus, JobStore, Preview
 
-__all__ = ["JobStatus", "JobStore"]
+__all__ = ["JobStatus", "JobStore", "Preview"]

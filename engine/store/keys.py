@@ -37,6 +37,12 @@ def result_key(uid: str) -> str:
     return f"{PREFIX}:result:{uid}"
 
 
+def preview_key(uid: str) -> str:
+    """A stream of the job's live previews (stage, step, total, png), oldest first; written only for a
+    request with ``preview_every`` (engine.stages.preview), expiring with the job."""
+    return f"{PREFIX}:preview:{uid}"
+
+
 def fragments_key(uid: str) -> str:
     """A stream of the job's streamed result, one entry per fragment in order, then an end marker
     (engine.store.fragments); written only by a stage that streams (video_encode), expiring with the result."""

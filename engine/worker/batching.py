@@ -247,7 +247,8 @@ class StepBatcher:
             a.share_s += spent / len(group)
             a.widest = max(a.widest, len(group))
             done, total = self.ex.progress(a.state)
-            a.run.ctx.step_done(done, total)
+            # each item its own preview, of its own latents (asked for only where the request wants previews)
+            a.run.ctx.step_done(done, total, self.ex.estimate(a.state) if a.run.ctx.preview else None)
             if done >= total:
                 self._finish(a)
 

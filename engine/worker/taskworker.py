@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
+from engine.stages.preview import Previews
 from engine.store import JobStore, keys
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
 from engine.worker import chunks, order
@@ -170,6 +171,7 @@ class TaskWorker:
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
         self._started: set[str] = set()  # admitted requests whose stage_started the admission wrote
         self.chunks = chunks.Receiver(self)  # requests whose input arrives in chunks (engine.worker.chunks)
+        self.previews = Previews(store, executor)  # live previews (preview_every), off the step loop
 
     # -- loop --------------------------------------------------------------------------------
     def serve(self, should_stop: Callable[[], bool]) -> None:
@@ -373,6 +375,7 @@ class TaskWorker:
 
         run.ctx = StageContext(progress=progress, cancelled=lambda: self.store.cancel_requested(uid),
                                deadline=h.deadline)
+        self.previews.attach(run.ctx, uid, st, h.params)
         return run
 
     def inputs_of(self, h: wm.Header, values: dict[str, Any]) -> dict[str, Any]:
@@ -511,6 +514,7 @@ class TaskWorker:
             self.routes.candidates(h.workflow, h.stage, fresh=True)
 
     def close(self) -> None:
+        self.previews.close()
         if self.collab is not None:
             self.collab.stop()
         self.producers.close()

@@ -57,6 +57,7 @@ class FluxDenoise(_Flux):
         "unpack_latents": "flux.decoders.FluxUnpackLatentsStep",
     }
     outputs: ClassVar[dict[str, str]] = {"denoised": "latents"}
+    preview_family: ClassVar[str] = "flux"  # engine.stages.preview: packed tokens, scaling and shift
 
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         out = {

@@ -72,6 +72,7 @@ class QwenDenoise(_Qwen):
         "after_denoise": "qwenimage.decoders.QwenImageAfterDenoiseStep",
     }
     outputs: ClassVar[dict[str, str]] = {"denoised": "latents"}
+    preview_family: ClassVar[str] = "qwen"  # engine.stages.preview: packed tokens, latents_mean / latents_std
 
     def prepare(self, params: Mapping[str, Any]) -> None:
         self.pipe.guider.guidance_scale = cfg_scale(params)

@@ -35,6 +35,8 @@ class SDDenoise(TorchStage, SteppedStage):
     #: requests of different single adapters share one UNet call (PEFT's per-sample adapter_names) instead of
     #: one call per adapter set; measured faster (benchmarks/adapters.md) and byte-identical (the tests)
     mixed_batches: bool = True
+    #: how engine.stages.preview turns this stage's latents into a picture
+    preview_family: ClassVar[str] = "sd"
 
     def _load(self, model_dir: Path) -> None:
         from diffusers import StableDiffusionPipeline
@@ -159,6 +161,9 @@ class SDDenoise(TorchStage, SteppedStage):
 
     def progress(self, state: _State) -> tuple[int, int]:
         return state.i, len(state.timesteps)
+
+    def estimate(self, state: _State) -> Any:
+        return state.latents
 
     def end(self, state: _State) -> dict[str, Any]:
         return {"denoised": state.latents}

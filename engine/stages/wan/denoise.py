@@ -31,6 +31,8 @@ class WanDenoise(TorchStage):
     #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
     max_adapters: int | None = None
     hot: Any = None  # engine.adapters.hot.HotAdapters, made on the first request with adapters
+    #: how engine.stages.preview turns this stage's latents into a picture (the middle latent frame)
+    preview_family: ClassVar[str] = "wan"
 
     def _load(self, model_dir: Path) -> None:
         self.transformer = load_component(model_dir, "transformer", ("diffusers", "WanTransformer3DModel"),
@@ -137,7 +139,7 @@ class WanDenoise(TorchStage):
                         noise_uncond = noise_uncond.to(self.device)
                     noise_pred = noise_uncond + guidance * (noise_pred - noise_uncond)
                 latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
-                ctx.step_done(i + 1, len(timesteps))
+                ctx.step_done(i + 1, len(timesteps), latents)
         finally:
             if remote is not None:
                 remote.end()

@@ -174,6 +174,7 @@ class _Expert(WanDenoise):
                 noise_pred = noise_uncond + scale * (noise_pred - noise_uncond)
             latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
             ctx.step_done(i + 1 - first, end - first)
+            ctx.offer_preview(i + 1, len(timesteps), latents)  # previews count the whole run's steps
         if self.high and self.boundary_ratio is not None:
             state = scheduler_state(scheduler, boundary) if end > first else _empty_state(scheduler, latents, boundary)
             return {"expert_latents": latents, **state}

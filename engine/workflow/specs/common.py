@@ -5,11 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.workflow.spec import InvalidRequest
+from engine.workflow.spec import InvalidRequest, ParamSpec
 
 # Characters of a prompt or negative prompt. The text encoders read far less (CLIP 77 tokens, umT5 512),
 # and the bound keeps every request's message header small (see ParamSpec).
 MAX_PROMPT_CHARS = 4096
+
+
+def preview_every(max_steps: int) -> ParamSpec:
+    """The live-preview period of a workflow whose denoise steps (engine.stages.preview): 0 (off, the
+    default) or every N steps, N at most the workflow's step limit."""
+    return ParamSpec("preview_every", int, 0, 0, max_steps,
+                     doc="publish a small preview image of the current estimate every N denoising steps (0: off)")
 
 
 def require_prompt(params: Mapping[str, Any]) -> None:

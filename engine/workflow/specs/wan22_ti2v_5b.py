@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec
 from engine.workflow.specs import wan_common as wan
-from engine.workflow.specs.common import MAX_PROMPT_CHARS
+from engine.workflow.specs.common import MAX_PROMPT_CHARS, preview_every
 
 SPATIAL = 16
 SIZE_MULTIPLE = 32
@@ -31,6 +31,7 @@ PARAMS = (
     ParamSpec("seed", int, 0, 0, 2**63 - 1),
     ParamSpec("fps", int, 24, 1, 60),
     ParamSpec("max_sequence_length", int, 512, 1, 512),
+    preview_every(wan.MAX_STEPS),
 )
 
 

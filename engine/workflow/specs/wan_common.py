@@ -8,7 +8,13 @@ from typing import Any
 
 from engine.workflow import limits
 from engine.workflow.spec import CostModel, InvalidRequest, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import MAX_PROMPT_CHARS, require_multiple, require_pixels, require_prompt
+from engine.workflow.specs.common import (
+    MAX_PROMPT_CHARS,
+    preview_every,
+    require_multiple,
+    require_pixels,
+    require_prompt,
+)
 
 # Wan2.1's VAE compresses 4x in time and 8x in space; its transformer patches
 # 2x2 latent pixels, so pixel sizes must be multiples of 16.
@@ -110,6 +116,7 @@ PARAMS = (
     ParamSpec("seed", int, 0, 0, 2**63 - 1),
     ParamSpec("fps", int, 16, 1, 60),
     ParamSpec("max_sequence_length", int, 512, 1, 512),
+    preview_every(MAX_STEPS),
 )
 
 # the smallest clip: every stage loads and runs once

@@ -1,0 +1,280 @@
+"""Live previews of a denoise stage (issue 28, item 2): the current latents -> a small PNG in the job store.
+
+A request with ``preview_every`` = N > 0 gets, after every N-th denoising step, a picture of its current
+latents, published to the job store (``JobStore.add_preview``, a Redis stream per job, never the ring) for
+the job's websocket and ``GET .../preview``. The denoise loop only hands the latents over
+(:meth:`Previews.offer`: a reference put on a bounded queue, no copy, no torch call): the picture is made
+and written by one thread per worker (``onepiece-preview``), in the order offered, so a preview never
+waits on Redis inside the loop and a job's previews arrive in step order.
+
+Two ways to make the picture (``METHODS``), measured in ``benchmarks/previews.md``:
+
+* ``linear`` (the default): a per-channel linear map latent -> RGB plus a bias, as ComfyUI's
+  ``latent_rgb_factors`` and diffusers' community callbacks do. The factors are not copied from a table
+  for a published model: they are fitted, once per worker, by least squares against *the loaded VAE*'s
+  decode of smooth random latents (:func:`fit_projection`), so they fit whatever model the folder holds
+  (the tiny random-weight VAEs included). The VAE is then dropped.
+* ``vae``: the model's VAE decoding the latents shrunk to at most :data:`MAX_SIDE` pixels.
+
+Families (``preview_family`` on a denoise executor) say how the loop's latents reach the VAE: SD
+(``/ scaling_factor``), FLUX (packed 2x2 tokens; ``/ scaling_factor + shift_factor``), Wan and Qwen-Image
+(5-D, normalised by ``latents_mean`` / ``latents_std``; a video previews its middle latent frame).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: the longest side of a preview, pixels
+MAX_SIDE = 256
+METHODS = ("linear", "vae")
+#: previews waiting for the thread; one more is skipped (and logged): the loop never waits for a preview
+QUEUE = 4
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one model family's loop latents become the VAE's input."""
+
+    vae_class: tuple[str, str]
+    five_d: bool  # the VAE takes (B, C, T, H, W)
+    normalised: bool  # latents_mean / latents_std (Wan, Qwen-Image); else scaling_factor (+ shift_factor)
+
+
+FAMILIES = {
+    "sd": Family(("diffusers", "AutoencoderKL"), False, False),
+    "flux": Family(("diffusers", "AutoencoderKL"), False, False),
+    "wan": Family(("diffusers", "AutoencoderKLWan"), True, True),
+    "qwen": Family(("diffusers", "AutoencoderKLQwenImage"), True, True),
+}
+
+
+def unpack(latents: Any, height: int, width: int) -> Any:
+    """FLUX / Qwen-Image packed tokens (B, (h/2)(w/2), 4C) -> (B, C, h, w) (diffusers' ``_unpack_latents``;
+    ``height``, ``width``: the latent grid)."""
+    b, _n, c4 = latents.shape
+    c = c4 // 4
+    return (latents.view(b, height // 2, width // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5)
+            .reshape(b, c, height, width))
+
+
+def plane(latents: Any, grid: tuple[int, int] | None = None) -> Any:
+    """The first item's latents as one (1, C, h, w) float32 CPU plane: unpacked (``grid``: latent rows and
+    columns of packed tokens), a video's middle latent frame."""
+    import torch
+
+    z = latents.detach()[:1]
+    if z.ndim == 3:
+        if grid is None:
+            raise ValueError("packed latents need their latent grid")
+        z = unpack(z, *grid)
+    if z.ndim == 5:
+        z = z[:, :, z.shape[2] // 2]
+    return z.to("cpu", torch.float32)
+
+
+def to_vae(z: Any, family: Family, config: Mapping[str, Any]) -> Any:
+    """Loop-space latents (1..n, C, h, w) -> what the family's VAE decodes (5-D where it wants frames)."""
+    import torch
+
+    if family.normalised:
+        c = z.shape[1]
+        mean = torch.tensor(config["latents_mean"], dtype=z.dtype).view(1, c, 1, 1)
+        std = torch.tensor(config["latents_std"], dtype=z.dtype).view(1, c, 1, 1)
+        z = z * std + mean
+    else:
+        z = z / config["scaling_factor"] + (config.get("shift_factor") or 0.0)
+    return z.unsqueeze(2) if family.five_d else z
+
+
+def decode(vae: Any, z: Any, family: Family) -> Any:
+    """(n, C, h, w) loop latents -> (n, 3, H, W) RGB in about [-1, 1], through the VAE."""
+    import torch
+
+    with torch.no_grad():
+        x = to_vae(z.to(vae.device, vae.dtype), family, vae.config)
+        img = vae.decode(x, return_dict=False)[0]
+    return (img[:, :, 0] if family.five_d else img).float().cpu()
+
+
+@dataclass
+class Projection:
+    """latent (C) -> RGB (3) by ``factors`` (C x 3) and ``bias`` (3), fitted to a VAE; ``r2``: the share of
+    the decode's (pooled) variance the fit explains on its own samples; ``scale``: VAE pixels per latent."""
+
+    factors: Any
+    bias: Any
+    r2: float
+    scale: int
+
+    def rgb(self, z: Any) -> Any:
+        """(1, C, h, w) -> (3, h, w) in about [-1, 1]."""
+        import torch
+
+        return torch.einsum("bchw,cr->brhw", z, self.factors)[0] + self.bias.view(3, 1, 1)
+
+
+def fit_projection(vae: Any, family: Family, channels: int, samples: int = 4, side: int = 16) -> Projection:
+    """Least squares of the VAE's decode (average-pooled to the latent grid) on the latents, over smooth
+    random latents (bilinear-upsampled noise: decoders see image-like fields, not white noise)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    z = F.interpolate(torch.randn(samples, channels, side // 4, side // 4, generator=g), size=(side, side),
+                      mode="bilinear", align_corners=False)
+    img = decode(vae, z, family)
+    scale = img.shape[-1] // side
+    pooled = F.adaptive_avg_pool2d(img, (side, side))
+    x = torch.cat([z.permute(0, 2, 3, 1).reshape(-1, channels), torch.ones(samples * side * side, 1)], dim=1)
+    y = pooled.permute(0, 2, 3, 1).reshape(-1, 3)
+    sol = torch.linalg.lstsq(x.double(), y.double()).solution.float()
+    resid = y - x @ sol
+    r2 = float(1.0 - resid.pow(2).sum() / (y - y.mean(0)).pow(2).sum().clamp_min(1e-12))
+    return Projection(sol[:channels], sol[channels], r2, max(scale, 1))
+
+
+def png(rgb: Any, side: int) -> bytes:
+    """(3, h, w) in [-1, 1] -> PNG bytes, resized so its longest side is ``side`` (at most MAX_SIDE)."""
+    import torch
+    from PIL import Image
+
+    arr = ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    img = Image.fromarray(arr, "RGB")
+    h, w = arr.shape[:2]
+    side = min(side, MAX_SIDE)
+    if max(h, w) != side:
+        k = side / max(h, w)
+        img = img.resize((max(1, round(w * k)), max(1, round(h * k))), Image.BILINEAR)
+    out = io.BytesIO()
+    img.save(out, format="PNG", compress_level=1)  # fast: a preview lives seconds
+    return out.getvalue()
+
+
+class Renderer:
+    """Makes one executor's previews (its family, its model folder's VAE), by ``method``."""
+
+    def __init__(self, model_dir: Path, family: str, device: str = "cpu", method: str = "linear") -> None:
+        if method not in METHODS:
+            raise ValueError(f"preview method must be one of {METHODS}, got {method!r}")
+        self.model_dir, self.family, self.device, self.method = Path(model_dir), FAMILIES[family], device, method
+        self.vae: Any = None
+        self.projection: Projection | None = None
+
+    def _vae(self) -> Any:
+        import torch
+
+        from engine.stages.components import load_component
+
+        return load_component(self.model_dir, "vae", self.family.vae_class, torch.float32, self.device)
+
+    def ready(self, channels: int) -> None:
+        """Fit the projection (linear) or load the VAE (vae), once."""
+        if self.method == "linear" and self.projection is None:
+            vae = self._vae()
+            self.projection = fit_projection(vae, self.family, channels)
+            log.info("preview projection fitted to %s's VAE (r2 %.3f)", self.model_dir.name, self.projection.r2)
+        elif self.method == "vae" and self.vae is None:
+            self.vae = self._vae()
+
+    def render(self, z: Any) -> bytes:
+        """(1, C, h, w) loop latents -> PNG bytes of at most MAX_SIDE a side."""
+        import torch.nn.functional as F
+
+        self.ready(z.shape[1])
+        if self.method == "linear":
+            assert self.projection is not None
+            return png(self.projection.rgb(z), z.shape[-1] * self.projection.scale)
+        config = self.vae.config
+        scale = 2 ** (len(config["temperal_downsample"]) if self.family.five_d else len(config["block_out_channels"]) - 1)
+        h, w = z.shape[-2:]
+        k = min(1.0, MAX_SIDE / (scale * max(h, w)))
+        if k < 1.0:  # the VAE at reduced size: shrink the latents first
+            z = F.interpolate(z, size=(max(1, round(h * k)), max(1, round(w * k))), mode="bilinear")
+        img = decode(self.vae, z, self.family)[0]
+        return png(img, max(img.shape[-2:]))
+
+
+@dataclass
+class _Item:
+    uid: str
+    stage: str
+    step: int
+    total: int
+    estimate: Any
+    grid: tuple[int, int] | None
+
+
+class Previews:
+    """A worker's preview publisher: :meth:`attach` turns a request's ``preview_every`` into its context's
+    hook; one thread renders and writes (``store.add_preview``) in the order offered."""
+
+    def __init__(self, store: Any, executor: Any, method: str = "linear") -> None:
+        self.store, self.executor, self.method = store, executor, method
+        self.renderer: Renderer | None = None
+        self.queue: queue.Queue[_Item | None] = queue.Queue(QUEUE)
+        self.thread: threading.Thread | None = None
+        self.skipped = 0  # previews not made because the thread was behind (logged)
+
+    def attach(self, ctx: Any, uid: str, stage: str, params: Mapping[str, Any]) -> None:
+        """Give ``ctx`` the hook when the request asks for previews and this executor can make them."""
+        every = int(params.get("preview_every") or 0)
+        family = getattr(self.executor, "preview_family", None)
+        if every <= 0 or family is None:
+            return
+        grid_of: Callable[[Mapping[str, Any]], Any] | None = getattr(self.executor, "preview_grid", None)
+        grid = grid_of(params) if grid_of is not None else None
+        last = [0]
+
+        def hook(step: int, total: int, estimate: Any) -> None:
+            if step <= last[0]:  # a step that did not advance (a batch member waiting for its adapter)
+                return
+            last[0] = step
+            self.offer(_Item(uid, stage, step, total, estimate, grid))
+
+        ctx.preview_every, ctx.preview = every, hook
+
+    def offer(self, item: _Item) -> None:
+        """Queue ``item`` for the thread (started on first use); skip it, logged, when the queue is full."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="onepiece-preview", daemon=True)
+            self.thread.start()
+        try:
+            self.queue.put_nowait(item)
+        except queue.Full:
+            self.skipped += 1
+            log.info("preview of %s step %d skipped: the previews before it are still being made", item.uid,
+                     item.step)
+
+    def _serve(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            try:
+                image = self._render(item)
+                self.store.add_preview(item.uid, item.stage, item.step, item.total, image)
+            except Exception:  # a preview is never worth a job: log it and go on with the next
+                log.exception("preview of %s step %d failed", item.uid, item.step)
+
+    def _render(self, item: _Item) -> bytes:
+        if self.renderer is None:
+            ex = self.executor
+            self.renderer = Renderer(ex.model_dir, ex.preview_family, getattr(ex, "device", "cpu"), self.method)
+        return self.renderer.render(plane(item.estimate, item.grid))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Let the thread write what is queued, then stop it."""
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join(timeout)
+            self.thread = None
