@@ -41,7 +41,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.proxy import auth, deadlines, eta
+from engine.proxy import auth, deadlines, eta, preview
 from engine.proxy.drain import DrainMeter
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Ticket, taken
@@ -643,6 +643,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     app.router.add_delete("/v1/requests/{uid}/result", drop_result)
     from engine.proxy import stream  # ?stream=true on the result route: the fragments as they come
     stream.install(app, store)
+    preview.install(app, store)  # GET /v1/requests/{uid}/preview: the latest live preview
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
 
