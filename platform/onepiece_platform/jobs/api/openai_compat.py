@@ -337,6 +337,12 @@ class VideoContentView(OpenAIView):
         q = s.ContentQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
         job = control.refresh(_own_video(request, video_id))
+        if q.validated_data["stream"]:  # the fragmented mp4 as it is written (onepiece_platform.videos.stream)
+            from django.core.handlers.asgi import ASGIRequest
+
+            from onepiece_platform.videos.stream import stream_video
+
+            return stream_video(job.uid or "", job.state, isinstance(request._request, ASGIRequest))
         response = result_response(job)
         variant = q.validated_data["variant"]
         if variant == "video" or response.status_code != 200:

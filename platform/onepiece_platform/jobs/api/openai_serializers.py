@@ -225,6 +225,14 @@ class ContentQuerySerializer(serializers.Serializer):
     variant = serializers.ChoiceField(choices=["video", "thumbnail", "spritesheet"], required=False, default="video",
                                       help_text="video (mp4), thumbnail (PNG of the first frame) or spritesheet "
                                       "(JPEG grid of frames)")
+    stream = serializers.BooleanField(required=False, default=False,
+                                      help_text="true: the video (variant video only) as it is made, a fragmented "
+                                                "mp4 in chunked transfer from its first fragment on")
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("stream") and attrs.get("variant", "video") != "video":
+            raise serializers.ValidationError({"stream": "only the video variant streams"})
+        return attrs
 
 
 class VideoRemixSerializer(RefuseUnknownFields):

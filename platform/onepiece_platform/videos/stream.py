@@ -1,0 +1,74 @@
+"""``GET /v1/videos/{id}/content?stream=true``: the video's fragmented mp4 as the engine writes it.
+
+Chunked transfer from the first fragment on, ending when the job ends (engine.store.fragments, read through
+the engine's public reader). A job that already ended without a video is a 409 naming its
+state; one that fails mid-stream has its response broken off (an exception in the body: the server closes
+the connection without the chunked transfer's last chunk), so no client takes a truncated file for a whole
+one. Under ASGI the body is an async iterator and under WSGI a plain one: each server sends the other kind only
+once it is read to its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+_END = object()
+
+
+class StreamBroken(RuntimeError):
+    """The job ended without completing its stream (the response is broken off)."""
+
+
+def _pieces(uid: str) -> Iterator[bytes]:
+    from engine.store import JobStore
+    from engine.store.fragments import Fragments
+    from onepiece_platform.redis_conn import get_redis
+
+    return Fragments(JobStore(get_redis())).iter(uid)
+
+
+async def _body(uid: str) -> AsyncIterator[bytes]:
+    from asgiref.sync import sync_to_async
+
+    from engine.store.fragments import StreamFailed
+
+    pieces = await sync_to_async(_pieces, thread_sensitive=False)(uid)
+    step = sync_to_async(next, thread_sensitive=False)  # the store's read blocks: off the event loop
+    try:
+        while True:
+            try:
+                piece = await step(pieces, _END)
+            except StreamFailed as exc:
+                raise StreamBroken(f"the job ended before its video did: {exc}") from exc
+            if piece is _END:
+                return
+            yield piece
+    finally:
+        pieces.close()
+
+
+def _sync_body(uid: str) -> Iterator[bytes]:
+    """The same for a WSGI server (an async body would be read to its end there first)."""
+    from engine.store.fragments import StreamFailed
+
+    try:
+        yield from _pieces(uid)
+    except StreamFailed as exc:
+        raise StreamBroken(f"the job ended before its video did: {exc}") from exc
+
+
+def stream_video(uid: str, state: str, asgi: bool) -> Any:
+    """The streamed response for the engine job ``uid`` in ``state`` (the ledger's, just refreshed): a
+    :class:`StreamingHttpResponse` whose body waits for the fragments (under ASGI in the event loop, never in
+    the view's thread), or the 409 of a job that already ended without a video."""
+    from django.http import StreamingHttpResponse
+
+    from onepiece_platform.api_errors import error
+
+    if state in ("failed", "cancelled", "expired"):
+        return error(409, f"the job is {state}; there is no video to stream", state=state)
+    resp = StreamingHttpResponse(_body(uid) if asgi else _sync_body(uid), content_type="video/mp4")
+    resp["Cache-Control"] = "no-store"
+    resp["X-Content-Type-Options"] = "nosniff"
+    return resp
