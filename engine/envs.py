@@ -2,7 +2,9 @@
 
 Read lazily (``envs.STATE_DIR`` evaluates the environment at access time), so
 importing this module has no side effects and tests can monkeypatch the
-environment. Add a variable here, never ``os.environ`` elsewhere.
+environment. Add a variable here, never ``os.environ`` elsewhere: this module is the
+only reader of ``ONEPIECE_*`` in engine/ and platform/ (tests/test_envs_readers.py
+checks), each with its one default; writing one into a child's environment is fine.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ _VARS: dict[str, Callable[[], Any]] = {
     # External services; when unset, `onepiece up` starts embedded ones.
     "REDIS_URL": _str("ONEPIECE_REDIS_URL", None),
     "ETCD_URL": _str("ONEPIECE_ETCD_URL", None),
+    # The engine's etcd key prefix (engine.coord.keys.default_root; every process of a cluster uses the same).
+    "ETCD_ROOT": _str("ONEPIECE_ETCD_ROOT", None),
+    # TLS to etcd (an https:// URL): the CA to verify it with (else the system's), the client certificate.
+    "ETCD_CA": _str("ONEPIECE_ETCD_CA", None),
+    "ETCD_CERT": _str("ONEPIECE_ETCD_CERT", None),
+    "ETCD_KEY": _str("ONEPIECE_ETCD_KEY", None),
     # Binaries of the embedded services.
     "REDIS_SERVER_BIN": _str("ONEPIECE_REDIS_SERVER_BIN", "redis-server"),
     "ETCD_BIN": _str("ONEPIECE_ETCD_BIN", "etcd"),
@@ -52,14 +60,24 @@ _VARS: dict[str, Callable[[], Any]] = {
     "RING_LOCK_TIMEOUT_S": _float("ONEPIECE_RING_LOCK_TIMEOUT_S", 0.5),
     # How long a ring consumer polls before it sleeps on the doorbell (microseconds).
     "RING_SPIN_US": _float("ONEPIECE_RING_SPIN_US", 50.0),
-    # Read by the web platform's settings (declared here so every ONEPIECE_* variable is in one place):
-    # the Proxy the platform submits to, which engine client class it uses, how many
-    # reverse-proxy hops to trust for client addresses, and the SQLite ledger path of `onepiece up`.
-    # ENGINE_CLIENT is a dotted path (default: the Proxy HTTP client).
-    "PROXY_URL": _str("ONEPIECE_PROXY_URL", None),
-    "ENGINE_CLIENT": _str("ONEPIECE_ENGINE_CLIENT", None),
-    "TRUSTED_PROXY_HOPS": _int("ONEPIECE_TRUSTED_PROXY_HOPS", 0),
+    # Read by the web platform's settings (platform/onepiece_platform/settings/*.py read every ONEPIECE_*
+    # variable here): the Proxy the platform submits to, which engine client class it uses (a dotted path),
+    # how many reverse-proxy hops the production settings trust for client addresses (the local ones trust
+    # none), the SQLite ledger path of `onepiece up` (unset: db.sqlite3 in the state folder), the
+    # supervisor's status file `onepiece up` writes (unset: no supervisor), and whether production webhooks
+    # must be https ("0": http allowed).
+    "PROXY_URL": _str("ONEPIECE_PROXY_URL", "http://127.0.0.1:8100"),
+    "ENGINE_CLIENT": _str("ONEPIECE_ENGINE_CLIENT", "onepiece_platform.engine_link.proxy.ProxyEngineClient"),
+    "TRUSTED_PROXY_HOPS": _int("ONEPIECE_TRUSTED_PROXY_HOPS", 1),
     "SQLITE_PATH": _str("ONEPIECE_SQLITE_PATH", None),
+    "SUPERVISOR_STATUS": _str("ONEPIECE_SUPERVISOR_STATUS", ""),
+    "WEBHOOK_REQUIRE_HTTPS": _str("ONEPIECE_WEBHOOK_REQUIRE_HTTPS", "1"),
+    # Set by the processes that start children, read by the children: the state folder's lock descriptor an
+    # embedded service inherits (engine.embedded.children), a stage worker's configuration (engine.worker.proc).
+    "STATE_LOCK_FD": _str("ONEPIECE_STATE_LOCK_FD", ""),
+    "WORKER_CONFIG": _str("ONEPIECE_WORKER_CONFIG", ""),
+    # ... and a stage worker's CPU thread budget, which its TaskManager sets (engine.worker.threads; unset: torch's).
+    "THREAD_BUDGET": _str("ONEPIECE_THREAD_BUDGET", ""),
     # CPU threads per stage instance: "auto" (the node's usable cores shared among its instances; 1-2 on
     # CUDA) or a positive integer. See engine.worker.threads.
     "THREADS_PER_INSTANCE": _str("ONEPIECE_THREADS_PER_INSTANCE", "auto"),
@@ -99,7 +117,7 @@ _VARS: dict[str, Callable[[], Any]] = {
     "PROXY_TOKEN": _str("ONEPIECE_PROXY_TOKEN", None),
     # `onepiece up --debug` sets this for the web platform's local settings (Django DEBUG; never in
     # production: error pages then show settings and service URLs).
-    "DEBUG": _str("ONEPIECE_DEBUG", None),
+    "DEBUG": _str("ONEPIECE_DEBUG", ""),
     "PROXY_SEND_TIMEOUT_S": _float("ONEPIECE_PROXY_SEND_TIMEOUT_S", 2.0),
     # Read deadlines of the servers that face callers (the web port and the Proxy): a request's head
     # (request line and headers) must arrive within HEADER_TIMEOUT_S of its first byte (of the connection,
@@ -120,6 +138,12 @@ _VARS: dict[str, Callable[[], Any]] = {
     "ADAPTER_STORE": _str("ONEPIECE_ADAPTER_STORE", None),
     "MAX_ADAPTERS": _int("ONEPIECE_MAX_ADAPTERS", 8),
 }
+
+
+# Where the web platform's settings look for Redis and etcd when ONEPIECE_REDIS_URL / ONEPIECE_ETCD_URL are
+# unset (a developer's local services); the engine's commands instead start embedded services or refuse.
+LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
+LOCAL_ETCD_URL = "http://127.0.0.1:2379"
 
 
 def __getattr__(name: str) -> Any:

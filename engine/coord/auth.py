@@ -29,6 +29,7 @@ import base64
 import os
 from typing import Any
 
+from engine import envs
 from engine.coord.keys import default_root
 
 ENGINE_USER = "onepiece"
@@ -58,16 +59,12 @@ class _Gateway:
     def __init__(self, url: str, timeout: float) -> None:
         import requests
 
-        from engine.coord.client import Endpoint
+        from engine.coord.client import Endpoint, use_tls
 
         self.url = Endpoint.parse(url).url
         self.http = requests.Session()
         if self.url.startswith("https://"):
-            if os.environ.get("ONEPIECE_ETCD_CA"):
-                self.http.verify = os.environ["ONEPIECE_ETCD_CA"]
-            cert, key = os.environ.get("ONEPIECE_ETCD_CERT"), os.environ.get("ONEPIECE_ETCD_KEY")
-            if cert and key:
-                self.http.cert = (cert, key)
+            use_tls(self.http)
         self.timeout = timeout
         self.token = ""
 
@@ -163,7 +160,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.coord.client import Endpoint, redact
 
-    url = args.etcd_url or (os.environ.get("ONEPIECE_ETCD_URL") or "").split(",")[0].strip()
+    url = args.etcd_url or (envs.ETCD_URL or "").split(",")[0].strip()
     if not url:
         print("onepiece etcd-auth: give --etcd-url or set ONEPIECE_ETCD_URL")
         return 2

@@ -55,12 +55,13 @@ never by ``import engine``.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+from engine import envs
 
 log = logging.getLogger(__name__)
 
@@ -168,13 +169,17 @@ def _session(endpoint: Endpoint, timeout: Any) -> Any:
 
     s: Any = TokenSession() if endpoint.username else requests.Session()
     if endpoint.url.startswith("https://"):
-        ca = os.environ.get("ONEPIECE_ETCD_CA")
-        if ca:
-            s.verify = ca
-        cert, key = os.environ.get("ONEPIECE_ETCD_CERT"), os.environ.get("ONEPIECE_ETCD_KEY")
-        if cert and key:
-            s.cert = (cert, key)
+        use_tls(s)
     return s
+
+
+def use_tls(session: Any) -> None:
+    """Verify etcd with ``ONEPIECE_ETCD_CA`` (else the system's CAs) and present ``ONEPIECE_ETCD_CERT`` /
+    ``ONEPIECE_ETCD_KEY`` when both are set."""
+    if envs.ETCD_CA:
+        session.verify = envs.ETCD_CA
+    if envs.ETCD_CERT and envs.ETCD_KEY:
+        session.cert = (envs.ETCD_CERT, envs.ETCD_KEY)
 
 
 def parse_endpoints(urls: str) -> list[str]:

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from engine import envs
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ DEFAULT_ROOT = "/onepiece"
 
 def default_root() -> str:
     """``ONEPIECE_ETCD_ROOT`` when set, else ``/onepiece``."""
-    return (os.environ.get("ONEPIECE_ETCD_ROOT") or DEFAULT_ROOT).rstrip("/") or DEFAULT_ROOT
+    return (envs.ETCD_ROOT or DEFAULT_ROOT).rstrip("/") or DEFAULT_ROOT
 
 
 def _family(path: str) -> tuple[Callable[[Keyspace], str], Callable[[Keyspace, str], str]]:

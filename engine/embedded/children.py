@@ -31,6 +31,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from engine import envs
+
 PR_SET_PDEATHSIG = 1
 LOCK_FD_ENV = "ONEPIECE_STATE_LOCK_FD"
 
@@ -48,7 +50,7 @@ def _held() -> tuple[int, ...]:
     """The lock descriptor to hand on: this process's own, or the one its parent handed it."""
     if _inherited_fds:
         return _inherited_fds
-    raw = os.environ.get(LOCK_FD_ENV, "")
+    raw = envs.STATE_LOCK_FD
     if not raw.isdigit():
         return ()
     try:  # still the lock file (not closed, its number not reused for something else)

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine import envs
 from engine.worker import priority
 
 if TYPE_CHECKING:  # imported in main, after the priority is lowered: the import alone takes most of a second
@@ -45,13 +46,21 @@ def _write_ready(path: str, info: dict[str, object]) -> None:
         tmp.replace(path)  # atomic: the manager never reads a half-written file
 
 
+def _take_config() -> str:
+    """The configuration the TaskManager passed in the environment, removed from it so that nothing this
+    worker starts inherits it."""
+    raw = envs.WORKER_CONFIG
+    os.environ.pop(CONFIG_ENV, None)
+    return raw
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print(f"usage: python -m engine.worker.proc INSTANCE_ID (config in {CONFIG_ENV}) | CONFIG_JSON",
               file=sys.stderr)
         return 2
-    raw = args[0] if args[0].lstrip().startswith("{") else os.environ.pop(CONFIG_ENV, "")
+    raw = args[0] if args[0].lstrip().startswith("{") else _take_config()
     if not raw:
         print(f"engine.worker.proc {args[0]}: no configuration in {CONFIG_ENV}", file=sys.stderr)
         return 2

@@ -34,6 +34,8 @@ import math
 import os
 from pathlib import Path
 
+from engine import envs
+
 # Every threaded runtime a stage worker may load, and the variable each reads at load time.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "RAYON_NUM_THREADS")
@@ -114,7 +116,7 @@ def apply_torch(threads: int | None = None) -> int:
     """Size torch's pools to the budget (call after importing torch, before the first op). Returns it."""
     import torch
 
-    n = threads if threads is not None else int(os.environ.get(BUDGET_VAR, "0") or 0)
+    n = threads if threads is not None else int(envs.THREAD_BUDGET or 0)
     if n < 1:
         return torch.get_num_threads()
     torch.set_num_threads(n)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine import envs
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
-STATE_DIR = Path(os.environ.get("ONEPIECE_STATE_DIR", REPO_ROOT / ".onepiece"))
+# every ONEPIECE_* variable is read through engine.envs (its one default); a relative state folder (the
+# default, .onepiece) is the repository's, wherever the web process was started
+STATE_DIR = REPO_ROOT / envs.STATE_DIR
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-development-key-change-me")
 DEBUG = False
@@ -69,7 +73,7 @@ TEMPLATES = [
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("ONEPIECE_SQLITE_PATH", str(STATE_DIR / "db.sqlite3")),
+        "NAME": envs.SQLITE_PATH or str(STATE_DIR / "db.sqlite3"),
         # The web process and the reconciler write at once. WAL lets readers run beside the one
         # writer; IMMEDIATE takes the write lock at BEGIN, so a writer waits its turn (up to
         # ``timeout`` seconds) instead of failing with "database is locked" when a read
@@ -105,8 +109,8 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
-REDIS_URL = os.environ.get("ONEPIECE_REDIS_URL", "redis://127.0.0.1:6379/0")
-ETCD_URL = os.environ.get("ONEPIECE_ETCD_URL", "http://127.0.0.1:2379")
+REDIS_URL = envs.REDIS_URL or envs.LOCAL_REDIS_URL
+ETCD_URL = envs.ETCD_URL or envs.LOCAL_ETCD_URL
 
 CHANNEL_LAYERS = {
     "default": {
@@ -139,11 +143,10 @@ REST_FRAMEWORK = {
 
 # The platform's own settings (defaults and meanings: onepiece_platform/conf.py).
 ONEPIECE = {
-    "PROXY_URL": os.environ.get("ONEPIECE_PROXY_URL", "http://127.0.0.1:8100"),
-    "ENGINE_CLIENT": os.environ.get("ONEPIECE_ENGINE_CLIENT",
-                                    "onepiece_platform.engine_link.proxy.ProxyEngineClient"),
-    "PROXY_TOKEN": os.environ.get("ONEPIECE_PROXY_TOKEN", ""),
-    "SUPERVISOR_STATUS": os.environ.get("ONEPIECE_SUPERVISOR_STATUS", ""),
+    "PROXY_URL": envs.PROXY_URL,
+    "ENGINE_CLIENT": envs.ENGINE_CLIENT,
+    "PROXY_TOKEN": envs.PROXY_TOKEN or "",
+    "SUPERVISOR_STATUS": envs.SUPERVISOR_STATUS,
 }
 # Bodies are bounded before parsing (413); Django's own cap sits just above the platform's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = (16 << 20) * 4 // 3 + (128 << 10)

@@ -5,11 +5,10 @@
 a debug error page shows settings, service URLs and paths to whoever gets one.
 """
 
-import os
-
+from engine import envs
 from onepiece_platform.settings.base import *  # noqa: F403
 
-DEBUG = os.environ.get("ONEPIECE_DEBUG", "").lower() in ("1", "true", "yes")
+DEBUG = envs.DEBUG.lower() in ("1", "true", "yes")
 # No collectstatic step on one machine: WhiteNoise serves the dashboard's files from the finders.
 WHITENOISE_USE_FINDERS = True
 # Webhook receivers on this machine or its network are what a local set-up calls (production refuses them).

@@ -2,6 +2,7 @@
 
 import os
 
+from engine import envs
 from onepiece_platform.settings.base import *  # noqa: F403
 
 DEBUG = False
@@ -22,10 +23,10 @@ DATABASES = {
 # TLS is terminated by the ingress / load balancer, which sets X-Forwarded-Proto.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # ...and appends the client's address to X-Forwarded-For (used to rate-limit failed authentications).
-ONEPIECE = {**ONEPIECE, "TRUSTED_PROXY_HOPS": int(os.environ.get("ONEPIECE_TRUSTED_PROXY_HOPS", "1")),  # noqa: F405
+ONEPIECE = {**ONEPIECE, "TRUSTED_PROXY_HOPS": envs.TRUSTED_PROXY_HOPS,  # noqa: F405
             "STRICT_SECRETS": True,
             # webhooks: https only (ONEPIECE_WEBHOOK_REQUIRE_HTTPS=0 allows http), never a private address
-            "WEBHOOK_REQUIRE_HTTPS": os.environ.get("ONEPIECE_WEBHOOK_REQUIRE_HTTPS", "1") != "0",
+            "WEBHOOK_REQUIRE_HTTPS": envs.WEBHOOK_REQUIRE_HTTPS != "0",
             "WEBHOOK_ALLOW_PRIVATE": False}
 SECURE_SSL_REDIRECT = True
 SESSION_COOKIE_SECURE = True

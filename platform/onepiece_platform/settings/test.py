@@ -3,11 +3,13 @@
 import os
 import secrets
 
+from engine import envs
 from onepiece_platform.settings.base import *  # noqa: F403
 
 # The Proxy's shared secret for this test run: set in the environment (tests/conftest.py does the same,
 # whichever loads first), so every Proxy a fixture starts and every client a test makes agree on it.
-ONEPIECE = {**ONEPIECE, "PROXY_TOKEN": os.environ.setdefault("ONEPIECE_PROXY_TOKEN", secrets.token_urlsafe(24))}  # noqa: F405
+os.environ.setdefault("ONEPIECE_PROXY_TOKEN", secrets.token_urlsafe(24))
+ONEPIECE = {**ONEPIECE, "PROXY_TOKEN": envs.PROXY_TOKEN}  # noqa: F405
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
