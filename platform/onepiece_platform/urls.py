@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from onepiece_platform.accounts.admin_login import throttled_login
+from onepiece_platform.jobs import previews
 from onepiece_platform.ops import views as ops
 
 urlpatterns = [
@@ -16,6 +17,7 @@ urlpatterns = [
     path("v1/", include("onepiece_platform.jobs.openai_urls")),
     path("v1/", include("onepiece_platform.adapters.urls")),
     path("dashboard/", include("onepiece_platform.dashboard.urls")),
+    path("jobs/<str:uid>/watch", previews.watch, name="job-watch"),  # a user's own job, live
     path("admin/login/", throttled_login),  # admin.site.login with failed sign-ins limited
     path("admin/", admin.site.urls),
 ]

@@ -68,6 +68,7 @@ function renderDetail(job) {
     `${+job.progress}%${job.stage ? ` · stage ${esc(job.stage)}` : ""}${job.detail ? ` · ${esc(job.detail)}` : ""}` +
     `${job.cost_measured_gpu_s != null ? ` · ${(+job.cost_measured_gpu_s).toFixed(3)} GPU·s measured` : ""}`;
   document.getElementById("job-gantt").innerHTML = gantt(job);
+  renderPreview(job.preview);
   const box = document.getElementById("job-result");
   const src = job.result && job.result.url;
   const shown = box.querySelector("[data-src]");
@@ -76,6 +77,19 @@ function renderDetail(job) {
   box.replaceChildren(job.result.kind === "video"
     ? el("video", { controls: "", src, "data-src": src, preload: "metadata" })
     : el("img", { src, "data-src": src, alt: `result of ${job.uid}` }));
+}
+
+// The job's latest live preview (a job submitted with preview_every), refreshed with the panel while it runs.
+function renderPreview(preview) {
+  const box = document.getElementById("job-preview");
+  if (!preview) { box.hidden = true; return; }
+  box.hidden = false;
+  const img = document.getElementById("job-preview-img");
+  const src = `${preview.url}?step=${encodeURIComponent(preview.step)}`;
+  if (img.getAttribute("src") !== src) img.setAttribute("src", src);
+  img.dataset.step = String(preview.step);
+  document.getElementById("job-preview-step").textContent =
+    `live preview after step ${+preview.step} of ${+preview.total} (${preview.stage})`;
 }
 
 async function refreshDetail() {

@@ -25,7 +25,7 @@ from rest_framework.response import Response
 
 from engine.workflow import get_workflow, workflows
 from onepiece_platform.dashboard import traffic as traffic_
-from onepiece_platform.jobs import control
+from onepiece_platform.jobs import control, previews
 from onepiece_platform.jobs.api.views import JobResultView, result_response
 from onepiece_platform.jobs.models import COMPLETED, QUEUED, Job
 
@@ -111,8 +111,25 @@ def job_detail(request: HttpRequest, uid: str) -> JsonResponse:
                 created_ts=job.created_at.timestamp(), cost_estimate_gpu_s=job.cost_estimate_gpu_s,
                 cost_measured_gpu_s=job.cost_measured_gpu_s,
                 result=({"kind": result_kind(job.workflow), "url": f"/dashboard/api/jobs/{job.uid}/result"}
-                        if job.state == COMPLETED else None))
+                        if job.state == COMPLETED else None),
+                preview=_preview(job))
     return JsonResponse({"job": body})
+
+
+def _preview(job: Job) -> dict[str, Any] | None:
+    """Where the job's latest live preview is (and its step), for a job submitted with preview_every."""
+    if not int((job.params or {}).get("preview_every") or 0):
+        return None
+    found = previews.meta(job.uid or "")
+    return None if found is None else {**found, "url": f"/dashboard/api/jobs/{job.uid}/preview"}
+
+
+@staff_json
+@require_http_methods(["GET"])
+def job_preview(request: HttpRequest, uid: str) -> HttpResponse:
+    """Any user's job's latest live preview (PNG), to staff; 204 while there is none."""
+    job = get_object_or_404(Job, uid=uid)
+    return previews.latest_response(job.uid or "")
 
 
 class JobResultForStaff(JobResultView):

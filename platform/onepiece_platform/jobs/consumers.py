@@ -9,6 +9,9 @@ exist (close code 4404), so a socket reveals nothing about other users' jobs.
 Refusals accept the handshake and then close with the code: a close before
 the accept becomes an HTTP 403 at the handshake, and browsers never see the
 code (the WebSocket API reports 1006 for every failed handshake).
+A job submitted with ``preview_every`` also gets its live previews, in step order, while it runs
+(``{"type": "preview", "preview": {"id", "stage", "step", "total", "mime", "image": data URL}}``,
+onepiece_platform.jobs.previews).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from onepiece_platform.jobs import previews
 from onepiece_platform.jobs.push import group_name, job_payload
 
 NOT_FOUND, UNAUTHENTICATED = 4404, 4401
@@ -73,12 +77,14 @@ class JobConsumer(SignedInConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         await self.send_json({"type": "job", "job": job})
+        self.previews = await previews.tail(self, uid)  # its previews, in order, when the job asked for them
         return None
 
     async def job_update(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "job", "job": event["job"]})
 
     async def disconnect(self, code: int) -> None:
+        previews.stop(getattr(self, "previews", None))
         group = getattr(self, "group", None)
         if group is not None:
             await self.channel_layer.group_discard(group, self.channel_name)

@@ -239,8 +239,9 @@ def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
             raise services.Invalid("num_frames", f"num_frames {d['num_frames']} disagrees with seconds "
                                    f"{d['seconds']} ({frames} frames at {d.get('fps') or 'the default'} fps)")
         params["num_frames"] = frames
-    if "lora" in d:
-        params["lora"] = d["lora"]
+    for name in ("lora", "preview_every"):
+        if name in d:
+            params[name] = d[name]
     return params
 
 
@@ -409,7 +410,7 @@ class ImageGenerationView(OpenAIView):
         params: dict[str, Any] = {"prompt": d["prompt"]}
         if d.get("size", "auto") != "auto":  # else the loaded model's own size (SD 1.5: 512x512)
             params["width"], params["height"] = s.parse_size(d["size"])
-        for name in ("num_inference_steps", "negative_prompt", "guidance_scale", "lora"):
+        for name in ("num_inference_steps", "negative_prompt", "guidance_scale", "lora", "preview_every"):
             if name in d:
                 params[name] = d[name]
         seed = d.get("seed", 0)

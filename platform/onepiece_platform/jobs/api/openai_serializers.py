@@ -129,6 +129,9 @@ class _GenerateSerializer(RefuseUnknownFields):
     lora = LoraField(required=False)  # OnePiece extension (extra_body): LoRA adapters of the operators' registry
     # OnePiece extension (extra_body): low, normal or high, within the API key's tier (403 over it)
     priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default="normal")
+    # OnePiece extension (extra_body): a live preview every N denoising steps (0: off; the loaded model's
+    # step limit is checked where the request is resolved)
+    preview_every = AsciiIntegerField(required=False, min_value=0, max_value=10_000)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
