@@ -271,7 +271,7 @@ class Intake:
         route = sub.spec.route()
         header = wm.Header(uid=uid, workflow=sub.spec.name, stage=route[0], route=route, deadline=sub.deadline,
                            priority=sub.priority, params=sub.params, timestamps={"proxy": time.time()})
-        message = wm.encode(header, {}, sub.inputs)
+        message = wm.encode(header, {}, sub.spec.message_inputs(sub.inputs))
         header_len = int.from_bytes(message[8:12], "little")
         if header_len > wm.MAX_HEADER_BYTES:  # the spec's limits keep this from happening; never let it reach a ring
             field = largest(sub.params)
@@ -300,7 +300,7 @@ class Intake:
         if hop_limit is None:
             return
         spec, params = ticket.sub.spec, ticket.sub.params
-        for stage, size in spec.hop_bytes(params).items():
+        for stage, size in spec.hop_bytes(params, ticket.sub.inputs).items():
             cap = hop_limit(spec.name, stage)
             if cap is not None and size > cap:
                 field = "num_frames" if "num_frames" in params else "width"

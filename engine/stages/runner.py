@@ -98,7 +98,7 @@ class LocalRunner:
         route = self.spec.route()
         header = wm.Header(uid=uuid.uuid4().hex, workflow=self.spec.name, stage=route[0], route=route,
                            deadline=deadline, params=dict(params))
-        buf = wm.encode(header, {}, {k: bytes(v) for k, v in inputs.items()})
+        buf = wm.encode(header, {}, {k: bytes(v) for k, v in self.spec.message_inputs(inputs).items()})
         stats: dict[str, StageStats] = {}
         for name in route:
             msg = wm.decode(buf)

@@ -15,7 +15,11 @@ which publishes them with its instances' routes), and reach the Proxy and the
 web platform with the routes.
 
 ``Overrides`` maps a parameter name to the keys of :class:`engine.workflow.spec.ParamSpec`
-it replaces (``default``, ``maximum``) plus ``why``: the model fact behind it.
+it replaces (``default``, ``maximum``) plus ``why``: the model fact behind it. The same document carries
+the model's dimensions of the spec's value shapes (``C_lat``: the VAE's latent channels, ``D_text``: the text
+encoder's width...), as ``{name: {"value": n, "why": ...}}`` entries (:data:`DIM_KEY`), so that the Proxy's
+:meth:`engine.workflow.spec.WorkflowSpec.hop_bytes` is exact and a request whose hop would not fit a ring is
+refused at intake.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ Configs = Mapping[str, Mapping[str, Any]]
 # the tiny random-weight models do, so that the default clip runs in seconds on a CPU (the pipeline's
 # 832x480 would take minutes there), as a published model's own config names its native sample size.
 SERVING_FILE = "serving.json"
+# the key of a model dimension's entry (its names are the shapes' dimensions, never a parameter's)
+DIM_KEY = "value"
 
 
 def serving_defaults(folder: str | Path) -> dict[str, Any]:
@@ -51,6 +57,17 @@ def with_defaults(overrides: Overrides, defaults: Mapping[str, int]) -> Override
         entry = out.setdefault(name, {})
         entry["default"] = min(value, entry["maximum"]) if "maximum" in entry else value
     return out
+
+
+def dim_entries(dims: Mapping[str, int]) -> Overrides:
+    """The overrides' entries of a model's dimensions (positive whole numbers only)."""
+    return {name: {DIM_KEY: int(v), "why": "the loaded model's config"}
+            for name, v in dims.items() if _whole(v) is not None and int(v) > 0}
+
+
+def dims_of(overrides: Mapping[str, Mapping[str, Any]] | None) -> dict[str, int]:
+    """The model dimensions among ``overrides``."""
+    return {k: int(v[DIM_KEY]) for k, v in (overrides or {}).items() if isinstance(v, Mapping) and DIM_KEY in v}
 
 
 def read_configs(folder: str | Path, components: list[str]) -> dict[str, dict[str, Any]]:
@@ -93,6 +110,10 @@ def merge(a: Overrides | None, b: Overrides | None) -> Overrides | None:
         if "default" in entry:
             cur = out.setdefault(name, {})
             cur["default"] = min(cur.get("default", entry["default"]), entry["default"])
+        if DIM_KEY in entry:  # folders that differ: the larger, so a hop's size is never under-counted
+            cur = out.setdefault(name, {})
+            cur[DIM_KEY] = max(int(cur.get(DIM_KEY, entry[DIM_KEY])), int(entry[DIM_KEY]))
+            cur.setdefault("why", str(entry.get("why", "")))
     return out
 
 
@@ -113,7 +134,7 @@ def parse(raw: Any) -> Overrides | None:
     for name, entry in raw.items():
         if not isinstance(entry, dict):
             return None
-        kept = {k: v for k in ("default", "maximum") if (v := _whole(entry.get(k))) is not None}
+        kept = {k: v for k in ("default", "maximum", DIM_KEY) if (v := _whole(entry.get(k))) is not None}
         if kept:
             out[str(name)] = {**kept, "why": str(entry.get("why", ""))}
     return out

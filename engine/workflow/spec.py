@@ -7,8 +7,10 @@ reads its stage list, and workers look up their executor class by dotted path
 
 Shapes are tuples of dimensions: an ``int`` is fixed, a ``str`` names either a
 dimension derived from the request's parameters (``WorkflowSpec.dims``) or, if
-it is not derived, a model-dependent dimension that only has to be positive
-and consistent within one message (``"D_text"``).
+it is not derived, a model-dependent dimension (``"D_text"``): bound from the
+loaded model folder where the spec says how (``WorkflowSpec.model_dims``, so
+hop sizes are exact), otherwise it only has to be positive and consistent
+within one message.
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class TensorSpec:
     CUDA). ``kind="blob"`` values are opaque bytes (an input image, an mp4);
     ``media="image"`` marks a request input that must be an image file (checked
     where requests enter, :meth:`WorkflowSpec.validate_request`).
+
+    ``optional=True``: a request input the request may leave out, or a stage output that is empty (no
+    elements) when it does. An absent value still travels, as an empty blob or tensor
+    (:meth:`WorkflowSpec.message_inputs`), so every stage is handed every value it names and reads
+    emptiness as absence (wan2.2-ti2v-5b without an image: text to video).
     """
 
     name: str
@@ -54,6 +61,7 @@ class TensorSpec:
     kind: str = "tensor"
     doc: str = ""
     media: str = ""
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,11 @@ class WorkflowSpec:
     model_limits: Callable[[Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]] | None = None
     #: The components whose configs :attr:`model_limits` reads.
     limit_components: tuple[str, ...] = ()
+    #: The model dimensions of the value shapes (``C_lat``, ``D_text``...) from the same configs
+    #: (engine.workflow.limits.DIM_KEY entries of the overrides): what makes :meth:`hop_bytes` exact.
+    model_dims: Callable[[Mapping[str, Mapping[str, Any]]], dict[str, int]] | None = None
+    #: The model dimensions of the loaded model (set by :meth:`bound`); a dimension not here counts as 1.
+    dim_values: Mapping[str, int] = field(default_factory=dict)
 
     # -- graph -------------------------------------------------------------
     def stage(self, name: str) -> StageSpec:
@@ -233,19 +246,29 @@ class WorkflowSpec:
         raise KeyError(f"workflow {self.name!r} has no value {name!r}")
 
     def image_inputs(self) -> list[str]:
-        """The request inputs that must be image files."""
+        """The request inputs that must be image files (where given)."""
         return [t.name for t in self.request_inputs if t.media == "image"]
+
+    def required_inputs(self) -> list[str]:
+        """The request inputs a request must give (the others are :attr:`TensorSpec.optional`)."""
+        return [t.name for t in self.request_inputs if not t.optional]
+
+    def message_inputs(self, inputs: Mapping[str, bytes]) -> dict[str, bytes]:
+        """The blobs of a request's first message: its inputs, and an empty blob for each optional input it
+        leaves out (stages are handed every value they name; an executor reads ``b""`` as absent)."""
+        return {**{t.name: b"" for t in self.request_inputs if t.optional}, **inputs}
 
     # -- the loaded model -----------------------------------------------------
     def limits_of(self, folder: str) -> dict[str, dict[str, Any]]:
         """The overrides the model in ``folder`` imposes on this spec's parameters (JSON reads only)."""
         from engine.workflow import limits
 
-        found = {} if self.model_limits is None else \
-            self.model_limits(limits.read_configs(folder, list(self.limit_components)))
+        configs = limits.read_configs(folder, list(self.limit_components))
+        found = {} if self.model_limits is None else self.model_limits(configs)
         names = {p.name for p in self.params}
         declared = {k: v for k, v in limits.serving_defaults(folder).items() if k in names}
-        return limits.with_defaults(found, declared)
+        dims = {} if self.model_dims is None else self.model_dims(configs)
+        return {**limits.with_defaults(found, declared), **limits.dim_entries(dims)}
 
     def bound(self, overrides: Mapping[str, Mapping[str, Any]] | None) -> WorkflowSpec:
         """This spec with the loaded model's defaults and (never wider) maxima: what a request is checked
@@ -269,7 +292,9 @@ class WorkflowSpec:
                 default = max(p.minimum if p.minimum is not None else default,
                               min(maximum if maximum is not None else default, default))
             params.append(replace(p, maximum=maximum, default=default, why=why))
-        out = replace(self, params=tuple(params))
+        from engine.workflow import limits
+
+        out = replace(self, params=tuple(params), dim_values=limits.dims_of(overrides))
         cache[key] = (self, out)
         return out
 
@@ -347,10 +372,10 @@ class WorkflowSpec:
         wanted = {t.name for t in self.request_inputs}
         for extra in sorted(set(inputs) - wanted):
             raise InvalidRequest(extra, f"{self.name} takes no input {extra!r}")
-        for t in self.request_inputs:
-            if t.name not in inputs:
-                raise InvalidRequest(t.name, f"{self.name} needs an input {t.name!r}")
-        for name in self.image_inputs():
+        for name in self.required_inputs():
+            if name not in inputs:
+                raise InvalidRequest(name, f"{self.name} needs an input {name!r}")
+        for name in (n for n in self.image_inputs() if n in inputs):  # a given one is checked, even empty
             images.check_image(inputs[name], name, images.MAX_BYTES if max_image_bytes is None else max_image_bytes,
                                images.MAX_PIXELS if max_image_pixels is None else max_image_pixels)
         return resolved
@@ -395,6 +420,8 @@ class WorkflowSpec:
         want = compute_dtype if spec.dtype == "compute" else spec.dtype
         if dtype != want:
             raise InvalidTensor(f"{name!r}: dtype {dtype}, expected {want}")
+        if spec.optional and len(shape) == len(spec.shape) and 0 in shape:
+            return  # absent: the request left out the optional input it comes from
         if len(shape) != len(spec.shape):
             raise InvalidTensor(f"{name!r}: rank {len(shape)}, expected shape {spec.shape}")
         derived = self.dims(params)
@@ -409,23 +436,30 @@ class WorkflowSpec:
                 raise InvalidTensor(f"{name!r}: dimension {rule} is {got}, expected {want_dim} (shape {shape})")
 
     # -- sizes -----------------------------------------------------------------
-    def hop_bytes(self, params: Mapping[str, Any]) -> dict[str, int]:
-        """stage -> a lower bound on the bytes of the message that enters it (after the first): the
-        tensors it carries whose every dimension the parameters fix (decoded frames, pixels), counted at
-        their dtype (a compute dtype at 2 bytes). What a model dimension sizes counts once per element."""
+    def hop_bytes(self, params: Mapping[str, Any], inputs: Mapping[str, bytes] | None = None,
+                  compute_dtype: str = "bfloat16") -> dict[str, int]:
+        """stage -> the payload bytes (tensors and blobs) of the message that enters it, after the first:
+        exact where the spec is :meth:`bound` to the loaded model (its model dimensions known) and
+        ``inputs`` (the request's blobs) are given; a dimension not known counts as 1 and a blob not given
+        as 0, so the figure is never over. ``compute_dtype``: the stages' (bfloat16 on CUDA). Without an
+        optional input its optional values are empty."""
         from engine.workflow.message import DTYPE_SIZES
 
-        dims, out, route = self.dims(params), {}, self.route()
+        dims, out, route = {**self.dim_values, **self.dims(params)}, {}, self.route()
+        absent = inputs is None or any(t.optional and not inputs.get(t.name) for t in self.request_inputs)
         for before, stage in zip(route, route[1:], strict=False):
             total = 0
             for name in self.carried_after(before):
                 spec = self.value_spec(name)
                 if spec.kind != "tensor":
+                    total += len(inputs.get(name, b"")) if inputs is not None else 0
+                    continue
+                if spec.optional and absent:
                     continue
                 n = 1
                 for d in spec.shape:
                     n *= d if isinstance(d, int) else dims.get(d, 1)
-                total += n * (2 if spec.dtype == "compute" else DTYPE_SIZES.get(spec.dtype, 1))
+                total += n * DTYPE_SIZES.get(compute_dtype if spec.dtype == "compute" else spec.dtype, 1)
             out[stage] = total
         return out
 

@@ -15,6 +15,8 @@ byte-identical to the one-call pipeline.
 
 Wan2.2-TI2V-5B (``expand_timesteps``): one transformer; the first frame's latents replace the first latent
 frame at every step (``first_frame_mask``), and the timestep is given per latent token (0 on the first frame).
+Without an image (``WanPipeline`` over the same folder) the condition is empty and every token is at the step's
+timestep.
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ class Wan22TI2VDenoise(_Expert):
 
     def _start(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
                scheduler: Any, boundary: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self._initial(inputs, params)
+        latents, condition = self._initial(inputs, params)
+        return latents, None if condition.numel() == 0 else condition  # empty: text only (no image)
 
 
 class Wan22VaeEncode(WanVaeEncode):
@@ -246,6 +249,8 @@ class Wan22VaeEncode(WanVaeEncode):
         pipe = self.pipe
         height, width, frames = params["height"], params["width"], params["num_frames"]
         check_wan_size(height, width, frames, self.multiple, pipe.vae_scale_factor_temporal)
+        if not len(inputs["image"]):  # text only: WanPipeline's noise, and no condition
+            return self._noise_only(height, width, frames, int(params["seed"]))
         pixels = pipe.video_processor.preprocess(decode_image(inputs["image"]), height=height, width=width)
         generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
         latents, condition, _mask = pipe.prepare_latents(
@@ -253,3 +258,16 @@ class Wan22VaeEncode(WanVaeEncode):
             self.device, generator,
         )  # the mask is a function of the shape: denoise makes it again (Wan22TI2VDenoise._mask)
         return {"latents": latents, "condition": condition}
+
+    def _noise_only(self, height: int, width: int, frames: int, seed: int) -> dict[str, Any]:
+        """``WanPipeline.prepare_latents``'s draw: float32 noise of the latent shape from a CPU generator (the
+        transformer's ``in_channels`` are the VAE's ``z_dim`` in this model: its input is the latents alone),
+        and an empty ``condition``."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        pipe = self.pipe
+        shape = (1, pipe.vae.config.z_dim, (frames - 1) // pipe.vae_scale_factor_temporal + 1,
+                 height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        latents = randn_tensor(shape, generator=generator, device=torch.device(self.device), dtype=torch.float32)
+        return {"latents": latents, "condition": latents.new_zeros((*shape[:2], 0, *shape[3:]))}

@@ -1,7 +1,11 @@
-"""Wan2.2 text-image-to-video 5B (diffusers ``WanImageToVideoPipeline`` with ``expand_timesteps`` over the
-Wan2.2-TI2V-5B folder) cut into five stages: text_encode (umT5) and vae_encode (the first frame's latents
-through the Wan2.2 VAE + the initial noise) -> denoise (one transformer; the first latent frame held to the
-image at every step, per-token timesteps) -> vae_decode -> video_encode.
+"""Wan2.2 text-image-to-video 5B cut into five stages: text_encode (umT5) and vae_encode (the first frame's
+latents through the Wan2.2 VAE + the initial noise) -> denoise (one transformer; the first latent frame held to
+the image at every step, per-token timesteps) -> vae_decode -> video_encode.
+
+The image is optional. With one, the stages are diffusers' ``WanImageToVideoPipeline`` with
+``expand_timesteps`` over the Wan2.2-TI2V-5B folder; without one, ``WanPipeline`` over the same folder (text
+to video: vae_encode only draws the noise, as ``WanPipeline.prepare_latents`` does, and hands on an empty
+``condition``; denoise's mask is all ones, every token at the step's timestep).
 
 The Wan2.2 VAE compresses 16x in space (4x in time); with the transformer's 2x2 patches, sides are multiples of
 32. The release samples 1280x704, 121 frames at 24 fps."""
@@ -40,14 +44,17 @@ def derive(p: Mapping[str, Any]) -> dict[str, int]:
 
 
 SPEC = wan.wan_workflow(
-    "wan2.2-ti2v-5b", "Wan2.2 TI2V 5B: an image and a prompt to an mp4 (one transformer, the Wan2.2 VAE)",
-    request_inputs=(TensorSpec("image", kind="blob", media="image", doc="the first frame: PNG/JPEG/... bytes"),),
+    "wan2.2-ti2v-5b", "Wan2.2 TI2V 5B: a prompt, and optionally a first frame, to an mp4 (one transformer, "
+    "the Wan2.2 VAE)",
+    request_inputs=(TensorSpec("image", kind="blob", media="image", optional=True,
+                               doc="the first frame: PNG/JPEG/... bytes; without it, text to video"),),
     middle=(
         StageSpec(
             "vae_encode", "engine.stages.wan.experts.Wan22VaeEncode", inputs=("image",),
             outputs=(TensorSpec("latents", "float32", wan.LATENT),
-                     TensorSpec("condition", "float32", (1, "C_lat", 1, "H_lat", "W_lat"))),
-            components=("vae",), doc="the first frame's normalised Wan2.2-VAE latents and the initial noise",
+                     TensorSpec("condition", "float32", (1, "C_lat", 1, "H_lat", "W_lat"), optional=True,
+                                doc="empty without an image")),
+            components=("vae",), doc="the first frame's normalised Wan2.2-VAE latents (if any) and the initial noise",
         ),
         StageSpec(
             "denoise", "engine.stages.wan.experts.Wan22TI2VDenoise",

@@ -83,6 +83,27 @@ def model_limits(configs: limits.Configs, params: tuple[ParamSpec, ...] | None =
     return out
 
 
+# the components whose configs size the values that cross stages (model_dims), besides the limits' own
+DIM_COMPONENTS = ("vae", "text_encoder", "scheduler")
+
+
+def model_dims(configs: limits.Configs) -> dict[str, int]:
+    """The model dimensions of the Wan value shapes, from the loaded configs: the VAE's latent channels
+    (``C_lat``; the I2V condition adds one mask channel per frame the VAE folds in time: ``C_cond``), the
+    umT5 width (``D_text``) and the number of model outputs UniPC keeps (``N_order``: its solver order).
+    Wan2.1 I2V's CLIP tokens (``N_img``, ``D_img``) are not bound: its hops are sized without them."""
+    vae, text, scheduler = (configs.get(c) or {} for c in DIM_COMPONENTS)
+    out: dict[str, int] = {}
+    z, temporal = vae.get("z_dim"), vae.get("scale_factor_temporal", TEMPORAL)
+    if isinstance(z, int) and isinstance(temporal, int):
+        out["C_lat"], out["C_cond"] = z, z + temporal
+    if isinstance(text.get("d_model"), int):
+        out["D_text"] = text["d_model"]
+    if isinstance(scheduler.get("solver_order"), int):
+        out["N_order"] = scheduler["solver_order"]
+    return out
+
+
 def tokens(d: Mapping[str, int]) -> float:
     # Latent tokens after 2x2 patching; attention makes cost superlinear, but
     # within the supported sizes a linear fit is within the measurement noise.
@@ -142,5 +163,6 @@ def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], cos
         name=name, description=description, request_inputs=request_inputs,
         stages=(TEXT_ENCODE, *middle, VAE_DECODE, VIDEO_ENCODE), params=params, derive=derive,
         check=checker(name) if check is None else check, costs={**COSTS, **costs}, final_output="video",
-        frame_step=TEMPORAL, warm_up=WARM_UP, model_limits=model_limits, limit_components=limit_components,
+        frame_step=TEMPORAL, warm_up=WARM_UP, model_limits=model_limits, model_dims=model_dims,
+        limit_components=tuple(dict.fromkeys((*limit_components, *DIM_COMPONENTS))),
     )

@@ -39,8 +39,9 @@ def _params(name: str, **extra: Any) -> dict[str, Any]:
     return {**(TI2V if name.endswith("5b") else SMALL), **extra}
 
 
-def _staged(runner: Any, params: dict[str, Any], png: bytes) -> tuple[np.ndarray, bytes, dict[str, list]]:
-    """(uint8 frames, mp4 bytes, stage -> the (step, total) progress it reported) of a staged run."""
+def _staged(runner: Any, params: dict[str, Any], png: bytes | None) -> tuple[np.ndarray, bytes, dict[str, list]]:
+    """(uint8 frames, mp4 bytes, stage -> the (step, total) progress it reported) of a staged run (``png``
+    None: without the image inputs, where they are optional)."""
     from engine.stages.base import StageContext
 
     captured: dict[str, Any] = {}
@@ -55,7 +56,7 @@ def _staged(runner: Any, params: dict[str, Any], png: bytes) -> tuple[np.ndarray
 
         ex.run = spy
     try:
-        inputs = {"image": png} if runner.spec.image_inputs() else {}
+        inputs = {"image": png} if runner.spec.image_inputs() and png is not None else {}
         result = runner.run(runner.spec.resolve_params(params), inputs)
     finally:
         for ex in runner.executors.values():
@@ -99,6 +100,95 @@ def test_staged_frames_and_mp4_equal_the_one_call_pipeline(name: str, runners: d
     assert mp4[4:8] == b"ftyp" and mp4 == encode_mp4(reference, runner.spec.param("fps").default)
     # the seed reaches the video
     assert not np.array_equal(_staged(runner, _params(name, seed=6), input_png)[0], reference)
+
+
+def test_ti2v_without_an_image_is_wanpipelines_text_to_video(runners: dict[str, Any], tiny_models: dict[str, Path],
+                                                             input_png: bytes) -> None:
+    """wan2.2-ti2v-5b takes a prompt alone: the staged run is WanPipeline's over the TI2V folder (its noise drawn
+    as WanPipeline draws it, no first frame held), frames and mp4 bytes; with an image it is another video."""
+    from engine.stages.wan.video import encode_mp4
+
+    name = "wan2.2-ti2v-5b"
+    runner, params = runners[name], _params(name)
+    assert runner.spec.required_inputs() == [] and runner.spec.image_inputs() == ["image"]
+    frames, mp4, progress = _staged(runner, params, None)
+    reference, calls, pipe = _pipeline(tiny_models[name], params, input_png, image=False)
+    assert pipe.config.expand_timesteps and calls["transformer"] == 2 * params["num_inference_steps"]
+    assert frames.std() > 1.0
+    np.testing.assert_array_equal(frames, reference)
+    assert mp4 == encode_mp4(reference, runner.spec.param("fps").default)
+    assert progress["denoise"][-1] == (4, 4)
+    assert not np.array_equal(_staged(runner, params, input_png)[0], reference)  # the image does reach it
+
+
+def test_ti2v_refuses_a_bad_image_naming_it() -> None:
+    from engine.proxy.intake import BadRequest, Intake
+    from engine.workflow import get_workflow
+
+    spec = get_workflow("wan2.2-ti2v-5b")
+    with pytest.raises(Exception) as e:
+        spec.validate_request({"prompt": "x"}, {"image": b"not an image"})
+    assert getattr(e.value, "field", None) == "image"
+    with pytest.raises(Exception) as e:
+        spec.validate_request({"prompt": "x"}, {"image": b""})  # given, but empty: not an image either
+    assert getattr(e.value, "field", None) == "image"
+    intake = Intake()
+    with pytest.raises(BadRequest) as b:
+        intake.submission("wan2.2-ti2v-5b", {"prompt": "x"}, {"image": b"\x89PNG broken"})
+    assert b.value.status == 400 and b.value.field == "image"
+    # without one: accepted, and its first message carries an empty image for vae_encode
+    ticket = intake.ticket(intake.submission("wan2.2-ti2v-5b", {"prompt": "x"}, {}))
+    from engine.workflow import message as wm
+
+    assert bytes(wm.decode(ticket.message).blobs["image"]) == b""
+
+
+@pytest.mark.parametrize("case", [*ALL, "wan2.2-ti2v-5b text only"])
+def test_hop_bytes_are_the_bytes_each_stage_is_handed(case: str, runners: dict[str, Any],
+                                                      tiny_models: dict[str, Path], input_png: bytes) -> None:
+    """Bound to the loaded folder (C_lat, C_cond, D_text, N_order from its configs), hop_bytes is exactly the
+    payload a stage is handed (tensors and blobs), for every hop of every Wan2.2 workflow; unbound, those
+    dimensions count as 1 and the figure is far under."""
+    from engine.workflow import get_workflow
+
+    name = case.split()[0]
+    spec = get_workflow(name)
+    bound = spec.bound(spec.limits_of(str(tiny_models[name])))
+    assert {"C_lat", "D_text", "N_order"} <= set(bound.dim_values)
+    params = bound.resolve_params(_params(name))
+    inputs = {"image": input_png} if spec.image_inputs() and "text" not in case else {}
+    result = runners[name].run(params, inputs)
+    route = spec.route()
+    sent = {after: result.stats[before].payload_bytes for before, after in zip(route, route[1:], strict=False)}
+    assert bound.hop_bytes(params, inputs, "float32") == sent
+    assert all(spec.hop_bytes(params, inputs, "float32")[s] < sent[s] for s in sent if s != "video_encode")
+
+
+def test_a_hop_over_the_ring_is_refused_at_intake_naming_a_field() -> None:
+    """The issue's case: a 720p, 81-frame wan2.2-t2v-a14b request hands denoise_low ~86 MB (the boundary latents
+    and UniPC's history at the published model's C_lat 16, umT5's 4096 wide embeddings) while the default ring
+    takes 64 MiB. Counted with model dimensions as 1 it looked like 3 MB and was accepted."""
+    from engine.proxy.intake import BadRequest, Intake
+    from engine.workflow import get_workflow, limits
+
+    published = limits.dim_entries({"C_lat": 16, "D_text": 4096, "N_order": 2})
+    request = {"prompt": "x", "width": 1280, "height": 720, "num_frames": 81}
+    def ring(wf: str, stage: str) -> int:  # the expert's ring at the default; the decoders' sized for frames
+        return (64 << 20) if stage == "denoise_low" else (1 << 30)
+
+    unbound = Intake()
+    unbound.check_fits(unbound.ticket(unbound.submission("wan2.2-t2v-a14b", request, {})), None, ring)
+    intake = Intake(limits=lambda wf: limits.parse(published))  # as the routes carry them
+    ticket = intake.ticket(intake.submission("wan2.2-t2v-a14b", request, {}))
+    hops = ticket.sub.spec.hop_bytes(ticket.sub.params)
+    assert 85e6 < hops["denoise_low"] < 87e6
+    with pytest.raises(BadRequest) as e:
+        intake.check_fits(ticket, None, ring)
+    assert e.value.field == "num_frames" and "denoise_low" in str(e.value)
+    # a shorter clip fits
+    intake.check_fits(intake.ticket(intake.submission("wan2.2-t2v-a14b", {**request, "num_frames": 41}, {})),
+                      None, ring)
+    assert get_workflow("wan2.2-t2v-a14b").bound(limits.parse(published)).dim_values["D_text"] == 4096
 
 
 @pytest.mark.parametrize("name", A14B)
