@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.store import keys
+
 WORKFLOW = "sd-t2i"
 
 
@@ -78,7 +80,7 @@ async def _closed_loop(proxy: str, token: str, params: dict[str, Any], names: li
             status, doc = await client.submit(WORKFLOW, {**params, "seed": rng.randrange(1 << 30), **lora}, None)
             if status != 202:
                 raise RuntimeError(f"the pool refused a request: {status} {doc}")
-            if await client.wait(doc["uid"], 300) == "completed":
+            if await client.wait(doc["uid"], 300) == keys.COMPLETED:
                 finished.append(time.perf_counter())
             else:
                 failed += 1
@@ -104,7 +106,7 @@ async def _warm(proxy: str, token: str, params: dict[str, Any], names: list[str]
     try:
         for lora in [{}] * 2 + [{"lora": [{"name": n, "scale": 1.0}]} for n in names]:
             status, doc = await client.submit(WORKFLOW, {**params, **lora}, None)
-            if status != 202 or await client.wait(doc["uid"], 600) != "completed":
+            if status != 202 or await client.wait(doc["uid"], 600) != keys.COMPLETED:
                 raise RuntimeError(f"a warm-up request did not complete: {status} {doc}")
     finally:
         await client.close()

@@ -44,8 +44,8 @@ from typing import Any
 
 from engine.bench.resources_sim import stats
 from engine.manager.simulate import simulate
+from engine.store import keys
 
-TERMINAL = ("completed", "failed", "cancelled", "expired")
 PARAMS = {"sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3}}
 
 
@@ -207,7 +207,7 @@ def _calibrate(eng: _Engine, n: int) -> tuple[dict[str, float], dict[str, float]
     for i in range(n + 2):
         uid = eng.submit(10_000 + i)
         st = eng.wait_all([uid], 60, poll_s=0.02).get(uid)
-        if st is None or st["state"] != "completed":
+        if st is None or st["state"] != keys.COMPLETED:
             raise RuntimeError(f"calibration request {uid} did not complete: {st}")
         if i < 2:  # warm-up
             continue
@@ -291,7 +291,7 @@ def run(cfg: ValidationConfig, model_dir: Path | None = None, work_dir: Path | N
         for k, frac in enumerate(cfg.loads):
             rate = frac * capacity
             rows = _load(eng, rate, cfg.requests, cfg.seed + k + 1)
-            ok = [r for r in rows if r["state"] == "completed"]
+            ok = [r for r in rows if r["state"] == keys.COMPLETED]
             if len(ok) < max(3, cfg.requests // 2):
                 raise RuntimeError(f"load {frac}: only {len(ok)} of {cfg.requests} requests completed")
             t0 = min(float(r["created"]) for r in ok)

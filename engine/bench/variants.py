@@ -38,6 +38,7 @@ from engine.bench.cpu import vm_hwm_mb
 from engine.bench.single_stage import MODULE as SINGLE_MODULE
 from engine.bench.single_stage import NAME as SINGLE
 from engine.bench.single_stage import STAGE as SINGLE_STAGE
+from engine.store import keys
 
 MIX_WORKFLOWS = ("sd-t2i", "wan2.1-t2v", "wan2.1-i2v")
 _WAN = {"prompt": "a cat on the moon", "height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2,
@@ -89,7 +90,7 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
             if status != 202:
                 await asyncio.sleep(0.05)
                 continue
-            if await client.wait(doc["uid"], 300) == "completed":
+            if await client.wait(doc["uid"], 300) == keys.COMPLETED:
                 finished.append((time.perf_counter(), wf))
 
     async def judge() -> None:
@@ -124,7 +125,7 @@ async def _results(proxy: str, token: str, jobs: Sequence[Job]) -> list[bytes | 
     try:
         for wf, params, inputs in jobs:
             status, doc = await client.submit(wf, params, None, inputs)
-            if status != 202 or await client.wait(doc["uid"], 300) != "completed":
+            if status != 202 or await client.wait(doc["uid"], 300) != keys.COMPLETED:
                 out.append(None)
                 continue
             async with client.session.get(f"{client.proxy}/v1/requests/{doc['uid']}/result") as r:

@@ -20,6 +20,7 @@ Actions:
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 import uuid
@@ -28,7 +29,20 @@ from typing import Any
 
 from engine.coord.keys import keyspace
 
-ACTIONS = ("scale_stage", "move_instance", "pin_instance", "drain_node", "undrain_node", "set_mode")
+
+class Action(enum.StrEnum):
+    """What an operator may ask the leading Node Manager (the platform's OperatorAction kinds are checked
+    against these by a test)."""
+
+    SCALE_STAGE = "scale_stage"
+    MOVE_INSTANCE = "move_instance"
+    PIN_INSTANCE = "pin_instance"
+    DRAIN_NODE = "drain_node"
+    UNDRAIN_NODE = "undrain_node"
+    SET_MODE = "set_mode"
+
+
+ACTIONS = tuple(Action)
 MODES = ("individual", "collaboration")
 
 
@@ -102,7 +116,7 @@ def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Ove
         # every pool needs at least one instance, a bounded one its largest member's minimum
         return sum(max([1, *(o.stages[m]["min"] for m in pool if m in o.stages)]) for pool in pools)
 
-    if action == "scale_stage":
+    if action == Action.SCALE_STAGE:
         wf, st, n = args.get("workflow", ""), args.get("stage", ""), args.get("instances")
         stage_of(wf, st)
         key = f"{wf}/{st}"
@@ -115,7 +129,7 @@ def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Ove
             if pinned_minimum(new) > slots:
                 raise ActionRefused(f"{key} x{n} does not fit: {pinned_minimum(new)} instances needed, "
                                     f"{slots} slots on {len(live)} live nodes")
-    elif action in ("move_instance", "pin_instance"):
+    elif action in (Action.MOVE_INSTANCE, Action.PIN_INSTANCE):
         inst, node = args.get("instance", ""), args.get("node", "")
         if inst not in cluster["instances"]:
             raise ActionRefused(f"no instance {inst!r}")
@@ -126,7 +140,7 @@ def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Ove
         if len(here) >= cluster["slots_per_node"]:
             raise ActionRefused(f"node {node!r} has no free slot ({len(here)} of {cluster['slots_per_node']} used)")
         new.pinned[inst] = node
-    elif action == "drain_node":
+    elif action == Action.DRAIN_NODE:
         node = args.get("node", "")
         node_of(node)
         if node not in new.drained:
@@ -135,11 +149,11 @@ def validate(action: str, args: dict[str, Any], cluster: dict[str, Any], ov: Ove
         if pinned_minimum(new) > left:
             raise ActionRefused(f"draining {node!r} leaves {left} slots for {pinned_minimum(new)} required instances")
         new.pinned = {i: n for i, n in new.pinned.items() if n != node}
-    elif action == "undrain_node":
+    elif action == Action.UNDRAIN_NODE:
         node = args.get("node", "")
         node_of(node)
         new.drained = [n for n in new.drained if n != node]
-    elif action == "set_mode":
+    elif action == Action.SET_MODE:
         wf, mode = args.get("workflow", ""), args.get("mode", "")
         if wf not in cluster["stages"]:
             raise ActionRefused(f"no workflow {wf!r}")

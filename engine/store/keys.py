@@ -6,19 +6,30 @@ touches the network.
 
 from __future__ import annotations
 
+import enum
+
 PREFIX = "onepiece"
 EVENTS = f"{PREFIX}:events"  # one stream for every job's events (the web layer tails it)
 # the terminal events alone (uid and state), written by the same script: what the Proxies' long polls wait
 # for, without reading a dozen events per job to find one
 ENDINGS = f"{PREFIX}:endings"
 
-# job states (the status hash's ``state`` field); the last four are terminal
-QUEUED = "queued"
-IN_PROGRESS = "in_progress"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLED = "cancelled"
-EXPIRED = "expired"
+
+
+class JobState(enum.StrEnum):
+    """A job's state (the status hash's ``state`` field; the platform's ledger uses the same names, its
+    ``TextChoices`` generated from these); the last four are terminal."""
+
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+QUEUED, IN_PROGRESS, COMPLETED = JobState.QUEUED, JobState.IN_PROGRESS, JobState.COMPLETED
+FAILED, CANCELLED, EXPIRED = JobState.FAILED, JobState.CANCELLED, JobState.EXPIRED
 TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED, EXPIRED})
 
 # event types (the stream's ``type`` field); terminal events carry the state's name

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from engine.manager.actions import Action
+
 
 class StreamCursor(models.Model):
     """Where the reconciler stopped, and what it did with the events before it. The cursor moves in the
@@ -68,17 +70,22 @@ class OperatorAction(models.Model):
     leader's (for scaling) or the task's report (for warm-up).
     """
 
-    # The one list of what operators may ask (the admin, the dashboard and the engine link read it): the
-    # leading Node Manager's actions (engine.manager.actions.ACTIONS; pin_instance is not offered) and a
-    # Celery warm-up.
-    SCALE_STAGE, MOVE_INSTANCE, DRAIN_NODE, UNDRAIN_NODE, SET_MODE, WARM_UP = (
-        "scale_stage", "move_instance", "drain_node", "undrain_node", "set_mode", "warm_up")
-    KINDS = [(SCALE_STAGE, "scale stage {workflow, stage, instances}"),
-             (MOVE_INSTANCE, "move instance {instance, node}"),
-             (DRAIN_NODE, "drain node {node}"), (UNDRAIN_NODE, "undrain node {node}"),
-             (SET_MODE, "set a workflow's scheduling mode {workflow, mode: individual|collaboration}"),
-             (WARM_UP, "warm up {workflows: [...], nodes: [...]}")]
-    ALL = tuple(k for k, _ in KINDS)
+    class Kind(models.TextChoices):
+        """The one list of what operators may ask (the admin, the dashboard and the engine link read it): the
+        leading Node Manager's actions (engine.manager.actions.Action, the same names: a test checks;
+        pin_instance is not offered) and a Celery warm-up."""
+
+        SCALE_STAGE = Action.SCALE_STAGE.value, "scale stage {workflow, stage, instances}"
+        MOVE_INSTANCE = Action.MOVE_INSTANCE.value, "move instance {instance, node}"
+        DRAIN_NODE = Action.DRAIN_NODE.value, "drain node {node}"
+        UNDRAIN_NODE = Action.UNDRAIN_NODE.value, "undrain node {node}"
+        SET_MODE = Action.SET_MODE.value, "set a workflow's scheduling mode {workflow, mode: individual|collaboration}"
+        WARM_UP = "warm_up", "warm up {workflows: [...], nodes: [...]}"
+
+    SCALE_STAGE, MOVE_INSTANCE, DRAIN_NODE = Kind.SCALE_STAGE, Kind.MOVE_INSTANCE, Kind.DRAIN_NODE
+    UNDRAIN_NODE, SET_MODE, WARM_UP = Kind.UNDRAIN_NODE, Kind.SET_MODE, Kind.WARM_UP
+    KINDS = Kind.choices
+    ALL = tuple(Kind)
     SCALING = tuple(filter(WARM_UP.__ne__, ALL))  # sent to the leading Node Manager through etcd
 
     created_at = models.DateTimeField(auto_now_add=True)

@@ -19,9 +19,13 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-QUEUED, IN_PROGRESS, COMPLETED, FAILED, CANCELLED, EXPIRED = (
-    "queued", "in_progress", "completed", "failed", "cancelled", "expired")
-STATES = (QUEUED, IN_PROGRESS, COMPLETED, FAILED, CANCELLED, EXPIRED)
+from engine.store.keys import JobState
+
+# The ledger's states are the engine's (engine.store.keys.JobState), each its own label
+States = models.TextChoices("States", [(s.name, (s.value, s.value)) for s in JobState])
+QUEUED, IN_PROGRESS, COMPLETED = States.QUEUED, States.IN_PROGRESS, States.COMPLETED
+FAILED, CANCELLED, EXPIRED = States.FAILED, States.CANCELLED, States.EXPIRED
+STATES = tuple(States)
 TERMINAL = (COMPLETED, FAILED, CANCELLED, EXPIRED)
 NON_TERMINAL = (QUEUED, IN_PROGRESS)
 
@@ -36,7 +40,7 @@ class Job(models.Model):
     api_key = models.ForeignKey("accounts.ApiKey", null=True, blank=True, on_delete=models.SET_NULL,
                                 related_name="+", editable=False)
     webhook_url = models.CharField(max_length=2000, blank=True, help_text="the native API's per-request webhook")
-    state = models.CharField(max_length=16, choices=[(s, s) for s in STATES], default=QUEUED, db_index=True)
+    state = models.CharField(max_length=16, choices=States.choices, default=QUEUED, db_index=True)
     stage = models.CharField(max_length=64, blank=True)
     progress = models.PositiveSmallIntegerField(default=0)
     detail = models.TextField(blank=True, help_text="why it failed, was cancelled or expired")
