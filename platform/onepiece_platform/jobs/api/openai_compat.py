@@ -42,7 +42,7 @@ from onepiece_platform.api_errors import ApiError
 from onepiece_platform.engine_link.client import EngineError, get_engine
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
-from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response
+from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response, with_eta_header
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.strict import StrictFormParser as FormParser
@@ -187,6 +187,8 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
         "prompt": p.get("prompt"),
         "seconds": str(round(get_workflow(job.workflow).clip_seconds(p))),
         "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": remixed_from, "error": error,
+        # OnePiece's own fields (the openai client keeps unknown ones: video.extra): an unfinished job's ETA
+        "extra": {"eta": getattr(job, "eta", None)},
     }
 
 
@@ -210,8 +212,8 @@ def _video(job: Job) -> dict[str, Any]:
 
 def _image_input(model: str, ref: Any) -> dict[str, bytes]:
     """The request inputs of a video of ``model`` from ``input_reference`` (an upload, bytes, or None)."""
-    if ref is None:
-        if get_workflow(model).image_inputs():
+    if ref is None:  # wan2.2-ti2v-5b's image is optional: without one it is text to video
+        if get_workflow(model).required_inputs():
             raise services.Invalid("input_reference", f"{model} is image-to-video: input_reference is required")
         return {}
     if not get_workflow(model).request_inputs:
@@ -227,8 +229,8 @@ def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
     ``seconds``, or vLLM-Omni's and SGLang's ``width``/``height``, ``num_frames`` and ``fps``. What is
     not sent is the loaded model's default (filled where the request is resolved)."""
     params: dict[str, Any] = {"prompt": d["prompt"]}
-    for name in ("num_inference_steps", "seed", "negative_prompt", "guidance_scale", "fps", "num_frames",
-                 "width", "height"):
+    for name in ("num_inference_steps", "seed", "negative_prompt", "guidance_scale", "guidance_scale_2", "fps",
+                 "num_frames", "width", "height"):
         if name in d:
             params[name] = d[name]
     if "size" in d:
@@ -312,7 +314,7 @@ class VideoDetailView(OpenAIView):
     @extend_schema(operation_id="retrieveVideo", responses={200: s.VideoSerializer, **_errors(401, 404)})
     def get(self, request: Request, video_id: str) -> Response:
         job = control.refresh(_own_video(request, video_id))
-        response = Response(_video(job))
+        response = with_eta_header(Response(_video(job)), job)
         if not job.terminal:  # the openai client's poll() sleeps this long between retrievals
             response["openai-poll-after-ms"] = str(poll_after_ms(job))
         return response

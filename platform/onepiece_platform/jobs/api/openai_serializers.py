@@ -13,6 +13,7 @@ from rest_framework import serializers
 from engine.workflow import workflows
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
+from onepiece_platform.jobs.api.serializers import EtaSerializer
 from onepiece_platform.strict import AsciiIntegerField, RefuseUnknownFields, StrictCharField, StrictRegexField
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$", re.ASCII)  # ASCII digits only: \d alone matches "６４"
@@ -157,6 +158,9 @@ class VideoCreateSerializer(_GenerateSerializer):
     fps = AsciiIntegerField(required=False, min_value=1, max_value=240, help_text="frames per second of the clip")
     guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=50)
     # OnePiece extensions (the openai client sends them through extra_body)
+    # the low-noise expert's guidance (the Wan2.2 A14B models; the workflow's own bounds, and a model without a
+    # second expert refuses it, naming it)
+    guidance_scale_2 = serializers.FloatField(required=False)
     num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=1000)
     seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 1)
     negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
@@ -180,6 +184,10 @@ class VideoErrorSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
+class VideoExtraSerializer(serializers.Serializer):
+    eta = EtaSerializer(allow_null=True, help_text="an unfinished job's ETA as its latest read estimated it")
+
+
 class VideoSerializer(serializers.Serializer):
     id = serializers.CharField()
     object = serializers.CharField(default="video")
@@ -194,6 +202,7 @@ class VideoSerializer(serializers.Serializer):
     size = serializers.CharField()
     remixed_from_video_id = serializers.CharField(allow_null=True)
     error = VideoErrorSerializer(allow_null=True)
+    extra = VideoExtraSerializer(help_text="OnePiece's own fields (the openai client passes them through)")
 
 
 class VideoListSerializer(serializers.Serializer):
