@@ -10,7 +10,7 @@ bytes share and a fine-tuned VAE under the same name does not.
 One instance of a pool serves every member: it publishes a route for each ``(workflow, stage)`` it serves,
 takes any member's messages, and hands each request on to *its own workflow's* next stage
 (:class:`engine.worker.taskworker.TaskWorker`). The Node Manager sizes a pool from its members' summed
-demand (Theorem 1 over the union of the chains: :mod:`engine.manager.node_manager`).
+demand (Theorem 1 over the union of the chains: :mod:`engine.manager.planner`).
 
 Digests read every byte of the weights once per process (a 14B transformer is ~28 GB: seconds to tens of
 seconds), so they are cached by each file's size and modification time, in memory and, where the folder is
