@@ -345,21 +345,26 @@ def place(model: Model, desired: Mapping[str, Mapping[str, int]], current: Mappi
             plan_[node].append(inst)
             used_ids.add(inst["id"])
             want[k] -= 1
+    lowest: dict[tuple[str, str], int] = {}
     for (w, s, also), count in sorted(want.items()):
         for _ in range(count):
             n = min(nodes, key=lambda x: len(plan_[x]))
             if len(plan_[n]) >= slots:
                 log.warning("no free slot for %s.%s", w, s)
                 break
-            plan_[n].append(_new_instance(w, s, also, workflow_set, used_ids))
+            plan_[n].append(_new_instance(w, s, also, workflow_set, used_ids, lowest))
     return plan_
 
 
 def _new_instance(workflow: str, stage: str, also: tuple[str, ...], workflow_set: str,
-                  used_ids: set[str]) -> dict[str, Any]:
-    i = 0
+                  used_ids: set[str], lowest: dict[tuple[str, str], int]) -> dict[str, Any]:
+    """A new instance with the lowest free id ``workflow.stage.i``. ``used_ids`` only grows while one set is
+    placed, so the search resumes where the last one for this stage stopped (``lowest``) instead of at 0:
+    the same ids, without a quadratic scan at a thousand instances."""
+    i = lowest.get((workflow, stage), 0)
     while f"{workflow}.{stage}.{i}" in used_ids:
         i += 1
+    lowest[workflow, stage] = i + 1
     used_ids.add(f"{workflow}.{stage}.{i}")
     inst: dict[str, Any] = {"id": f"{workflow}.{stage}.{i}", "workflow": workflow, "stage": stage}
     if also:
