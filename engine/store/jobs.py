@@ -26,19 +26,29 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from string import Template
 from typing import Any
 
 from engine.store import keys
+
+
+def _lua(script: str) -> str:
+    """A Lua script with the job states' names (keys.JobState) filled in: ``$finished`` is the test that the
+    state ``s`` is terminal, ``$completed`` (and each other state by its name) the quoted name."""
+    names = {state.value: f"'{state.value}'" for state in keys.JobState}
+    finished = " or ".join(f"s == {names[state]}" for state in keys.JobState if state in keys.TERMINAL)
+    return Template(script).substitute(names, finished=finished)
+
 
 ENDINGS_MAXLEN = 10_000  # terminal events kept in keys.ENDINGS: a long poll's waker needs only the recent ones
 
 # Non-terminal events: the status hash moves only while the job is not finished, so a late progress
 # report cannot make a cancelled job look alive again; timeline events (ARGV[10] = '1') are appended to
 # the stream even then, so every stage run that happened is on record.
-_EVENT = """
+_EVENT = _lua("""
 local s = redis.call('HGET', KEYS[1], 'state')
 local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-if s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then
+if $finished then
   if ARGV[10] ~= '1' then return 0 end
 elseif ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'state', ARGV[7], 'stage', ARGV[3], 'progress', ARGV[4], 'updated', ARGV[5])
@@ -47,13 +57,13 @@ end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
            'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
 return 1
-"""
+""")
 
 # Terminal transition (+ the result for ``completed``), at most once per UID.
-_FINISH = """
+_FINISH = _lua("""
 local s = redis.call('HGET', KEYS[1], 'state')
-if s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then return 0 end
-if ARGV[2] == 'completed' then
+if $finished then return 0 end
+if ARGV[2] == $completed then
   redis.call('SET', KEYS[4], ARGV[9], 'EX', ARGV[7])
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'stage', ARGV[3], 'progress', ARGV[4], 'updated', ARGV[5],
@@ -61,66 +71,66 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'stage', ARGV[3], 'progress', ARGV
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[5])
-if ARGV[2] == 'completed' then redis.call('INCR', KEYS[6]) end
+if ARGV[2] == $completed then redis.call('INCR', KEYS[6]) end
 local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
            'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
 redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[10], '*', 'uid', ARGV[1], 'type', ARGV[2])
 return 1
-"""
+""")
 
 # Accept a job: claim the UID (at most once), its status hash, its in-flight entry, its input and its
 # ``accepted`` event, in one round trip. KEYS: job, inflight, input, events; ARGV: uid, workflow, cost, now,
 # detail, ttl, maxlen, message ('' for none), has_message.
-_ACCEPT = """
-if redis.call('HSETNX', KEYS[1], 'state', 'queued') == 0 then return 0 end
+_ACCEPT = _lua("""
+if redis.call('HSETNX', KEYS[1], 'state', $queued) == 0 then return 0 end
 if ARGV[9] == '1' then redis.call('SET', KEYS[3], ARGV[8], 'EX', ARGV[6]) end
-redis.call('HSET', KEYS[1], 'state', 'queued', 'workflow', ARGV[2], 'stage', '', 'progress', 0, 'created', ARGV[4],
+redis.call('HSET', KEYS[1], 'state', $queued, 'workflow', ARGV[2], 'stage', '', 'progress', 0, 'created', ARGV[4],
            'updated', ARGV[4], 'detail', ARGV[5], 'cost', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[7], '*', 'uid', ARGV[1], 'type', 'accepted', 'stage', '',
            'progress', 0, 'ts', ARGV[4], 'detail', ARGV[5], 'attempt', 1)
 return 1
-"""
+""")
 
 # A worker's check before it runs a stage, and (ARGV[7] = '1') the stage's start when the job may run: not
 # finished, the stage not already done, no cancel asked. KEYS: job, done marker, cancel flag, events; ARGV:
 # uid, stage, progress, now, ttl, maxlen, start. Returns {state or '', done, cancel, started}.
-_GATE = """
+_GATE = _lua("""
 local s = redis.call('HGET', KEYS[1], 'state')
 local done = redis.call('EXISTS', KEYS[2])
 local cancel = redis.call('EXISTS', KEYS[3])
-local finished = s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired'
+local finished = $finished
 if ARGV[7] == '1' and not finished and done == 0 and cancel == 0 then
   local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-  redis.call('HSET', KEYS[1], 'state', 'in_progress', 'stage', ARGV[2], 'progress', ARGV[3], 'updated', ARGV[4])
+  redis.call('HSET', KEYS[1], 'state', $in_progress, 'stage', ARGV[2], 'progress', ARGV[3], 'updated', ARGV[4])
   redis.call('EXPIRE', KEYS[1], ARGV[5])
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'uid', ARGV[1], 'type', 'stage_started', 'stage', ARGV[2],
              'progress', ARGV[3], 'ts', ARGV[4], 'detail', '', 'attempt', attempt)
   return {s or '', done, cancel, 1}
 end
 return {s or '', done, cancel, 0}
-"""
+""")
 
 # Start a job again after its node was lost: only if it is unfinished and still where the caller saw it
 # (so two Proxies sweeping at once retry it once), at most ARGV[5] times. Returns {1, message} to
 # re-inject, {2} when out of attempts, {0} when someone else moved or finished it.
-_RETRY = """
+_RETRY = _lua("""
 local s = redis.call('HGET', KEYS[1], 'state')
-if not s or s == 'completed' or s == 'failed' or s == 'cancelled' or s == 'expired' then return {0} end
+if not s or $finished then return {0} end
 if redis.call('HGET', KEYS[1], 'node') ~= ARGV[2] then return {0} end
 local n = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 if n > tonumber(ARGV[5]) then return {2} end
 local msg = redis.call('GET', KEYS[3])
 if not msg then return {2} end
 for i = 4, #KEYS do redis.call('DEL', KEYS[i]) end
-redis.call('HSET', KEYS[1], 'state', 'queued', 'stage', '', 'progress', 0, 'updated', ARGV[3], 'detail', ARGV[4],
+redis.call('HSET', KEYS[1], 'state', $queued, 'stage', '', 'progress', 0, 'updated', ARGV[3], 'detail', ARGV[4],
            'node', '', 'instance', '')
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'uid', ARGV[1], 'type', 'retried', 'stage', '',
            'progress', 0, 'ts', ARGV[3], 'detail', ARGV[4], 'attempt', n + 1)
 return {1, msg}
-"""
+""")
 
 
 # a job's preview: appended only after a smaller step (KEYS: the preview stream;
