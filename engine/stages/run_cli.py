@@ -73,7 +73,7 @@ def build_request(args: argparse.Namespace) -> tuple[str, dict[str, Any], dict[s
     wants_image = "image" in spec.image_inputs()
     if args.image is not None and not wants_image:
         raise UsageError(f"{spec.name} takes no --image")
-    if wants_image:
+    if wants_image and (args.image is not None or "image" in spec.required_inputs()):  # ti2v: optional
         if args.image is None:
             raise UsageError(f"{spec.name} needs --image PATH (the first frame)")
         path = Path(args.image)

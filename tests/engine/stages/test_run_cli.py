@@ -140,3 +140,8 @@ def test_a_good_request_writes_the_output_files(
     assert main(["run", "wan2.1-t2v", "--model-dir", str(tiny_models["wan2.1-t2v"]), "--out", str(t2v), "--prompt",
                  "a cat", "--size", "32x32", "--frames", "5", "--steps", "2", "--no-progress"]) == 0
     assert t2v.read_bytes()[4:8] == b"ftyp"
+    # wan2.2-ti2v-5b's first frame is optional: a prompt alone is text to video
+    ti2v = tmp_path / "ti2v.mp4"
+    assert main(["run", "wan2.2-ti2v-5b", "--model-dir", str(tiny_models["wan2.2-ti2v-5b"]), "--out", str(ti2v),
+                 "--prompt", "a cat", "--size", "64x64", "--frames", "5", "--steps", "2", "--no-progress"]) == 0
+    assert ti2v.read_bytes()[4:8] == b"ftyp"
