@@ -523,6 +523,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mix-models", default=None, metavar="DIR",
                    help="the mixed run's model folders, one per workflow (default: --model-dir's parent; "
                    "onepiece models make-tiny --out DIR builds them)")
+    p.add_argument("--no-stream", action="store_true",
+                   help="skip the streamed-video figure (first_fragment_vs_complete, wan2.1-t2v)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--adapters", type=int, default=0, metavar="N",
                    help="instead: requests spread over N LoRA adapters on one denoise pool (a private engine) vs a "
@@ -568,6 +570,14 @@ def main(args: Any) -> int:
                  hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes,
                  single_stage=not args.no_single_stage, single_stage_instances=args.single_stage_instances,
                  mix_model_dirs=mix)
+    if not args.no_stream:  # streamed video (issue 28): first playable fragment against completion
+        from engine.bench import stream
+
+        result.update(stream.figure(args.proxy))
+        if not args.json:
+            print(f"streamed video ({stream.WORKFLOW}, {result['stream_runs']} runs): first playable fragment after "
+                  f"{result['first_fragment_s']:.2f} s, complete after {result['stream_complete_s']:.2f} s: "
+                  f"first_fragment_vs_complete {result['first_fragment_vs_complete']:.2f} (goal <= 0.5)")
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

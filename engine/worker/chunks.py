@@ -53,17 +53,20 @@ def run_chunked(w: Any, h: wm.Header, msg: wm.Message) -> bool:
     carried = chain.spec.carried_after(chain.stage)
     t0 = time.perf_counter()
     route, index = None, 0
+    inputs = w.inputs_of(h, values)
+    # with the count known, each chunk goes out as soon as it exists; else one behind (to know the last)
+    count = getattr(w.executor, "chunk_count", lambda *_: None)(inputs, h.params)
     try:
-        chunks = w.executor.run_chunks(w.inputs_of(h, values), h.params, run.ctx)
+        chunks = w.executor.run_chunks(inputs, h.params, run.ctx)
         last = next(chunks)
-        for out in chunks:
+        for out in _ahead(chunks, last, count):
             tensors, blobs = values_to_message({k: {**values, **last}[k] for k in carried})
             sent = dataclasses.replace(h, stage=chain.next_stage, chunk=index, final=False,
                                        timestamps=dict(h.timestamps))
             route = w._send(sent, tensors, blobs, 0.0, pinned=route)
             index += 1
             run.ctx.check()  # a cancel or the deadline, between chunks
-            last = out
+            last = out if out is not None else next(chunks)
     except (Cancelled, DeadlineExceeded) as exc:
         w.stopped(h, run, exc)
         return False
@@ -73,6 +76,16 @@ def run_chunked(w: Any, h: wm.Header, msg: wm.Message) -> bool:
     h.chunk, h.final = index, True
     w.close_run(h, run, values, last, time.perf_counter() - t0, pinned=route)
     return True
+
+
+def _ahead(chunks: Any, first: Any, count: int | None) -> Any:
+    """What the send loop iterates: with ``count``, None once per chunk but the last (the loop then takes
+    the next chunk itself, after sending the one it has); without, the next chunks themselves."""
+    if count is None:
+        yield from chunks
+        return
+    for _ in range(count - 1):
+        yield None
 
 
 @dataclass

@@ -54,6 +54,11 @@ class WanVaeDecode(TorchStage):
             if ctx.progress is not None:
                 ctx.progress(i + 1, n)
 
+    def chunk_count(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> int:
+        """How many chunks :meth:`run_chunks` yields for ``inputs`` (so each goes out as soon as it exists)."""
+        latents = inputs["denoised"]
+        return int(latents.shape[2]) if self._causal(self.pipe.vae, latents) else 1
+
     @staticmethod
     def _causal(vae: Any, latents: torch.Tensor) -> bool:
         """Whether ``vae.decode`` would run the latent-frame loop :meth:`_decoded` repeats (not its tiled
