@@ -117,3 +117,18 @@ def test_a_deposed_manager_cannot_apply_an_action(env, etcd_server) -> None:
     nm2.tick()
     assert act.result(client, root, rid, timeout=2)["ok"]  # the new leader applies it
     other.resign()
+
+
+def test_observing_writes_nothing_and_the_actions_step_applies_what_it_saw(env) -> None:
+    """The tick's first step only reads: a queued action is still queued, unanswered, after it; the
+    operator-actions step answers it and changes the overrides (fenced)."""
+    client, root, nm = env
+    rid = act.submit(client, root, "scale_stage", {"workflow": WF, "stage": "denoise", "instances": 2}, "alice")
+    before = {m["key"]: v for v, m in client.get_prefix(root + "/")}
+    seen = nm._observe()
+    assert {m["key"]: v for v, m in client.get_prefix(root + "/")} == before  # not one key written or deleted
+    assert list(seen.actions) == [rid] and act.result(client, root, rid, timeout=0) is None
+    nm._operator_actions(seen)
+    assert act.result(client, root, rid, timeout=0)["ok"]
+    assert act.Overrides.from_json(client.get(Keyspace(root).overrides())[0]).stages[f"{WF}/denoise"]["min"] == 2
+    assert client.get_prefix(Keyspace(root).action_requests()) == []
