@@ -49,3 +49,17 @@ def _png() -> bytes:
     from tests.fixtures.web import png
 
     return png(64, 64)
+
+
+def test_native_api_takes_ti2v_without_an_image(oa, live_server) -> None:
+    import json
+    import urllib.request
+
+    client, _ = oa
+    req = urllib.request.Request(live_server.url + "/api/v1/jobs", method="POST", data=json.dumps(
+        {"workflow": "wan2.2-ti2v-5b", "params": {"prompt": "a cat", "width": 64, "height": 64}}).encode(),
+        headers={"Authorization": f"Bearer {client.api_key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 202
+        uid = json.loads(r.read())["uid"]
+    assert Job.objects.get(uid=uid).workflow == "wan2.2-ti2v-5b"
