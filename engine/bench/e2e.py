@@ -272,8 +272,10 @@ class AsyncClient:
         await self.session.close()
 
     async def submit(self, workflow: str, params: dict[str, Any], deadline_s: float | None,
-                     inputs: dict[str, bytes] | None = None) -> tuple[int, dict[str, Any]]:
+                     inputs: dict[str, bytes] | None = None, priority: str | None = None) -> tuple[int, dict[str, Any]]:
         body: dict[str, Any] = {"workflow": workflow, "params": params}
+        if priority is not None:
+            body["priority"] = priority
         if inputs:
             import base64
 
@@ -356,6 +358,8 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
     rng = random.Random(seed)
     client = AsyncClient(proxy)
     outcomes: list[tuple[str, float]] = []  # (state or "refused"/"error N", seconds since scheduled)
+    told: list[tuple[float, float, float]] = []  # (p50, p90 the Proxy said at submit, seconds from then to the end)
+    provisional: list[bool] = []
     served: list[float] = []  # a refusal's time from the actual send to its answer (the server's share)
     lag: list[float] = []  # how late the client sent (its own scheduling delay), for the record
     start = time.perf_counter() + 0.05
@@ -374,8 +378,12 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
             if status == 503:
                 served.append(time.perf_counter() - sent)
             return
+        accepted_at = time.perf_counter()
         state = await client.wait(doc["uid"], deadline_s + 60)
         outcomes.append((state, time.perf_counter() - at))
+        if state == "completed" and "eta_s" in doc:
+            told.append((doc["eta_s"], doc["eta_p90_s"], time.perf_counter() - accepted_at))
+            provisional.append(bool(doc.get("provisional")))
 
     try:
         t = 0.0
@@ -409,7 +417,76 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         "reject_latency_p99_ms": (_pct(refused, 0.99) or 0) * 1e3 if refused else None,
         "reject_service_p99_ms": (_pct(served, 0.99) or 0) * 1e3 if served else None,
         "client_send_lag_p99_ms": (_pct(lag, 0.99) or 0) * 1e3,
+        **eta_fields(told, provisional),
     }
+
+
+def eta_fields(told: list[tuple[float, float, float]], provisional: list[bool]) -> dict[str, Any]:
+    """The ETA's calibration over completed jobs (engine.proxy.eta.calibration): the share that finished
+    within max(1 s, 50%) of the p50 they were told at submit, the share within their p90 (goals: >= 80%,
+    85-95%), and the share told the estimate was still provisional."""
+    from engine.proxy import eta
+
+    cal = eta.calibration(told)
+    return {"eta_jobs": cal["jobs"], "eta_within_p50_share": cal["within_p50_share"] if told else None,
+            "eta_p90_coverage": cal["p90_coverage"] if told else None,
+            "eta_provisional_share": sum(provisional) / len(provisional) if provisional else None}
+
+
+async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], rate: float, seconds: float,
+                            seed: int, high_share: float = 0.25, wait_s: float = 300) -> dict[str, dict[str, Any]]:
+    """Poisson arrivals at ``rate`` for ``seconds``, each ``high`` with probability ``high_share`` and else
+    ``low``, without deadlines (so that a low one is only refused or served, never expired: whether it
+    starves shows); timed from its scheduled send. priority -> offered, accepted, completed, refused,
+    not_finished and latencies of the completed."""
+    rng = random.Random(seed)
+    client = AsyncClient(proxy)
+    outcomes: dict[str, list[tuple[str, float]]] = {"high": [], "low": []}
+    start = time.perf_counter() + 0.05
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(at: float, priority: str) -> None:
+        try:
+            status, doc = await client.submit(workflow, params, None, priority=priority)
+        except Exception as exc:
+            outcomes[priority].append((f"error {type(exc).__name__}", time.perf_counter() - at))
+            return
+        if status != 202:
+            outcomes[priority].append(("refused" if status == 503 else f"error {status}", time.perf_counter() - at))
+            return
+        outcomes[priority].append((await client.wait(doc["uid"], wait_s), time.perf_counter() - at))
+
+    try:
+        t = 0.0
+        while (t := t + rng.expovariate(rate)) < seconds:
+            if (delay := start + t - time.perf_counter()) > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(start + t, "high" if rng.random() < high_share else "low")))
+        await asyncio.gather(*tasks)
+    finally:
+        await client.close()
+    out = {}
+    for priority, rows in outcomes.items():
+        done = [s for st, s in rows if st == "completed"]
+        refused = sum(1 for st, _ in rows if st == "refused")
+        out[priority] = {"offered": len(rows), "accepted": len(rows) - refused - sum(st.startswith("error") for st, _ in rows),
+                         "completed": len(done), "refused": refused,
+                         "not_finished": sum(1 for st, _ in rows if st == "timeout"),
+                         "p50_s": _pct(done, 0.5), "p99_s": _pct(done, 0.99), "max_s": max(done, default=None)}
+    return out
+
+
+def priority_figure(rows: dict[str, dict[str, Any]], unloaded: list[float], rate: float,
+                    high_share: float) -> dict[str, Any]:
+    """``priority_2x``: issue 28's goal, high's p99 under a 2x overload at most 1.5x its unloaded p99
+    (``unloaded``: the sequential staged latencies), every accepted low one completed."""
+    high, low = rows["high"], rows["low"]
+    un50, un99 = statistics.median(unloaded), _pct(unloaded, 0.99)
+    ratio = high["p99_s"] / un99 if high["p99_s"] is not None and un99 else None
+    return {"rate_rps": rate, "high_share": high_share, "unloaded_p50_s": un50, "unloaded_p99_s": un99,
+            **{f"high_{k}": v for k, v in high.items()}, **{f"low_{k}": v for k, v in low.items()},
+            "high_p99_vs_unloaded_p99": ratio,
+            "goal_met": ratio is not None and ratio <= 1.5 and low["completed"] == low["accepted"] > 0}
 
 
 @contextmanager
@@ -478,6 +555,12 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
             r["goodput_x_capacity"] = r["goodput_rps"] / capacity
             rows.append(r)
         out["open_loop"] = rows
+        out["eta_calibration"] = {f"{r['load_x_capacity']}x": {k: r[k] for k in ("eta_jobs", "eta_within_p50_share",
+                                                                              "eta_p90_coverage",
+                                                                              "eta_provisional_share")}
+                                  for r in rows if r["load_x_capacity"] in (0.5, 1.0)}
+        pr = asyncio.run(priority_overload(proxy, workflow, params, 2 * capacity, seconds, seed=len(loads)))
+        out["priority_2x"] = priority_figure(pr, staged, 2 * capacity, 0.25)
         out.update(baselines_on_private_engines(model_dir, seconds, saturate_in_flight, device, single_stage,
                                                 single_stage_instances, mix_model_dirs))
     return out
@@ -616,6 +699,15 @@ def main(args: Any) -> int:
     def f(v: float | None, fmt: str) -> str:
         return format(v, fmt) if v is not None else "-"
 
+    pr = r["priority_2x"]
+    print(f"priority at 2x load ({pr['high_share']:.0%} high): high p99 {f(pr['high_p99_s'], '.2f')} s vs unloaded "
+          f"p99 {f(pr['unloaded_p99_s'], '.2f')} s = {f(pr['high_p99_vs_unloaded_p99'], '.2f')}x (goal <= 1.5x); "
+          f"high {pr['high_completed']}/{pr['high_offered']} completed, {pr['high_refused']} refused; low "
+          f"{pr['low_completed']}/{pr['low_accepted']} accepted completed, {pr['low_refused']} refused, max "
+          f"{f(pr['low_max_s'], '.2f')} s")
+    for load, c in r["eta_calibration"].items():
+        print(f"eta at {load}: {f(c['eta_within_p50_share'], '.0%')} within max(1 s, 50%) of p50 (goal >= 80%), "
+              f"p90 coverage {f(c['eta_p90_coverage'], '.0%')} (goal 85-95%) over {c['eta_jobs']} jobs")
     for row in r["open_loop"]:
         print(f"{row['load_x_capacity']:>5}x {row['offered']:8d} {row['accepted']:8d} "
               f"{row['completed_in_deadline']:6d} {row['completed_late']:5d} {row['expired']:7d} "

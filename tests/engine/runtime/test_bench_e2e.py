@@ -43,3 +43,15 @@ def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Pat
         assert row["offered"] == row["accepted"] + row["refused"], row
         assert row["accepted"] == row["completed"] + row["expired"] + row["failed"], row
         assert row["completed"] == row["completed_in_deadline"] + row["completed_late"], row
+    # issue 28: the ETA's calibration per load (each completed job was told a p50 and a p90 at submit) and
+    # the priority figure at 2x, where every request is accounted for and no accepted low one is lost
+    cal = r["eta_calibration"]["1.0x"]
+    one_x = next(row for row in r["open_loop"] if row["load_x_capacity"] == 1.0)
+    assert cal["eta_jobs"] == one_x["completed"] > 0, (cal, one_x)
+    assert 0 <= cal["eta_within_p50_share"] <= 1 and 0 <= cal["eta_p90_coverage"] <= 1, cal
+    pr = r["priority_2x"]
+    assert pr["high_offered"] + pr["low_offered"] > 0 and pr["rate_rps"] == pytest.approx(2 * r["capacity_rps"])
+    for level in ("high", "low"):
+        assert pr[f"{level}_offered"] == pr[f"{level}_accepted"] + pr[f"{level}_refused"], pr
+        assert pr[f"{level}_completed"] == pr[f"{level}_accepted"] and pr[f"{level}_not_finished"] == 0, pr
+    assert pr["unloaded_p99_s"] >= pr["unloaded_p50_s"] > 0 and isinstance(pr["goal_met"], bool), pr
