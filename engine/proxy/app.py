@@ -73,7 +73,7 @@ PRICE_REFRESH_S = 2.0
 BOOK = web.AppKey("book", eta.Book)  # the jobs this Proxy accepted and has not seen end: their place in line
 HISTORIES = web.AppKey("histories", dict)  # (workflow, priority) -> eta.History of its finished jobs
 BOOK_PRUNE_S = 5.0  # how often the book drops jobs whose end it missed (one store read per workflow)
-ETA_HEADER = "OnePiece-ETA"  # on submit and status answers of unfinished jobs: eta.Estimate.header()
+ETA_HEADER = eta.HEADER  # on submit and status answers of unfinished jobs: eta.Estimate.header()
 
 
 @dataclass

@@ -55,8 +55,16 @@ class Estimate:
                 "provisional": self.provisional, "queue_ahead": self.ahead}
 
     def header(self) -> str:
-        """The ``OnePiece-ETA`` response header: ``p50=1.234; p90=2.345; provisional=1``."""
-        return f"p50={self.eta_s:.3f}; p90={self.eta_p90_s:.3f}; provisional={int(self.provisional)}"
+        """The ``OnePiece-ETA`` response header (:func:`header`)."""
+        return header(self.eta_s, self.eta_p90_s, self.provisional)
+
+
+HEADER = "OnePiece-ETA"
+
+
+def header(eta_s: float, eta_p90_s: float, provisional: bool) -> str:
+    """The value of the :data:`HEADER` response header: ``p50=1.234; p90=2.345; provisional=1``."""
+    return f"p50={eta_s:.3f}; p90={eta_p90_s:.3f}; provisional={int(provisional)}"
 
 
 def stage_seconds(fits: Mapping[tuple[str, str], Any], spec: Any, params: Mapping[str, Any],

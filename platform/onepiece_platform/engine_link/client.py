@@ -46,6 +46,9 @@ class EngineStatus:
     stage: str
     progress: int
     detail: str = ""
+    # an unfinished job's ETA as the Proxy estimates it (eta_s, eta_p90_s, provisional, queue_ahead;
+    # engine.proxy.eta), None where the engine gives none
+    eta: dict[str, Any] | None = None
 
 
 class EngineError(Exception):

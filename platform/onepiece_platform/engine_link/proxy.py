@@ -21,6 +21,7 @@ from onepiece_platform.engine_link.client import (
     EngineStatus,
 )
 
+ETA_FIELDS = ("eta_s", "eta_p90_s", "provisional", "queue_ahead")  # what the Proxy's status adds (engine.proxy.eta)
 DISCOVER = "etcd"  # PROXY_URL value: ask the Node Manager's Workflow Sets which Proxy to use, per workflow
 DISCOVERY_TTL_S = 1.0
 LIMITS_TTL_S = 5.0  # how long the loaded models' limits are reused before the Proxy is asked again
@@ -174,8 +175,9 @@ class ProxyEngineClient(EngineClient):
         if code != 200:
             raise EngineError(f"proxy answered {code} to a status request")
         d = self._json(raw)
+        eta = {k: d[k] for k in ETA_FIELDS if k in d} or None  # the Proxy's estimate of an unfinished job
         return EngineStatus(uid, d["state"], d.get("workflow", ""), d.get("stage", ""), int(d.get("progress", 0)),
-                            d.get("detail", ""))
+                            d.get("detail", ""), eta)
 
     def wait(self, uid: str, timeout: float) -> EngineStatus | None:
         """The Proxy's long poll (``?wait=S``, woken by the job's terminal event), in rounds of at most its

@@ -12,15 +12,20 @@ code (the WebSocket API reports 1006 for every failed handshake).
 A job submitted with ``preview_every`` also gets its live previews, in step order, while it runs
 (``{"type": "preview", "preview": {"id", "stage", "step", "total", "mime", "image": data URL}}``,
 onepiece_platform.jobs.previews).
+After each state of an unfinished job comes its ETA as the engine estimates it
+(``{"type": "eta", "uid", "eta_s", "eta_p90_s", "provisional", "queue_ahead"}``;
+nothing when the engine gives none).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from engine.store.keys import TERMINAL
 from onepiece_platform.jobs import previews
 from onepiece_platform.jobs.push import group_name, job_payload
 
@@ -33,6 +38,18 @@ def _own_job(user: Any, uid: str) -> dict[str, Any] | None:
 
     job = Job.objects.filter(uid=uid, owner=user, hidden=False).first()
     return job_payload(job) if job else None
+
+
+@sync_to_async(thread_sensitive=False)
+def _eta(uid: str) -> dict[str, Any] | None:
+    """The engine's ETA of an unfinished job (one status read of the Proxy), None where it gives none."""
+    from onepiece_platform.engine_link.client import EngineError, get_engine
+
+    try:
+        st = get_engine().status(uid)
+    except EngineError:  # the socket still carries the job's state; the ETA comes with the next one
+        return None
+    return st.eta if st is not None and st.state not in TERMINAL else None
 
 
 async def refuse(consumer: AsyncJsonWebsocketConsumer, code: int) -> None:
@@ -78,10 +95,19 @@ class JobConsumer(SignedInConsumer):
         await self.accept()
         await self.send_json({"type": "job", "job": job})
         self.previews = await previews.tail(self, uid)  # its previews, in order, when the job asked for them
+        await self.send_eta(job)
         return None
 
     async def job_update(self, event: dict[str, Any]) -> None:
         await self.send_json({"type": "job", "job": event["job"]})
+        await self.send_eta(event["job"])
+
+    async def send_eta(self, job: dict[str, Any]) -> None:
+        if job.get("state") in TERMINAL or not job.get("uid"):
+            return
+        est = await _eta(job["uid"])
+        if est:
+            await self.send_json({"type": "eta", "uid": job["uid"], **est})
 
     async def disconnect(self, code: int) -> None:
         previews.stop(getattr(self, "previews", None))

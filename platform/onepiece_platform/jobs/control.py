@@ -36,6 +36,7 @@ def refresh(job: Job) -> Job:
         Job.objects.filter(pk=job.pk, state__in=NON_TERMINAL).update(
             state=IN_PROGRESS, stage=st.stage, progress=max(0, min(99, st.progress)), updated_at=timezone.now())
     job.refresh_from_db()
+    job.eta = None if job.terminal else st.eta  # not stored: the job's status, the videos API and the socket show it
     return job
 
 

@@ -250,6 +250,8 @@ class Load:
                             msg = json.loads(ws.recv(timeout=1))
                         except TimeoutError:
                             continue
+                        if msg.get("type") != "job":  # the job's ETA (and other kinds) between its states
+                            continue
                         self.ws_updates += 1
                         if msg["job"]["state"] in ("completed", "failed", "cancelled", "expired"):
                             self.ws_terminal += 1

@@ -42,7 +42,7 @@ from onepiece_platform.api_errors import ApiError
 from onepiece_platform.engine_link.client import EngineError, get_engine
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
-from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response
+from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response, with_eta_header
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.strict import StrictFormParser as FormParser
@@ -187,6 +187,8 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
         "prompt": p.get("prompt"),
         "seconds": str(round(get_workflow(job.workflow).clip_seconds(p))),
         "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": remixed_from, "error": error,
+        # OnePiece's own fields (the openai client keeps unknown ones: video.extra): an unfinished job's ETA
+        "extra": {"eta": getattr(job, "eta", None)},
     }
 
 
@@ -312,7 +314,7 @@ class VideoDetailView(OpenAIView):
     @extend_schema(operation_id="retrieveVideo", responses={200: s.VideoSerializer, **_errors(401, 404)})
     def get(self, request: Request, video_id: str) -> Response:
         job = control.refresh(_own_video(request, video_id))
-        response = Response(_video(job))
+        response = with_eta_header(Response(_video(job)), job)
         if not job.terminal:  # the openai client's poll() sleeps this long between retrievals
             response["openai-poll-after-ms"] = str(poll_after_ms(job))
         return response

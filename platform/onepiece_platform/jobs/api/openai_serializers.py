@@ -13,6 +13,7 @@ from rest_framework import serializers
 from engine.workflow import workflows
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
+from onepiece_platform.jobs.api.serializers import EtaSerializer
 from onepiece_platform.strict import AsciiIntegerField, RefuseUnknownFields, StrictCharField, StrictRegexField
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$", re.ASCII)  # ASCII digits only: \d alone matches "６４"
@@ -183,6 +184,10 @@ class VideoErrorSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
+class VideoExtraSerializer(serializers.Serializer):
+    eta = EtaSerializer(allow_null=True, help_text="an unfinished job's ETA as its latest read estimated it")
+
+
 class VideoSerializer(serializers.Serializer):
     id = serializers.CharField()
     object = serializers.CharField(default="video")
@@ -197,6 +202,7 @@ class VideoSerializer(serializers.Serializer):
     size = serializers.CharField()
     remixed_from_video_id = serializers.CharField(allow_null=True)
     error = VideoErrorSerializer(allow_null=True)
+    extra = VideoExtraSerializer(help_text="OnePiece's own fields (the openai client passes them through)")
 
 
 class VideoListSerializer(serializers.Serializer):

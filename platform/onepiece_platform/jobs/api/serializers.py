@@ -54,6 +54,14 @@ class StageRunSerializer(serializers.Serializer):
                                           "(1: alone)")
 
 
+class EtaSerializer(serializers.Serializer):
+    eta_s = serializers.FloatField(help_text="seconds from now until the job is done: the estimate's median")
+    eta_p90_s = serializers.FloatField(help_text="seconds from now it is done by, nine times in ten")
+    provisional = serializers.BooleanField(help_text="true until this deployment's recent jobs met the "
+                                                     "estimate's accuracy gate (docs/api.md)")
+    queue_ahead = serializers.IntegerField(help_text="jobs the stages serve before it")
+
+
 class JobSerializer(serializers.ModelSerializer):
     stage_times = serializers.DictField(
         child=serializers.DictField(), read_only=True,
@@ -64,12 +72,13 @@ class JobSerializer(serializers.ModelSerializer):
     queue_position = serializers.SerializerMethodField()
     cancel_requested = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
+    eta = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
                   "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "priority", "created_at", "started_at",
-                  "finished_at", "cancel_requested", "webhook_url", "resubmissions", "links"]
+                  "finished_at", "cancel_requested", "webhook_url", "resubmissions", "eta", "links"]
         read_only_fields = fields
 
     def get_queue_position(self, job: Job) -> int | None:
@@ -77,6 +86,11 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_cancel_requested(self, job: Job) -> bool:
         return job.cancel_requested_at is not None
+
+    @extend_schema_field(EtaSerializer(allow_null=True))
+    def get_eta(self, job: Job) -> dict[str, Any] | None:
+        """The engine's estimate of an unfinished job, as its latest refresh read it (None otherwise)."""
+        return getattr(job, "eta", None)
 
     @extend_schema_field(LinksSerializer)
     def get_links(self, job: Job) -> dict[str, str]:

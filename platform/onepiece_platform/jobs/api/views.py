@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from engine.proxy import eta
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
 from onepiece_platform.accounts.models import ApiKey
@@ -55,6 +56,14 @@ def check_body_size(request: Request) -> None:
     limit = conf.get("MAX_UPLOAD_BYTES") * 4 // 3 + 64 * 1024
     if length > limit:
         raise services.Invalid("body", f"request body of {length} bytes is over the limit of {limit}", 413)
+
+
+def with_eta_header(response: Response, job: Job) -> Response:
+    """``response`` with the ``OnePiece-ETA`` header of an unfinished job the engine estimated."""
+    est = getattr(job, "eta", None)
+    if est and "eta_s" in est and "eta_p90_s" in est:
+        response[eta.HEADER] = eta.header(est["eta_s"], est["eta_p90_s"], bool(est.get("provisional", True)))
+    return response
 
 
 def api_key_of(request: Request) -> ApiKey | None:
@@ -153,7 +162,8 @@ class JobDetailView(APIView):
 
     @extend_schema(operation_id="getJob", responses={200: JobSerializer, **_errors(401, 404)})
     def get(self, request: Request, uid: str) -> Response:
-        return Response(JobSerializer(control.refresh(own_job(request, uid))).data)
+        job = control.refresh(own_job(request, uid))
+        return with_eta_header(Response(JobSerializer(job).data), job)
 
     @extend_schema(operation_id="cancelJob", request=None, responses={200: JobSerializer, 202: JobSerializer, **_errors(401, 404, 503)})
     def delete(self, request: Request, uid: str) -> Response:
