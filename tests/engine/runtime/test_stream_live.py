@@ -135,3 +135,10 @@ def test_a_sigkill_mid_stream_loses_and_repeats_no_fragment(cluster: Cluster, st
     while cluster.node_report()["instances"][instance]["restarts"] <= victim["restarts"]:
         assert time.monotonic() < deadline
         time.sleep(0.2)
+
+
+def test_bench_measures_the_first_fragment_against_completion(cluster: Cluster) -> None:
+    from engine.bench import stream
+
+    r = stream.figure(cluster.proxy, runs=1, params={**CLIP, "seed": 12})
+    assert 0 < r["first_fragment_s"] < r["stream_complete_s"] and 0 < r["first_fragment_vs_complete"] < 1
