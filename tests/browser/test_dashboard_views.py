@@ -183,7 +183,23 @@ def test_job_detail_shows_timeline_and_result(live_asgi, browser, store) -> None
                              " document.querySelector('#job-result img').naturalHeight]") == [64, 48]
         assert img.get_attribute("src") == f"/dashboard/api/jobs/{uids['sd-t2i']}/result"
         assert "completed" in page.inner_text("#job-detail-summary")
+        assert page.is_hidden("#job-preview")  # no preview_every: no preview shown
         shot(page, "job-detail")
+
+        # a running job with live previews: the latest is shown, and the next replaces it while it runs
+        live = f"pre{'0' * 29}"
+        store.accept(live, "sd-t2i", 1.0)
+        Job.objects.create(uid=live, owner=owner, workflow="sd-t2i", params={"preview_every": 2})
+        store.event(live, "stage_started", "denoise", state="in_progress")
+        store.add_preview(live, "denoise", 2, 4, png(32, 32))
+        Reconciler(block_ms=0).step()
+        page.wait_for_selector(f'tr[data-uid="{live}"]', timeout=10_000)
+        page.click(f'tr[data-uid="{live}"]')
+        page.wait_for_function("(document.querySelector('#job-preview-img') || {}).naturalWidth === 32", timeout=10_000)
+        assert "step 2 of 4" in page.inner_text("#job-preview-step")
+        store.add_preview(live, "denoise", 4, 4, png(48, 48))
+        page.wait_for_function("document.querySelector('#job-preview-img').naturalWidth === 48", timeout=10_000)
+        assert "step 4 of 4" in page.inner_text("#job-preview-step")
     finally:
         ctx.close()
 
