@@ -58,7 +58,7 @@ def _sync_body(uid: str) -> Iterator[bytes]:
         raise StreamBroken(f"the job ended before its video did: {exc}") from exc
 
 
-def stream_video(uid: str, state: str, asgi: bool) -> Any:
+def stream_video(uid: str, state: str, asgi: bool, content_type: str = "video/mp4") -> Any:
     """The streamed response for the engine job ``uid`` in ``state`` (the ledger's, just refreshed): a
     :class:`StreamingHttpResponse` whose body waits for the fragments (under ASGI in the event loop, never in
     the view's thread), or the 409 of a job that already ended without a video."""
@@ -68,7 +68,14 @@ def stream_video(uid: str, state: str, asgi: bool) -> Any:
 
     if state in ("failed", "cancelled", "expired"):
         return error(409, f"the job is {state}; there is no video to stream", state=state)
-    resp = StreamingHttpResponse(_body(uid) if asgi else _sync_body(uid), content_type="video/mp4")
+    resp = StreamingHttpResponse(_body(uid) if asgi else _sync_body(uid), content_type=content_type)
     resp["Cache-Control"] = "no-store"
     resp["X-Content-Type-Options"] = "nosniff"
     return resp
+
+
+def stream_query(value: str | None) -> bool | None:
+    """The native API's ``stream`` query value as a bool (absent: False); None when it is not one."""
+    if value is None or value.lower() in ("", "0", "false", "no"):
+        return False
+    return True if value.lower() in ("1", "true", "yes") else None

@@ -67,3 +67,32 @@ def test_a_job_that_ended_without_a_video_is_a_409(oa, workers) -> None:
         client.videos.download_content(v.id, extra_query=STREAM)
     with pytest.raises(openai.BadRequestError, match="stream"):
         client.videos.download_content(v.id, variant="thumbnail", extra_query=STREAM)
+
+
+def test_the_native_result_route_streams_the_same_bytes(oa, workers) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    client, _user = oa
+    workers.hold = True
+    v = client.videos.create(prompt="a cat on the moon", size="32x32", seconds="1",
+                             extra_body={"num_inference_steps": 2})
+    got_first, seen = threading.Event(), {}
+    got_first.set()  # this reader starts after the writer (the stream's whole length is already there)
+    _write(workers.store, v.id, got_first, seen)
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+
+    def get(query: str) -> tuple[int, bytes]:
+        req = urllib.request.Request(f"{base}/api/v1/jobs/{v.id}/result?{query}",
+                                     headers={"Authorization": f"Bearer {client.api_key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    status, data = get("stream=true")
+    assert status == 200 and data == workers.store.result(v.id)
+    status, body = get("stream=maybe")
+    assert status == 400 and json.loads(body)["field"] == "stream"

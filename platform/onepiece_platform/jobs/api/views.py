@@ -179,7 +179,17 @@ class JobResultView(APIView):
     @extend_schema(operation_id="getJobResult", responses={(200, "image/png"): OpenApiTypes.BINARY, (200, "video/mp4"): OpenApiTypes.BINARY,
                               **_errors(401, 404, 409, 410, 503)})
     def get(self, request: Request, uid: str) -> HttpResponse | Response:
+        from onepiece_platform.videos.stream import stream_query, stream_video
+
+        stream = stream_query(request.query_params.get("stream"))
+        if stream is None:
+            return error(400, "stream must be true or false", field="stream")
         job = control.refresh(own_job(request, uid))
+        if stream:  # the result as it is made (a video's fragmented mp4; any other result once it is there)
+            from django.core.handlers.asgi import ASGIRequest
+
+            ctype, _ext = CONTENT_TYPES.get(get_workflow(job.workflow).final_output, ("application/octet-stream", ""))
+            return stream_video(job.uid or "", job.state, isinstance(request._request, ASGIRequest), ctype)
         return result_response(job)
 
 
