@@ -275,6 +275,9 @@ class Previews:
     def close(self, timeout: float = 5.0) -> None:
         """Let the thread write what is queued, then stop it."""
         if self.thread is not None:
-            self.queue.put(None)
+            try:
+                self.queue.put(None, timeout=timeout)
+            except queue.Full:
+                log.warning("preview thread still busy after %.0f s at close; leaving it (a daemon)", timeout)
             self.thread.join(timeout)
             self.thread = None

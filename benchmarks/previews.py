@@ -1,0 +1,191 @@
+"""Live previews' cost (issue 28 item 2): job time at ``preview_every=5`` against previews off, in the same
+process and run (interleaved, median of ``--runs``), and one preview's cost by each method (the linear
+projection fitted to the loaded VAE, the VAE at reduced size), on the tiny models with one torch thread.
+
+    python benchmarks/previews.py --models /tmp/tiny --runs 5
+
+Previews go to a real redis-server (started here on a free port) through JobStore.add_preview, as a worker
+writes them. Prints one line per workflow and a JSON summary; figures in benchmarks/previews.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+import uuid
+from typing import Any
+
+SHAPES = {  # a step of a realistic share of the job: the tiny models at larger shapes than their warm-up's
+    "sd-t2i": {"height": 128, "width": 128},
+    "flux.1-dev": {"height": 128, "width": 128},
+    "qwen-image": {"height": 128, "width": 128},
+    "wan2.1-t2v": {"height": 128, "width": 128, "num_frames": 17},
+    "wan2.2-t2v-a14b": {"height": 128, "width": 128, "num_frames": 17},
+}
+
+
+def _job(runner: Any, params: dict[str, Any], store: Any, every: int) -> float:
+    """Seconds from the job's start until its result and (with previews) its last preview are written."""
+    uid = uuid.uuid4().hex
+    for name, ex in runner.executors.items():
+        ex._preview_uid = (uid, name)
+    t0, c0 = time.perf_counter(), time.thread_time()
+    runner.run({**params, "preview_every": every}, {}, progress=lambda *a: None)
+    CPU["loop"] += time.thread_time() - c0
+    want = params["num_inference_steps"] // every if every else 0
+    seen, after = 0, "0-0"
+    while seen < want:  # blocking reads of the job's preview stream: woken by each write
+        got = store.previews(uid, after, block_ms=10_000)
+        if not got:
+            raise RuntimeError(f"{uid}: {seen} of {want} previews after 10 s")
+        seen, after = seen + len(got), got[-1].id
+    return time.perf_counter() - t0
+
+
+#: CPU seconds: of the thread running the stages ("loop"), of the preview thread ("preview": making the
+#: pictures and writing them), and of the loop inside the preview hook ("hook": what a preview blocks it)
+CPU = {"loop": 0.0, "preview": 0.0, "hook": 0.0}
+
+
+def _timed(fn: Any, key: str) -> Any:
+    def timed(*a: Any, **k: Any) -> Any:
+        c0 = time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            CPU[key] += time.thread_time() - c0
+    return timed
+
+
+def _attach(runner: Any, store: Any) -> list[Any]:
+    """Each stage gets the worker's preview publisher, as TaskWorker.open_run attaches it (its rendering,
+    writing and hook timed on their own threads' CPU clocks)."""
+    from engine.stages.preview import Previews
+
+    pubs = []
+    for ex in runner.executors.values():
+        pub = Previews(_Store(store), ex)
+        pub._render = _timed(pub._render, "preview")
+        pub.offer = _timed(pub.offer, "hook")
+        pubs.append(pub)
+        run = ex.run
+
+        def attached(i: Any, p: Any, ctx: Any, _run: Any = run, _pub: Any = pub, _ex: Any = ex) -> Any:
+            _pub.attach(ctx, *_ex._preview_uid, p)
+            return _run(i, p, ctx)
+
+        ex.run = attached
+    return pubs
+
+
+class _Store:
+    """The JobStore, its preview writes timed on the preview thread's CPU clock."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.add_preview = _timed(store.add_preview, "preview")
+
+
+def _method_cost(runner: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """One preview's milliseconds by each method, on the denoise stage's own latents at this shape (those
+    after its last step), and each method's one-time set-up (the fit; loading the VAE)."""
+    from engine.stages.preview import Renderer, plane
+
+    ex = next(e for e in runner.executors.values() if getattr(e, "preview_family", None))
+    latents: list[Any] = []
+    run = ex.run
+
+    def keep(i: Any, p: Any, ctx: Any) -> Any:
+        ctx.preview, ctx.preview_every = (lambda s, n, z: latents.append(z)), 1
+        return run(i, p, ctx)
+
+    ex.run = keep
+    try:
+        runner.run({**params, "preview_every": 0}, {}, progress=lambda *a: None)
+    finally:
+        ex.run = run
+    z = plane(latents[-1], ex.preview_grid(params) if hasattr(ex, "preview_grid") else None)
+    out: dict[str, Any] = {}
+    for method in ("linear", "vae"):
+        r = Renderer(ex.model_dir, ex.preview_family, "cpu", method)
+        t0 = time.perf_counter()
+        r.ready(z.shape[1])
+        setup = time.perf_counter() - t0
+        times = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            r.render(z)
+            times.append(time.perf_counter() - t0)
+        out[method] = {"setup_s": round(setup, 4), "per_preview_ms": round(1000 * statistics.median(times), 3)}
+        if r.projection is not None:
+            out[method]["fit_r2"] = round(r.projection.r2, 3)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="/tmp/tiny")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--every", type=int, default=5)
+    ap.add_argument("--workflows", default=",".join(SHAPES))
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    from engine.embedded import RedisServer
+    from engine.stages.runner import LocalRunner
+    from engine.store import JobStore
+    from engine.workflow import get_workflow
+
+    server = RedisServer("redis-server", tempfile.mkdtemp(prefix="previews-bench-")).start()
+    store = JobStore.from_url(server.url, ttl=60)
+    summary = {}
+    try:
+        for wf in args.workflows.split(","):
+            spec = get_workflow(wf)
+            params = spec.resolve_params({**spec.warm_up_request()[0], **SHAPES[wf], "num_inference_steps": args.steps})
+            runner = LocalRunner(wf, f"{args.models}/{wf}")
+            methods = _method_cost(runner, params)
+            pubs = _attach(runner, store)
+            _job(runner, params, store, args.every)  # warm: the projection fitted, caches filled
+            off, on, cpu = [], [], {}
+            for _ in range(args.runs):
+                CPU.update(loop=0.0, preview=0.0, hook=0.0)
+                off.append(_job(runner, params, store, 0))
+                cpu_off = CPU["loop"]
+                CPU.update(loop=0.0, preview=0.0, hook=0.0)
+                on.append(_job(runner, params, store, args.every))
+                for k, v in {"loop_off": cpu_off, "loop_on": CPU["loop"], "preview": CPU["preview"],
+                             "hook": CPU["hook"]}.items():
+                    cpu.setdefault(k, []).append(v)
+            cpu = {k: statistics.median(v) for k, v in cpu.items()}
+            for p in pubs:
+                p.close()
+            row = {"off_s": round(statistics.median(off), 4), "on_s": round(statistics.median(on), 4),
+                   "ratio": round(statistics.median(on) / statistics.median(off), 4),
+                   "ratio_min": round(min(on) / min(off), 4),
+                   # CPU: the job's loop-thread CPU with previews plus the preview thread's, over the loop's
+                   # CPU without: the added time if the preview thread had no core of its own (load-robust)
+                   "cpu_ratio": round((cpu["loop_on"] + cpu["preview"]) / cpu["loop_off"], 4),
+                   "hook_us_per_preview": round(1e6 * cpu["hook"] / (args.steps // args.every), 1),
+                   "preview_cpu_ms_per_preview": round(1e3 * cpu["preview"] / (args.steps // args.every), 2),
+                   "methods": methods,
+                   "shape": SHAPES[wf], "steps": args.steps, "every": args.every}
+            summary[wf] = row
+            print(f"{wf}: off {row['off_s']}s, preview_every={args.every} {row['on_s']}s, ratio {row['ratio']} "
+                  f"(min/min {row['ratio_min']}, CPU {row['cpu_ratio']}, hook {row['hook_us_per_preview']} us); "
+                  f"linear {methods['linear']['per_preview_ms']} ms/preview (fit {methods['linear']['setup_s']}s, "
+                  f"r2 {methods['linear']['fit_r2']}), vae {methods['vae']['per_preview_ms']} ms/preview", flush=True)
+    finally:
+        store.close()
+        server.stop()
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
