@@ -3,7 +3,9 @@ them: the default ``/v1/videos`` request of the text-to-video model completes wi
 bytes, the request crosses from the high-noise expert's stage to the low-noise expert's at the pipeline's
 boundary step, the native API takes a request too, requests over the loaded model's limits are refused at
 intake naming the field, and the six-stage image-to-video workflow's default request goes through every stage
-(the ledger's stage runs, the Node Manager's capacity)."""
+(the ledger's stage runs, the Node Manager's capacity). ``guidance_scale_2`` reaches the low-noise expert through
+the openai client's ``extra_body``; wan2.2-ti2v-5b's default request, a prompt alone, completes with WanPipeline's
+mp4 bytes."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from tests.e2e.up import start_up, stop_up
 KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.integration]
-WF, I2V = "wan2.2-t2v-a14b", "wan2.2-i2v-a14b"
+WF, I2V, TI2V = "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b"
 
 
 def _call(lines: dict[str, str], method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
@@ -48,7 +50,7 @@ def _reference_mp4(folder: Path, params: dict[str, Any]) -> bytes:
     pipe = WanPipeline.from_pretrained(folder)
     keys = ("prompt", "negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
             "guidance_scale_2", "max_sequence_length")
-    frames = pipe(**{k: params[k] for k in keys}, generator=torch.Generator().manual_seed(params["seed"]),
+    frames = pipe(**{k: params[k] for k in keys if k in params}, generator=torch.Generator().manual_seed(params["seed"]),
                   output_type="np").frames[0]
     return encode_mp4((frames * 255).round().astype("uint8"), params["fps"])
 
@@ -60,9 +62,9 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
     from engine.store import JobStore
 
     state = tmp_path / "state"
-    proc, lines = start_up(state, "--workflows", f"{WF},{I2V}")  # builds only these workflows' tiny models
+    proc, lines = start_up(state, "--workflows", f"{WF},{I2V},{TI2V}")  # builds only these workflows' tiny models
     try:
-        assert sorted(p.name for p in (state / "models").iterdir() if p.is_dir()) == [I2V, WF]
+        assert sorted(p.name for p in (state / "models").iterdir() if p.is_dir()) == [I2V, WF, TI2V]
         client = openai.OpenAI(base_url=lines["api"], api_key=lines["api key"], max_retries=0, timeout=60)
         # the model's default request: no size, no seconds, no steps (the folder's serving.json)
         video = client.videos.create_and_poll(prompt="a cat walks on the beach", model=WF, poll_interval_ms=200)
@@ -104,6 +106,17 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
         status, doc = _call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
             "prompt": "a cat", "guidance_scale_2": 51.0}})
         assert status == 400 and "guidance_scale_2" in json.dumps(doc), doc
+        # the low expert's guidance through the openai client: the pipeline's bytes with that guidance
+        small = {"width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 3}
+        video = client.videos.create_and_poll(prompt="a red car", model=WF, poll_interval_ms=200,
+                                              extra_body={**small, "guidance_scale_2": 2.0})
+        assert video.status == "completed", video
+        _, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
+        assert job["params"]["guidance_scale_2"] == 2.0, job["params"]
+        reference = _reference_mp4(state / "models" / WF, job["params"])
+        assert client.videos.download_content(video.id).content == reference
+        assert reference != _reference_mp4(state / "models" / WF, {**job["params"], "guidance_scale_2": 5.0})
+        _ti2v_text_only(lines, client, state)
         _six_stages(lines, client, state)
         client.close()
     finally:
@@ -138,3 +151,15 @@ def _six_stages(lines: dict[str, str], client: Any, state: Path) -> None:
         time.sleep(0.2)
     capacity = json.loads(etcd.get(KEYS.capacity(I2V))[0])
     assert capacity["rps"] > 0 and set(capacity["instances"]) == set(route), capacity
+
+
+def _ti2v_text_only(lines: dict[str, str], client: Any, state: Path) -> None:
+    """wan2.2-ti2v-5b's default /v1/videos request, a prompt alone: every stage runs (vae_encode only draws the
+    noise) and the mp4 is WanPipeline's over the TI2V folder."""
+    video = client.videos.create_and_poll(prompt="a cat walks on the beach", model=TI2V, poll_interval_ms=200)
+    assert video.status == "completed" and video.model == TI2V, video
+    status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
+    assert status == 200 and [r["stage"] for r in job["stage_runs"]] == [
+        "text_encode", "vae_encode", "denoise", "vae_decode", "video_encode"], job["stage_runs"]
+    mp4 = client.videos.download_content(video.id).content
+    assert mp4[4:8] == b"ftyp" and mp4 == _reference_mp4(state / "models" / TI2V, job["params"])
