@@ -398,6 +398,13 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         await asyncio.gather(*tasks)
     finally:
         await client.close()
+    return {"rate_rps": rate, "offered": len(tasks), **_row(outcomes, served, lag, seconds, deadline_s),
+            **eta_fields(told, provisional)}
+
+
+def _row(outcomes: list[tuple[str, float]], served: list[float], lag: list[float], seconds: float,
+         deadline_s: float) -> dict[str, Any]:
+    """An open-loop row's counts and latencies from its outcomes (state, seconds since scheduled)."""
     completed = [s for st, s in outcomes if st == "completed"]
     in_deadline = [s for s in completed if s <= deadline_s]
     refused = [s for st, s in outcomes if st == "refused"]
@@ -406,7 +413,7 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         states[st] = states.get(st, 0) + 1
     accepted = len(outcomes) - len(refused) - sum(n for st, n in states.items() if st.startswith("error"))
     return {
-        "rate_rps": rate, "offered": len(tasks), "accepted": accepted,
+        "accepted": accepted,
         "completed": len(completed), "completed_in_deadline": len(in_deadline),
         "completed_late": len(completed) - len(in_deadline), "expired": states.get("expired", 0),
         "failed": states.get("failed", 0), "not_finished": states.get("timeout", 0),
@@ -417,7 +424,6 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         "reject_latency_p99_ms": (_pct(refused, 0.99) or 0) * 1e3 if refused else None,
         "reject_service_p99_ms": (_pct(served, 0.99) or 0) * 1e3 if served else None,
         "client_send_lag_p99_ms": (_pct(lag, 0.99) or 0) * 1e3,
-        **eta_fields(told, provisional),
     }
 
 
@@ -474,6 +480,16 @@ async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], r
                          "not_finished": sum(1 for st, _ in rows if st == "timeout"),
                          "p50_s": _pct(done, 0.5), "p99_s": _pct(done, 0.99), "max_s": max(done, default=None)}
     return out
+
+
+def issue28_figures(proxy: str, workflow: str, params: dict[str, Any], capacity: float, seconds: float,
+                    rows: list[dict[str, Any]], unloaded: list[float], seed: int) -> dict[str, Any]:
+    """``eta_calibration`` (the open-loop rows' ETA fields at 0.5x and 1x) and ``priority_2x`` (run now)."""
+    keys = ("eta_jobs", "eta_within_p50_share", "eta_p90_coverage", "eta_provisional_share")
+    calibration = {f"{r['load_x_capacity']}x": {k: r[k] for k in keys} for r in rows
+                   if r["load_x_capacity"] in (0.5, 1.0)}
+    pr = asyncio.run(priority_overload(proxy, workflow, params, 2 * capacity, seconds, seed=seed))
+    return {"eta_calibration": calibration, "priority_2x": priority_figure(pr, unloaded, 2 * capacity, 0.25)}
 
 
 def priority_figure(rows: dict[str, dict[str, Any]], unloaded: list[float], rate: float,
@@ -555,12 +571,7 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
             r["goodput_x_capacity"] = r["goodput_rps"] / capacity
             rows.append(r)
         out["open_loop"] = rows
-        out["eta_calibration"] = {f"{r['load_x_capacity']}x": {k: r[k] for k in ("eta_jobs", "eta_within_p50_share",
-                                                                              "eta_p90_coverage",
-                                                                              "eta_provisional_share")}
-                                  for r in rows if r["load_x_capacity"] in (0.5, 1.0)}
-        pr = asyncio.run(priority_overload(proxy, workflow, params, 2 * capacity, seconds, seed=len(loads)))
-        out["priority_2x"] = priority_figure(pr, staged, 2 * capacity, 0.25)
+        out.update(issue28_figures(proxy, workflow, params, capacity, seconds, rows, staged, seed=len(loads)))
         out.update(baselines_on_private_engines(model_dir, seconds, saturate_in_flight, device, single_stage,
                                                 single_stage_instances, mix_model_dirs))
     return out
@@ -699,6 +710,21 @@ def main(args: Any) -> int:
     def f(v: float | None, fmt: str) -> str:
         return format(v, fmt) if v is not None else "-"
 
+    print_issue28(r)
+    for row in r["open_loop"]:
+        print(f"{row['load_x_capacity']:>5}x {row['offered']:8d} {row['accepted']:8d} "
+              f"{row['completed_in_deadline']:6d} {row['completed_late']:5d} {row['expired']:7d} "
+              f"{row['refused']:7d} {row['goodput_rps']:8.2f} {row['goodput_x_capacity']:6.2f} "
+              f"{f(row['latency_p50_s'], '7.2f')} {f(row['latency_p99_s'], '7.2f')} "
+              f"{f(row['reject_latency_p99_ms'], '13.1f')}")
+    return 0
+
+
+def print_issue28(r: dict[str, Any]) -> None:
+    """The text lines of ``priority_2x`` and ``eta_calibration``."""
+    def f(v: float | None, fmt: str) -> str:
+        return format(v, fmt) if v is not None else "-"
+
     pr = r["priority_2x"]
     print(f"priority at 2x load ({pr['high_share']:.0%} high): high p99 {f(pr['high_p99_s'], '.2f')} s vs unloaded "
           f"p99 {f(pr['unloaded_p99_s'], '.2f')} s = {f(pr['high_p99_vs_unloaded_p99'], '.2f')}x (goal <= 1.5x); "
@@ -708,10 +734,3 @@ def main(args: Any) -> int:
     for load, c in r["eta_calibration"].items():
         print(f"eta at {load}: {f(c['eta_within_p50_share'], '.0%')} within max(1 s, 50%) of p50 (goal >= 80%), "
               f"p90 coverage {f(c['eta_p90_coverage'], '.0%')} (goal 85-95%) over {c['eta_jobs']} jobs")
-    for row in r["open_loop"]:
-        print(f"{row['load_x_capacity']:>5}x {row['offered']:8d} {row['accepted']:8d} "
-              f"{row['completed_in_deadline']:6d} {row['completed_late']:5d} {row['expired']:7d} "
-              f"{row['refused']:7d} {row['goodput_rps']:8.2f} {row['goodput_x_capacity']:6.2f} "
-              f"{f(row['latency_p50_s'], '7.2f')} {f(row['latency_p99_s'], '7.2f')} "
-              f"{f(row['reject_latency_p99_ms'], '13.1f')}")
-    return 0

@@ -294,9 +294,7 @@ async def _admit(request: web.Request, ticket: Ticket) -> web.Response:
         if not decision.admit:
             return _busy(decision.reason, decision.retry_after, request)
     app[DRAIN].note_accepted(spec.name)  # in flight in the store from now on
-    job = app[BOOK].add(uid, spec.name, ticket.sub.priority, time.monotonic(), stage_s)
-    estimate, job.raw_s = _estimate(app, job, None, 0, job.accepted)
-    job.p50_s, job.p90_s = estimate.eta_s, estimate.eta_p90_s  # what it is told now: judged when it ends
+    estimate = _booked(app, ticket, stage_s)
     try:
         # where it went is recorded by the injecting thread, right after the send (no second trip)
         target = await app[INJECTOR].inject(spec.name, ticket.entry, ticket.message, ticket.entry_cost,
@@ -316,6 +314,14 @@ async def _admit(request: web.Request, ticket: Ticket) -> web.Response:
                               "predicted_wait_s": decision.predicted_wait_s, "instance": target.instance,
                               "deadline": ticket.sub.deadline, **estimate.as_dict()}, status=202,
                              headers={ETA_HEADER: estimate.header()})
+
+
+def _booked(app: web.Application, ticket: Ticket, stage_s: list[float]) -> eta.Estimate:
+    """Enter an accepted request in the book; the estimate it is told now (judged when it ends)."""
+    job = app[BOOK].add(ticket.uid, ticket.sub.spec.name, ticket.sub.priority, time.monotonic(), stage_s)
+    estimate, job.raw_s = _estimate(app, job, None, 0, job.accepted)
+    job.p50_s, job.p90_s = estimate.eta_s, estimate.eta_p90_s
+    return estimate
 
 
 def _rate(app: web.Application, workflow: str) -> float | None:
