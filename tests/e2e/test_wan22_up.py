@@ -140,9 +140,16 @@ def _six_stages(lines: dict[str, str], client: Any, state: Path) -> None:
                                           input_reference=("first.png", png(64, 64), "image/png"))
     assert video.status == "completed" and video.model == I2V and video.size == "112x64", video
     assert client.videos.download_content(video.id).content[4:8] == b"ftyp"
-    status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
-    assert status == 200 and [r["stage"] for r in job["stage_runs"]] == route, job
-    assert all(r["finished"] is not None for r in job["stage_runs"]), job["stage_runs"]
+    # The video's state can come from the engine's status (a poll refreshes an unfinished job) a moment before
+    # the reconciler has applied the last stage events to the ledger's stage runs: wait for the ledger.
+    deadline = time.monotonic() + 30
+    while True:
+        status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
+        assert status == 200 and [r["stage"] for r in job["stage_runs"]] == route, job
+        if all(r["finished"] is not None for r in job["stage_runs"]):
+            break
+        assert time.monotonic() < deadline, f"the ledger never finished every stage run: {job['stage_runs']}"
+        time.sleep(0.2)
     password = (state / "secrets" / "etcd-password").read_text().strip()
     etcd = etcd_client(lines["etcd"].replace("***", quote(password, safe=""), 1))
     deadline = time.monotonic() + 60
