@@ -48,6 +48,7 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from engine.bench.cpu import ControlPlaneMeter, roles_from_state
@@ -626,8 +627,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: Any) -> int:
-    from pathlib import Path
-
     if args.adapters:  # LoRA adapters on one pool (issue 27)
         from engine.bench import adapters
 
@@ -635,47 +634,58 @@ def main(args: Any) -> int:
     if not args.proxy:
         print("error: --proxy is required (the proxy: line of onepiece up)", file=sys.stderr)
         return 2
-
-    from engine import envs
-
     state = args.state or str(Path(args.model_dir).resolve().parents[1])
-    token = Path(state) / "secrets" / "proxy-token"
-    if not envs.PROXY_TOKEN and token.is_file():  # the credential `onepiece up` generated for its Proxy
-        os.environ["ONEPIECE_PROXY_TOKEN"] = token.read_text().strip()
-    status, _ = _call(f"{args.proxy.rstrip('/')}/v1/workflows")
-    if status in (401, 403):
-        print(f"error: the Proxy refused the credential ({status}): set ONEPIECE_PROXY_TOKEN, or --state to the "
-              "folder of the onepiece up that runs it (its secrets/proxy-token)", file=sys.stderr)
+    if not _credential(args.proxy, state):
         return 2
     processes = roles_from_state(state)
     if not processes:
         print(f"no processes.json under {state}: the control plane's CPU is not measured (--state)", file=sys.stderr)
-    mix: dict[str, str] | None = None
-    if not args.no_mixed:
-        from engine.bench.variants import MIX_WORKFLOWS
-
-        models = Path(args.mix_models or Path(args.model_dir).resolve().parent)
-        mix = {wf: str(models / wf) for wf in MIX_WORKFLOWS if (models / wf / "model_index.json").is_file()}
-        if len(mix) < len(MIX_WORKFLOWS):
-            print(f"mixed run skipped: {models} lacks {sorted(set(MIX_WORKFLOWS) - set(mix))} "
-                  "(onepiece models make-tiny builds them)", file=sys.stderr)
-            mix = None
     result = run(args.proxy, args.model_dir, args.workflow, args.requests, args.seconds, args.deadline_s,
                  hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes,
                  single_stage=not args.no_single_stage, single_stage_instances=args.single_stage_instances,
-                 mix_model_dirs=mix)
+                 mix_model_dirs=None if args.no_mixed else _mix_models(args))
     if not args.no_stream:  # streamed video (issue 28): first playable fragment against completion
         from engine.bench import stream
 
         result.update(stream.figure(args.proxy))
-        if not args.json:
-            print(f"streamed video ({stream.WORKFLOW}, {result['stream_runs']} runs): first playable fragment after "
-                  f"{result['first_fragment_s']:.2f} s, complete after {result['stream_complete_s']:.2f} s: "
-                  f"first_fragment_vs_complete {result['first_fragment_vs_complete']:.2f} (goal <= 0.5)")
     if args.json:
         print(json.dumps(result, indent=1))
-        return 0
-    r = result
+    else:
+        print_text(result)
+    return 0
+
+
+def _credential(proxy: str, state: str) -> bool:
+    """Whether the Proxy takes our credential: ONEPIECE_PROXY_TOKEN, else the one `onepiece up` generated in
+    its state folder (printed to stderr and False when refused)."""
+    from engine import envs
+
+    token = Path(state) / "secrets" / "proxy-token"
+    if not envs.PROXY_TOKEN and token.is_file():
+        os.environ["ONEPIECE_PROXY_TOKEN"] = token.read_text().strip()
+    status, _ = _call(f"{proxy.rstrip('/')}/v1/workflows")
+    if status in (401, 403):
+        print(f"error: the Proxy refused the credential ({status}): set ONEPIECE_PROXY_TOKEN, or --state to the "
+              "folder of the onepiece up that runs it (its secrets/proxy-token)", file=sys.stderr)
+        return False
+    return True
+
+
+def _mix_models(args: Any) -> dict[str, str] | None:
+    """workflow -> model folder for the mixed run, or None (said why) when a folder is missing."""
+    from engine.bench.variants import MIX_WORKFLOWS
+
+    models = Path(args.mix_models or Path(args.model_dir).resolve().parent)
+    mix = {wf: str(models / wf) for wf in MIX_WORKFLOWS if (models / wf / "model_index.json").is_file()}
+    if len(mix) < len(MIX_WORKFLOWS):
+        print(f"mixed run skipped: {models} lacks {sorted(set(MIX_WORKFLOWS) - set(mix))} "
+              "(onepiece models make-tiny builds them)", file=sys.stderr)
+        return None
+    return mix
+
+
+def print_text(r: dict[str, Any]) -> None:
+    """The figures as lines for a reader (``--json`` prints them whole)."""
     hog = f", {r['hog']} core hog(s) running" if r["hog"] else ""
     print(f"{r['workflow']} on {r['cores']} cores{hog}: staged p50 {r['staged_latency_p50_s'] * 1e3:.1f} ms vs "
           f"one-call {r['one_call_latency_p50_s'] * 1e3:.1f} ms ({r['one_call_threads']} threads, its best) = "
@@ -686,6 +696,22 @@ def main(args: Any) -> int:
     print(f"capacity: {r['capacity_rps']:.2f} requests/s at saturation ({r['saturate_in_flight']} in flight) vs "
           f"monolith {r['monolith_capacity_rps']:.2f} requests/s ({r['monolith_processes']} process(es)) = "
           f"{r['staged_vs_monolith_capacity']:.2f}x; open-loop requests carry a {r['deadline_s']:.0f} s deadline")
+    _print_baselines(r)
+    if r.get("control_plane_cpu_ms_per_request") is not None:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in r["control_plane_breakdown"].items())
+        print(f"control plane: {r['control_plane_cpu_ms_per_request']:.1f} ms CPU per completed request at "
+              f"saturation ({parts}); stage workers {r['stage_workers_cpu_ms_per_request']:.1f} ms")
+    if r.get("first_fragment_vs_complete") is not None:
+        from engine.bench import stream
+
+        print(f"streamed video ({stream.WORKFLOW}, {r['stream_runs']} runs): first playable fragment after "
+              f"{r['first_fragment_s']:.2f} s, complete after {r['stream_complete_s']:.2f} s: "
+              f"first_fragment_vs_complete {r['first_fragment_vs_complete']:.2f} (goal <= 0.5)")
+    print_issue28(r)
+    _print_open_loop(r["open_loop"])
+
+
+def _print_baselines(r: dict[str, Any]) -> None:
     if r.get("staged_vs_batched_monolith_capacity") is not None:
         print(f"batched monolith: {r['batched_monolith_capacity_rps']:.2f} requests/s at batch "
               f"{r['batched_monolith_batch']} (its best of {', '.join(r['batched_monolith_rps_by_batch'])}) = "
@@ -700,31 +726,27 @@ def main(args: Any) -> int:
               f"requests/s ({r['mixed_instances']} instances) vs a monolith per workflow "
               f"{r['monolith_mix_capacity_rps']:.2f} = {r['mixed_vs_monolith_capacity']:.2f}x; peak memory "
               f"staged {r['staged_rss_mb']:.0f} MiB vs monoliths {r['monolith_rss_mb']:.0f} MiB")
-    if r.get("control_plane_cpu_ms_per_request") is not None:
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in r["control_plane_breakdown"].items())
-        print(f"control plane: {r['control_plane_cpu_ms_per_request']:.1f} ms CPU per completed request at "
-              f"saturation ({parts}); stage workers {r['stage_workers_cpu_ms_per_request']:.1f} ms")
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return format(v, spec) if v is not None else "-"
+
+
+def _print_open_loop(rows: list[dict[str, Any]]) -> None:
+    f = _fmt
     print(f"{'load':>6} {'offered':>8} {'accepted':>8} {'in dl':>6} {'late':>5} {'expired':>7} {'refused':>7} "
           f"{'goodput':>8} {'x cap':>6} {'p50 s':>7} {'p99 s':>7} {'refuse p99 ms':>13}")
-
-    def f(v: float | None, fmt: str) -> str:
-        return format(v, fmt) if v is not None else "-"
-
-    print_issue28(r)
-    for row in r["open_loop"]:
+    for row in rows:
         print(f"{row['load_x_capacity']:>5}x {row['offered']:8d} {row['accepted']:8d} "
               f"{row['completed_in_deadline']:6d} {row['completed_late']:5d} {row['expired']:7d} "
               f"{row['refused']:7d} {row['goodput_rps']:8.2f} {row['goodput_x_capacity']:6.2f} "
               f"{f(row['latency_p50_s'], '7.2f')} {f(row['latency_p99_s'], '7.2f')} "
               f"{f(row['reject_latency_p99_ms'], '13.1f')}")
-    return 0
 
 
 def print_issue28(r: dict[str, Any]) -> None:
     """The text lines of ``priority_2x`` and ``eta_calibration``."""
-    def f(v: float | None, fmt: str) -> str:
-        return format(v, fmt) if v is not None else "-"
-
+    f = _fmt
     pr = r["priority_2x"]
     print(f"priority at 2x load ({pr['high_share']:.0%} high): high p99 {f(pr['high_p99_s'], '.2f')} s vs unloaded "
           f"p99 {f(pr['unloaded_p99_s'], '.2f')} s = {f(pr['high_p99_vs_unloaded_p99'], '.2f')}x (goal <= 1.5x); "
