@@ -132,3 +132,42 @@ def tree_peak_rss_mb(roles: dict[str, int]) -> dict[str, float]:
             key = WORKERS if p is not root and _is_worker(p) else role
             out[key] = out.get(key, 0.0) + vm_hwm_mb(p.pid)
     return out
+
+
+def _sched(pid: int) -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for one) summed over the process's threads (/proc schedstat)."""
+    run = wait = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run, wait
+
+
+class RunQueueMeter:
+    """How long one process (the Proxy) was runnable but waiting for a CPU, per second of a window: the
+    scheduling delay a refusal meets on a busy host, which its own work (the CPU time) does not show.
+    ``None`` figures where /proc has no schedstat (a kernel without schedstats)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self._t0 = 0.0
+        self._s0 = (0, 0)
+
+    def begin(self) -> None:
+        import time
+
+        if self.pid is not None:
+            self._t0, self._s0 = time.monotonic(), _sched(self.pid)
+
+    def end(self) -> dict[str, float | None]:
+        import time
+
+        if self.pid is None or not Path(f"/proc/{self.pid}/schedstat").exists():
+            return {"proxy_cpu_ms_per_s": None, "proxy_runqueue_wait_ms_per_s": None}
+        wall = max(1e-9, time.monotonic() - self._t0)
+        run, wait = _sched(self.pid)
+        return {"proxy_cpu_ms_per_s": (run - self._s0[0]) / 1e6 / wall,
+                "proxy_runqueue_wait_ms_per_s": (wait - self._s0[1]) / 1e6 / wall}

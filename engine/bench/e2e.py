@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.bench.cpu import ControlPlaneMeter, roles_from_state
+from engine.bench.cpu import ControlPlaneMeter, RunQueueMeter, roles_from_state
 
 PARAMS = {"sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3,
                      "seed": 1}}
@@ -566,8 +566,11 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
                    batched_monolith_batch=best_b, batched_monolith_capacity_rps=by_batch.get(best_b),
                    staged_vs_batched_monolith_capacity=capacity / by_batch[best_b] if by_batch else None)
         rows = []
+        waits = RunQueueMeter((processes or {}).get("proxy"))  # the refusals' scheduling delay, measured
         for i, f in enumerate(loads):
+            waits.begin()
             r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s))
+            r.update(waits.end())
             r["load_x_capacity"] = f
             r["goodput_x_capacity"] = r["goodput_rps"] / capacity
             rows.append(r)

@@ -85,3 +85,33 @@ def test_roles_from_state(tmp_path: Path) -> None:
     (tmp_path / "processes.json").write_text(json.dumps({
         "supervisor_pid": 10, "processes": {"proxy": {"pid": 11}, "web": {"pid": None}, "redis": {"pid": 12}}}))
     assert roles_from_state(tmp_path) == {"proxy": 11, "redis": 12, "supervisor": 10}
+
+
+def test_the_run_queue_meter_sees_a_process_wait_for_a_busy_core() -> None:
+    """Two busy processes pinned to one core: each waits for the core while the other runs, so the meter
+    reports waiting of the order of the running; without /proc figures for a pid it reports none."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from engine.bench.cpu import RunQueueMeter
+
+    core = str(min(os.sched_getaffinity(0)))
+    busy = [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    procs = [subprocess.Popen(busy) for _ in range(2)]
+    try:
+        meter = RunQueueMeter(procs[0].pid)
+        meter.begin()
+        deadline = time.monotonic() + 30
+        while True:  # until the process has both run and waited a measurable while
+            fig = meter.end()
+            if fig["proxy_cpu_ms_per_s"] * (time.monotonic() - meter._t0) > 300 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert fig["proxy_cpu_ms_per_s"] > 0 and fig["proxy_runqueue_wait_ms_per_s"] > 0.3 * fig["proxy_cpu_ms_per_s"], fig
+    assert RunQueueMeter(None).end() == {"proxy_cpu_ms_per_s": None, "proxy_runqueue_wait_ms_per_s": None}

@@ -39,6 +39,8 @@ def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Pat
                      "reject_latency_p99_ms", "goodput_x_capacity"):
             assert name in row, (name, row)
         assert row["offered"] > 0 and row["errors"] == {} and row["not_finished"] == 0, row
+        # the Proxy's scheduling delay over the row (its threads runnable, waiting for a CPU): the hog makes some
+        assert row["proxy_cpu_ms_per_s"] > 0 and row["proxy_runqueue_wait_ms_per_s"] >= 0, row
         # every request sent is in exactly one column: refused, or accepted and then ended one way
         assert row["offered"] == row["accepted"] + row["refused"], row
         assert row["accepted"] == row["completed"] + row["expired"] + row["failed"], row
