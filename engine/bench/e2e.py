@@ -650,7 +650,12 @@ def main(args: Any) -> int:
     if not args.no_stream:  # streamed video (issue 28): first playable fragment against completion
         from engine.bench import stream
 
-        result.update(stream.figure(args.proxy))
+        _, ready = _call(f"{args.proxy.rstrip('/')}/readyz")
+        if (ready.get("checks", {}) if isinstance(ready, dict) else {}).get(f"routes:{stream.WORKFLOW}") == "ok":
+            result.update(stream.figure(args.proxy))
+        else:
+            print(f"streamed-video figure skipped: the engine does not serve {stream.WORKFLOW} (onepiece up "
+                  f"--workflows {args.workflow},{stream.WORKFLOW}; --no-stream skips it)", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
