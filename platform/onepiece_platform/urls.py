@@ -1,3 +1,5 @@
+"""The platform's root URL table: health, metrics, schema, the APIs, the dashboard and the admin."""
+
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView

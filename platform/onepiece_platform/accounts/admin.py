@@ -1,3 +1,5 @@
+"""The admin's pages for API keys (listed and revoked, never issued there) and the read-only audit log."""
+
 from django.contrib import admin
 from django.http import HttpRequest
 

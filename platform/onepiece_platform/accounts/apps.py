@@ -1,3 +1,5 @@
+"""Django app config of accounts; registers the OpenAPI Bearer scheme when the app is ready."""
+
 from django.apps import AppConfig
 
 

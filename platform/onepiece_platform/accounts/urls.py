@@ -1,3 +1,5 @@
+"""URL routes of the API keys' REST API (under /api/v1/)."""
+
 from django.urls import path
 
 from onepiece_platform.accounts.api import views

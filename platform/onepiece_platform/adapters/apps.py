@@ -1,3 +1,5 @@
+"""Django app config of adapters (LoRA adapters on the platform)."""
+
 from django.apps import AppConfig
 
 

@@ -1,3 +1,5 @@
+"""Django app config of the operators' dashboard."""
+
 from django.apps import AppConfig
 
 

@@ -1,3 +1,5 @@
+"""URL routes of the operators' dashboard: its page, its JSON reads and its scaling actions."""
+
 from django.urls import path
 
 from onepiece_platform.dashboard import actions, views

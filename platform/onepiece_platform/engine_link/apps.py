@@ -1,3 +1,5 @@
+"""Django app config of engine_link (the platform's link to the engine)."""
+
 from django.apps import AppConfig
 
 

@@ -1,3 +1,5 @@
+"""The admin's read-only view of the job ledger with each job's stage runs, and cancelling jobs from it."""
+
 from django.contrib import admin
 from django.http import HttpRequest
 

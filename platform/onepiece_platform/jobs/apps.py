@@ -1,3 +1,5 @@
+"""Django app config of jobs (the job ledger)."""
+
 from django.apps import AppConfig
 
 

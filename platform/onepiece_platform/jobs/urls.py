@@ -1,3 +1,5 @@
+"""URL routes of the native job API (under /api/v1/): jobs, their results and previews, workflows."""
+
 from django.urls import path
 
 from onepiece_platform.jobs import previews

@@ -1,3 +1,5 @@
+"""Django app config of ops (health, metrics); registers the system checks when the app is ready."""
+
 from django.apps import AppConfig
 
 

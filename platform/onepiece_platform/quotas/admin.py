@@ -1,3 +1,5 @@
+"""The admin's page for quotas, with each user's running jobs and GPU-seconds today read from Redis."""
+
 from django.contrib import admin
 
 from onepiece_platform.quotas import counters

@@ -1,3 +1,5 @@
+"""Django app config of quotas (per-user limits and counters)."""
+
 from django.apps import AppConfig
 
 

@@ -1,3 +1,5 @@
+"""Django app config of videos; loads the decode and encode libraries once, before any request."""
+
 from django.apps import AppConfig
 
 

@@ -1,3 +1,5 @@
+"""Django app config of webhooks; registers the delivery lease's system check when the app is ready."""
+
 from django.apps import AppConfig
 
 

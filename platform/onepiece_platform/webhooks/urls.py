@@ -1,3 +1,5 @@
+"""URL routes of the webhooks' REST API (under /api/v1/): endpoints and their deliveries."""
+
 from django.urls import path
 
 from onepiece_platform.webhooks.api import views

@@ -1,3 +1,5 @@
+"""API keys as clients see them: never the secret, except once in the answer to a create."""
+
 from __future__ import annotations
 
 from django.utils import timezone

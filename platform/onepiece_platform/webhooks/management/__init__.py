@@ -1,0 +1,1 @@
+"""Management commands of the webhooks app (the package Django looks in)."""

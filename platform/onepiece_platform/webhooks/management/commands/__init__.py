@@ -1,0 +1,1 @@
+"""The webhooks app's commands: deliver_webhooks (the delivery worker)."""
