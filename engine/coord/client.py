@@ -105,6 +105,19 @@ def redact(urls: str) -> str:
     return ",".join(out)
 
 
+def _token_of(r: Any, endpoint: Endpoint) -> str:
+    """The token in etcd's answer ``r`` to ``/v3/auth/authenticate``; "" when etcd has authentication off."""
+    from etcd3gw import exceptions
+
+    if r.status_code in (503, 504):
+        raise exceptions.ConnectionFailedError(r.text, r.reason)
+    if r.status_code != 200 and _AUTH_OFF in r.content:
+        return ""
+    if r.status_code != 200 or "token" not in r.json():
+        raise EtcdAuthError(f"etcd at {endpoint.url} refused user {endpoint.username!r}: {r.text.strip()[:200]}")
+    return str(r.json()["token"])
+
+
 def _session(endpoint: Endpoint, timeout: Any) -> Any:
     """A ``requests`` session for one endpoint: TLS settings, and etcd's auth token when it has a user."""
     import requests
@@ -132,15 +145,7 @@ def _session(endpoint: Endpoint, timeout: Any) -> Any:
                     raise exceptions.ConnectionTimeoutError(str(e)) from e
                 except requests.exceptions.ConnectionError as e:
                     raise exceptions.ConnectionFailedError(str(e)) from e
-                if r.status_code in (503, 504):
-                    raise exceptions.ConnectionFailedError(r.text, r.reason)
-                if r.status_code != 200 and _AUTH_OFF in r.content:
-                    self._token = ""
-                    return self._token
-                if r.status_code != 200 or "token" not in r.json():
-                    raise EtcdAuthError(f"etcd at {endpoint.url} refused user {endpoint.username!r}: "
-                                        f"{r.text.strip()[:200]}")
-                self._token = str(r.json()["token"])
+                self._token = _token_of(r, endpoint)
                 return self._token
 
         def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
