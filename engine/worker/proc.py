@@ -20,9 +20,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine import envs
 from engine.worker import priority
@@ -54,25 +55,24 @@ def _take_config() -> str:
     return raw
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+def _fields(args: list[str]) -> dict[str, Any] | None:
+    """The configuration's fields from the command line or the environment; None (after saying why) when
+    there is none."""
     if len(args) != 1:
         print(f"usage: python -m engine.worker.proc INSTANCE_ID (config in {CONFIG_ENV}) | CONFIG_JSON",
               file=sys.stderr)
-        return 2
+        return None
     raw = args[0] if args[0].lstrip().startswith("{") else _take_config()
     if not raw:
         print(f"engine.worker.proc {args[0]}: no configuration in {CONFIG_ENV}", file=sys.stderr)
-        return 2
-    fields = json.loads(raw)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {fields.get('instance')} %(levelname)s %(message)s")
-    log = logging.getLogger("onepiece.worker")
-    # below the control plane before any import starts a thread: every later thread inherits the niceness
-    nice = priority.lower(int(fields.get("nice", 0)), log)
-    from engine.worker.taskworker import WorkerConfig
+        return None
+    fields: dict[str, Any] = json.loads(raw)
+    return fields
 
-    config = WorkerConfig(**fields)
+
+def _on_signals() -> dict[str, float | bool | None]:
+    """SIGTERM/SIGINT set ``flag`` (stop after the current request); SIGUSR1 sets ``drain`` to when it came
+    (serve what the ring holds, then exit)."""
     stop: dict[str, float | bool | None] = {"flag": False, "drain": None}
 
     def _on_signal(signum: int, frame: object) -> None:
@@ -83,21 +83,29 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGUSR1, _on_drain)  # drain: serve what the ring holds, then exit
-    parent = os.getppid()
-    t_start = time.monotonic()
+    signal.signal(signal.SIGUSR1, _on_drain)
+    return stop
 
-    # Heavy imports happen here, in the worker, never in the TaskManager.
-    from engine.coord import etcd_client
+
+def _import_runtime() -> None:
+    """The worker's heavy imports, here, in the worker, never in the TaskManager; timed on their own (the
+    ready file's ``process_s``), apart from the model load that follows."""
+    import engine.coord
+    import engine.stages.registry
+    import engine.store
+    import engine.transport.ring
+    import engine.worker.routes
+    import engine.worker.stretch
+    import engine.worker.taskworker
+    import engine.worker.threads  # noqa: F401
+
+
+def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
+    """(the stage's executor, loaded; what serves: the same executor, maybe stretched; the thread budget)."""
     from engine.stages.registry import executor_class
-    from engine.store import JobStore
-    from engine.transport.ring import RingConfig
-    from engine.worker.routes import RouteTable
     from engine.worker.stretch import stretched
-    from engine.worker.taskworker import TaskWorker, open_ring
     from engine.worker.threads import apply_torch
 
-    t_load = time.monotonic()
     executor_type = executor_class(config.workflow, config.stage)  # imports torch if the stage uses it
     threads = config.threads
     if "torch" in sys.modules:  # torch's pools sized to the budget before the first op (its env vars are set)
@@ -105,8 +113,17 @@ def main(argv: list[str] | None = None) -> int:
     executor = executor_type()
     executor.load(config.model_dir, config.device)
     # test and benchmark hook, off in production: the same executor, its runs slept to a chosen profile
-    served = stretched(executor, config.stage_time_s, config.stage_stretch, config.step_delay_s)
-    t_ring = time.monotonic()
+    return executor, stretched(executor, config.stage_time_s, config.stage_stretch, config.step_delay_s), threads
+
+
+def _connect(config: WorkerConfig, executor: Any, served: Any) -> tuple[Any, Any, Any]:
+    """(the job store, the started route table, the TaskWorker over its ring and its CFG helper, if any)."""
+    from engine.coord import etcd_client
+    from engine.store import JobStore
+    from engine.transport.ring import RingConfig
+    from engine.worker.routes import RouteTable
+    from engine.worker.taskworker import TaskWorker, open_ring
+
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
     routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s,
                         workflow_set=config.workflow_set).start()
@@ -118,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         ring = open_ring(config.collab_address, RingConfig(slots=64, buffer_bytes=config.ring_bytes))
         collab = CfgService(config.instance, config.collab_address, ring, executor,
                             on_helped=lambda n: store.count_instance(config.instance, "cfg_halves", n)).start()
-    worker = TaskWorker(config, store, routes, served, consumer, collab)
-    t_ready = time.monotonic()
-    # a drained worker exits once its ring stayed empty for longer than senders take to see its route gone
-    quiet = 2 * config.route_refresh_s + 0.5
+    return store, routes, TaskWorker(config, store, routes, served, consumer, collab)
+
+
+def _should_stop(stop: dict[str, float | bool | None], parent: int, worker: Any,
+                 quiet: float) -> Callable[[], bool]:
+    """Stop on a signal or when the TaskManager died (the pid of the ``parent`` changed); a drained worker
+    once its ring stayed empty for ``quiet`` seconds."""
 
     def should_stop() -> bool:
         if stop["flag"] or os.getppid() != parent:
@@ -129,6 +149,32 @@ def main(argv: list[str] | None = None) -> int:
         since = stop["drain"]
         return isinstance(since, float) and time.monotonic() - max(since, worker.last_active) >= quiet
 
+    return should_stop
+
+
+def main(argv: list[str] | None = None) -> int:
+    fields = _fields(sys.argv[1:] if argv is None else argv)
+    if fields is None:
+        return 2
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {fields.get('instance')} %(levelname)s %(message)s")
+    log = logging.getLogger("onepiece.worker")
+    # below the control plane before any import starts a thread: every later thread inherits the niceness
+    nice = priority.lower(int(fields.get("nice", 0)), log)
+    from engine.worker.taskworker import WorkerConfig
+
+    config = WorkerConfig(**fields)
+    stop = _on_signals()
+    parent = os.getppid()  # taken before the slow start-up, so that a TaskManager dying during it shows
+    t_start = time.monotonic()
+    _import_runtime()
+    t_load = time.monotonic()
+    executor, served, threads = _load(config)
+    t_ring = time.monotonic()
+    store, routes, worker = _connect(config, executor, served)
+    t_ready = time.monotonic()
+    # a drained worker exits once its ring stayed empty for longer than senders take to see its route gone
+    should_stop = _should_stop(stop, parent, worker, 2 * config.route_refresh_s + 0.5)
     try:
         # start-up parts: imports (process_s), model load (load_s), rings, store and routes (ring_s)
         _write_ready(config.ready_file, {"pid": os.getpid(), "threads": threads, "nice": nice,
