@@ -1,10 +1,8 @@
-"""A real deployment for the runtime tests, started once per session and shared by every test of this folder.
+"""A real one-node deployment for the runtime tests, started once per session.
 
-Redis and etcd (the session fixtures), the tiny models, two ``onepiece node`` processes under one
-``onepiece proxy`` (the same commands an operator runs, tests.fixtures.runtime): ``test-node`` with one
-worker per stage pool of the three workflows ``onepiece up`` serves by default, and ``t2i-node`` with one
-per stage pool of FLUX.1 schnell and dev and Qwen-Image. One engine for both sets of tests: the two nodes'
-workers start side by side once, instead of a second engine started and stopped for the text-to-image tests.
+Redis and etcd (the session fixtures), the tiny models, ``onepiece node`` with
+one worker process per stage of both workflows, and ``onepiece proxy``: the
+same commands an operator runs (tests.fixtures.runtime).
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ from typing import Any
 import pytest
 
 from tests.fixtures.runtime import SD_STEP_DELAY_S, Cluster, NodeRun, engine
-
-T2I_WORKFLOWS = ("flux.1-schnell", "flux.1-dev", "qwen-image")  # served by t2i-node
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +38,6 @@ def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
         replace(i, step_delay_s=SD_STEP_DELAY_S if i.id == "sd-t2i.denoise.0" else 0.0) for i in base.instances
     )
     node = NodeRun("test-node", Assignment(instances, base.model_dirs))
-    # a node of its own for the text-to-image models (its pools are planned over its three workflows alone), so
-    # test-node's instances, pools and report are what the tests above expect
-    t2i = NodeRun("t2i-node", default_assignment({w: str(tiny_models[w]) for w in T2I_WORKFLOWS}, device="cpu"))
-    with engine(redis_server.url, etcd_server.url, [node, t2i], tmp_path_factory.mktemp("node"),
+    with engine(redis_server.url, etcd_server.url, [node], tmp_path_factory.mktemp("node"),
                 f"test-{os.getpid()}-") as (c, _procs):
         yield c

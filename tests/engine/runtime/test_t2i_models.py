@@ -1,6 +1,6 @@
-"""FLUX.1 and Qwen-Image on the real engine (the session's cluster: its ``t2i-node`` runs one worker per stage
-pool of the three workflows, 8 processes, beside the default three's node, under one ``onepiece proxy``):
-each workflow's default request completes through the public API (the
+"""FLUX.1 and Qwen-Image on the real engine (``onepiece node`` with one worker per stage pool of the three
+workflows, 8 processes, and ``onepiece proxy``; the session's cluster serves only the default three): each
+workflow's default request completes through the public API (the
 official openai client on /v1/images/generations, the platform in this process over the Proxy) with the
 one-call pipeline's png bytes; a request over a limit of the loaded model is a 400 naming the field; the
 ledger, the dashboard's traffic figures and the Proxy's metrics count the new workflows."""
@@ -17,11 +17,30 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.runtime import Cluster, logs
+from tests.fixtures.runtime import Cluster, NodeRun, engine, logs
 from tests.fixtures.web import make_user
 
-pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
+# live_server for every test here, not only the openai one: pytest orders tests by their session-scoped fixtures,
+# and a module whose tests differ in them is split apart, so this module's engine was started (and stopped) twice
+pytestmark = [pytest.mark.models, pytest.mark.timeout(600), pytest.mark.usefixtures("live_server")]
 PIPELINES = {"flux.1-schnell": "FluxPipeline", "flux.1-dev": "FluxPipeline", "qwen-image": "QwenImagePipeline"}
+
+
+WORKFLOWS = tuple(PIPELINES)
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A node of its own (instance ids and rings apart from the session's cluster, whose routes it leaves
+    alone) serving the three workflows, and a Proxy."""
+    from engine.worker.config import default_assignment
+
+    base = default_assignment({w: str(tiny_models[w]) for w in WORKFLOWS}, device="cpu")
+    node = NodeRun("t2i-node", base)
+    with engine(redis_server.url, etcd_server.url, [node], tmp_path_factory.mktemp("t2i-node"),
+                f"test-{os.getpid()}-t2i-") as (c, _procs):
+        yield c
 
 
 def _reference(folder: Path, workflow: str, params: dict[str, Any]) -> bytes:
