@@ -277,18 +277,8 @@ def _parse_header(obj: Any) -> Header:
     )
 
 
-def decode(buffer: Any) -> Message:
-    """Decode a message; payloads are zero-copy views into ``buffer``.
-
-    The caller must keep ``buffer`` alive (and unchanged) while it uses the
-    views. Bytes after ``total_len`` are ignored, so a ring slot larger than
-    the message is fine. Raises a :class:`MessageError` subclass on any
-    malformed input and never reads past the buffer's end.
-    """
-    try:
-        mv = memoryview(buffer).cast("B")
-    except TypeError as exc:
-        raise MessageError(f"not a buffer: {type(buffer).__name__}") from exc
+def _prefix(mv: memoryview) -> tuple[int, int]:
+    """(header length, total length) from a message's fixed prefix, checked against each other and ``mv``."""
     if len(mv) < PREFIX_SIZE:
         raise TruncatedMessage(f"{len(mv)} bytes is shorter than the {PREFIX_SIZE}-byte prefix")
     magic, version, _flags, header_len, _reserved, total = _PREFIX.unpack_from(mv, 0)
@@ -302,6 +292,35 @@ def decode(buffer: Any) -> Message:
         raise BadHeader(f"total length {total} is smaller than prefix + header")
     if total > len(mv):
         raise TruncatedMessage(f"message declares {total} bytes, buffer has {len(mv)}")
+    return header_len, total
+
+
+def _tensor(e: dict[str, Any], name: str, view: memoryview, nbytes: int) -> TensorData:
+    """A tensor entry's dtype and shape, checked to fill exactly its ``nbytes``, over its bytes ``view``."""
+    dtype = _field(e, "dtype", str)
+    if dtype not in DTYPE_SIZES:
+        raise UnknownDtype(f"tensor {name!r}: unknown dtype {dtype!r}")
+    shape = _field(e, "shape", list)
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise BadHeader(f"tensor {name!r}: shape must be non-negative integers")
+    if len(shape) > 16 or math.prod(shape) * DTYPE_SIZES[dtype] != nbytes:
+        raise TensorSizeMismatch(f"tensor {name!r}: shape {shape} {dtype} does not fill {nbytes} bytes")
+    return TensorData(dtype, tuple(shape), view)
+
+
+def decode(buffer: Any) -> Message:
+    """Decode a message; payloads are zero-copy views into ``buffer``.
+
+    The caller must keep ``buffer`` alive (and unchanged) while it uses the
+    views. Bytes after ``total_len`` are ignored, so a ring slot larger than
+    the message is fine. Raises a :class:`MessageError` subclass on any
+    malformed input and never reads past the buffer's end.
+    """
+    try:
+        mv = memoryview(buffer).cast("B")
+    except TypeError as exc:
+        raise MessageError(f"not a buffer: {type(buffer).__name__}") from exc
+    header_len, total = _prefix(mv)
     try:
         obj = json.loads(bytes(mv[PREFIX_SIZE:PREFIX_SIZE + header_len]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -330,15 +349,7 @@ def decode(buffer: Any) -> Message:
         if kind == "blob":
             blobs[name] = view
         elif kind == "tensor":
-            dtype = _field(e, "dtype", str)
-            if dtype not in DTYPE_SIZES:
-                raise UnknownDtype(f"tensor {name!r}: unknown dtype {dtype!r}")
-            shape = _field(e, "shape", list)
-            if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-                raise BadHeader(f"tensor {name!r}: shape must be non-negative integers")
-            if len(shape) > 16 or math.prod(shape) * DTYPE_SIZES[dtype] != nbytes:
-                raise TensorSizeMismatch(f"tensor {name!r}: shape {shape} {dtype} does not fill {nbytes} bytes")
-            tensors[name] = TensorData(dtype, tuple(shape), view)
+            tensors[name] = _tensor(e, name, view, nbytes)
         else:
             raise BadHeader(f"entry {name!r}: unknown kind {kind!r}")
     spans.sort()
