@@ -16,7 +16,10 @@ import pytest
 from onepiece_platform.jobs.models import Job
 from tests.fixtures.web import client_for, make_user, sd_body
 
-pytestmark = [pytest.mark.models, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
+# live_server for every test, not only the openai one: pytest orders tests by their session-scoped fixtures and
+# would split this module apart, building lora_files twice
+pytestmark = [pytest.mark.models, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning"),
+              pytest.mark.usefixtures("live_server")]
 EXTRA = {"num_inference_steps": 2}
 
 
