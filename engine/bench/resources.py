@@ -191,6 +191,14 @@ def _f(v: Any, fmt: str) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    """The results page: the devices curve, then each table the run produced (assumptions, sensitivity,
+    validation against the real engine, and the later figures)."""
+    lines = _md_curve(result) + _md_assumptions(result) + _md_sensitivity(result) + _md_validation(result)
+    lines += _markdown_new(result)
+    return "\n".join(lines) + "\n"
+
+
+def _md_curve(result: dict[str, Any]) -> list[str]:
     prof = result["profile"]
     lines = [f"Profile: `{prof['name']}` ({prof['kind']}; {prof['device']}); mix: {result['mix']}; latency objective: "
              f"p99 <= {result['slo_x']}x the idle end-to-end time ({_f(result['slo_s'], '.0f')} s); hop cost "
@@ -208,49 +216,63 @@ def markdown(result: dict[str, Any]) -> str:
             f"{_f(m and m['utilisation'], '.2f')} | {_f(o and o['utilisation'], '.2f')} | "
             f"{_f(m and m['latency_p50_s'], '.0f')}/{_f(m and m['latency_p99_s'], '.0f')} | "
             f"{_f(o and o['latency_p50_s'], '.0f')}/{_f(o and o['latency_p99_s'], '.0f')} |")
-    if result.get("assumptions"):
-        lines += ["", f"Which assumptions produce which ratio (at the rate a {result['sensitivity_devices']}-device "
-                  "monolith serves fully busy):", "", "| assumption | monolithic | OnePiece | packed | ratio | ratio packed "
-                  "| note |", "|---|---:|---:|---:|---:|---:|---|"]
-        for r in result["assumptions"]:
-            m, o = r.get("monolithic"), r.get("onepiece")
-            lines.append(f"| {r['assumption']} | {_f(m and m['devices'], 'd')} | {_f(o and o['devices'], 'd')} | "
-                         f"{_f(o and o['devices_packed'], 'd')} | {_f(r['ratio'], '.3f')} | "
-                         f"{_f(r['ratio_packed'], '.3f')} | {r.get('note', '')} |")
+    return lines
+
+
+def _md_assumptions(result: dict[str, Any]) -> list[str]:
+    if not result.get("assumptions"):
+        return []
+    lines = ["", f"Which assumptions produce which ratio (at the rate a {result['sensitivity_devices']}-device "
+             "monolith serves fully busy):", "", "| assumption | monolithic | OnePiece | packed | ratio | ratio packed "
+             "| note |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in result["assumptions"]:
+        m, o = r.get("monolithic"), r.get("onepiece")
+        lines.append(f"| {r['assumption']} | {_f(m and m['devices'], 'd')} | {_f(o and o['devices'], 'd')} | "
+                     f"{_f(o and o['devices_packed'], 'd')} | {_f(r['ratio'], '.3f')} | "
+                     f"{_f(r['ratio_packed'], '.3f')} | {r.get('note', '')} |")
+    return lines
+
+
+def _md_sensitivity(result: dict[str, Any]) -> list[str]:
     sens = result.get("sensitivity")
-    if sens:
-        lines += ["", f"Sensitivity (at the rate a {result['sensitivity_devices']}-device monolith serves fully busy; "
-                  f"'idle light' = light stages at occupancy {result['light_occupancy']}, packed):", ""]
-        lines += ["| diffusion share | monolithic | OnePiece | packed | ratio | ratio packed | ratio packed, idle light |",
-                  "|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in sens["diffusion_share"]:
-            lines.append(f"| {r['diffusion_share']:.3f} | {_dev(r)} | {_f(r['ratio'], '.3f')} | "
+    if not sens:
+        return []
+    lines = ["", f"Sensitivity (at the rate a {result['sensitivity_devices']}-device monolith serves fully busy; "
+             f"'idle light' = light stages at occupancy {result['light_occupancy']}, packed):", ""]
+    lines += ["| diffusion share | monolithic | OnePiece | packed | ratio | ratio packed | ratio packed, idle light |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sens["diffusion_share"]:
+        lines.append(f"| {r['diffusion_share']:.3f} | {_dev(r)} | {_f(r['ratio'], '.3f')} | "
+                     f"{_f(r['ratio_packed'], '.3f')} | {_f(r['ratio_packed_idle_light'], '.3f')} |")
+    for key, label in (("steps", "steps"), ("frames", "frames"), ("mix", "request mix")):
+        lines += ["", f"| {label} | diffusion share | monolithic | OnePiece | packed | ratio | ratio packed "
+                  "| ratio packed, idle light |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in sens[key]:
+            lines.append(f"| {r[key]} | {r['diffusion_share']:.3f} | {_dev(r)} | {_f(r['ratio'], '.3f')} | "
                          f"{_f(r['ratio_packed'], '.3f')} | {_f(r['ratio_packed_idle_light'], '.3f')} |")
-        for key, label in (("steps", "steps"), ("frames", "frames"), ("mix", "request mix")):
-            lines += ["", f"| {label} | diffusion share | monolithic | OnePiece | packed | ratio | ratio packed "
-                      "| ratio packed, idle light |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-            for r in sens[key]:
-                lines.append(f"| {r[key]} | {r['diffusion_share']:.3f} | {_dev(r)} | {_f(r['ratio'], '.3f')} | "
-                             f"{_f(r['ratio_packed'], '.3f')} | {_f(r['ratio_packed_idle_light'], '.3f')} |")
+    return lines
+
+
+def _md_validation(result: dict[str, Any]) -> list[str]:
     v = result.get("validation")
-    if v:
-        lines += ["", f"Validation against the real engine ({v['workflow']}, tiny models, stage times stretched to "
-                  f"{v['stage_seconds']}, instances {v['instances']}; calibrated service "
-                  f"{ {k: round(x * 1e3, 1) for k, x in v['calibrated_service_s'].items()} } ms, hop transit "
-                  f"{ {k: round(x * 1e3, 1) for k, x in v['calibrated_transit_s'].items()} } ms; "
-                  f"{v['requests_per_load']} requests per load):", "",
-                  "| load x capacity | offered req/s | throughput measured | simulated | diff | p50 ms measured | "
-                  "simulated | diff | p99 ms measured | simulated | within 10% |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-        for p in v["points"]:
-            me, si = p["measured"], p["simulated"]
-            lines.append(f"| {p['load_x_capacity']:.2f} | {p['offered_rps']:.2f} | {me['throughput_rps']:.2f} | "
-                         f"{si['throughput_rps']:.2f} | {p['throughput_diff_pct']:+.1f}% | "
-                         f"{me['latency_p50_s'] * 1e3:.0f} | {si['latency_p50_s'] * 1e3:.0f} | {p['p50_diff_pct']:+.1f}% | "
-                         f"{me['latency_p99_s'] * 1e3:.0f} | {si['latency_p99_s'] * 1e3:.0f} | "
-                         f"{'yes' if p['within_10pct'] else 'NO'} |")
-    lines += _markdown_new(result)
-    return "\n".join(lines) + "\n"
+    if not v:
+        return []
+    lines = ["", f"Validation against the real engine ({v['workflow']}, tiny models, stage times stretched to "
+             f"{v['stage_seconds']}, instances {v['instances']}; calibrated service "
+             f"{ {k: round(x * 1e3, 1) for k, x in v['calibrated_service_s'].items()} } ms, hop transit "
+             f"{ {k: round(x * 1e3, 1) for k, x in v['calibrated_transit_s'].items()} } ms; "
+             f"{v['requests_per_load']} requests per load):", "",
+             "| load x capacity | offered req/s | throughput measured | simulated | diff | p50 ms measured | "
+             "simulated | diff | p99 ms measured | simulated | within 10% |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for p in v["points"]:
+        me, si = p["measured"], p["simulated"]
+        lines.append(f"| {p['load_x_capacity']:.2f} | {p['offered_rps']:.2f} | {me['throughput_rps']:.2f} | "
+                     f"{si['throughput_rps']:.2f} | {p['throughput_diff_pct']:+.1f}% | "
+                     f"{me['latency_p50_s'] * 1e3:.0f} | {si['latency_p50_s'] * 1e3:.0f} | {p['p50_diff_pct']:+.1f}% | "
+                     f"{me['latency_p99_s'] * 1e3:.0f} | {si['latency_p99_s'] * 1e3:.0f} | "
+                     f"{'yes' if p['within_10pct'] else 'NO'} |")
+    return lines
 
 
 def _markdown_new(result: dict[str, Any]) -> list[str]:
