@@ -73,67 +73,81 @@ def _ring_config(size: int, transport: str = "ring"):
 
 
 def _child(transport: str, mode: str, size: int, count: int, names: dict[str, str], ready: Any) -> None:
+    """The peer: receives ``count`` messages over ``transport``, acknowledging each (latency) or the last
+    (throughput)."""
     if transport in RINGS:
-        from engine.transport.ring import RingConsumer, attach_producer
-
-        inbox = RingConsumer.create(names["in"], _ring_config(size, transport))
-        ready.set()
-        out = attach_producer(names["out"], 0)
-        if mode == "throughput" and transport == "ring-batch":
-            got = 0
-            while got < count:
-                b = inbox.recv_many(BATCH, 60)
-                assert b, "bench: ring receive timed out"
-                got += len(b)
-                b.release()
-            out.send(ACK)
-        elif mode == "throughput":
-            for _ in range(count):
-                d = inbox.recv(60)
-                assert d is not None, "bench: ring receive timed out"
-                d.release()
-            out.send(ACK)
-        else:
-            for _ in range(count):
-                d = inbox.recv(60)
-                assert d is not None, "bench: ring receive timed out"
-                d.release()
-                out.send(ACK)
-        out.flush(30)
-        out.close()
-        out.region.close()
-        time.sleep(0.05)
-        inbox.close()
+        _ring_child(transport, mode, size, count, names, ready)
     elif transport == "zmq-ipc":
-        import zmq
-
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.PAIR)
-        sock.connect(names["zmq"])
-        ready.set()
-        if mode == "throughput":
-            for _ in range(count):
-                sock.recv(copy=False)
-            sock.send(ACK)
-        else:
-            for _ in range(count):
-                sock.recv(copy=False)
-                sock.send(ACK)
-        sock.close(linger=1000)
-        ctx.term()
+        _zmq_child(mode, count, names, ready)
     elif transport == "mp-queue":
-        q_in, q_out = names["q_in"], names["q_out"]
-        ready.set()
-        if mode == "throughput":
-            for _ in range(count):
-                q_in.get()
-            q_out.put(ACK)
-        else:
-            for _ in range(count):
-                q_in.get()
-                q_out.put(ACK)
+        _queue_child(mode, count, names, ready)
     else:
         raise ValueError(transport)
+
+
+def _ring_child(transport: str, mode: str, size: int, count: int, names: dict[str, str], ready: Any) -> None:
+    from engine.transport.ring import RingConsumer, attach_producer
+
+    inbox = RingConsumer.create(names["in"], _ring_config(size, transport))
+    ready.set()
+    out = attach_producer(names["out"], 0)
+    if mode == "throughput" and transport == "ring-batch":
+        got = 0
+        while got < count:
+            b = inbox.recv_many(BATCH, 60)
+            assert b, "bench: ring receive timed out"
+            got += len(b)
+            b.release()
+        out.send(ACK)
+    elif mode == "throughput":
+        for _ in range(count):
+            d = inbox.recv(60)
+            assert d is not None, "bench: ring receive timed out"
+            d.release()
+        out.send(ACK)
+    else:
+        for _ in range(count):
+            d = inbox.recv(60)
+            assert d is not None, "bench: ring receive timed out"
+            d.release()
+            out.send(ACK)
+    out.flush(30)
+    out.close()
+    out.region.close()
+    time.sleep(0.05)
+    inbox.close()
+
+
+def _zmq_child(mode: str, count: int, names: dict[str, str], ready: Any) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    sock.connect(names["zmq"])
+    ready.set()
+    if mode == "throughput":
+        for _ in range(count):
+            sock.recv(copy=False)
+        sock.send(ACK)
+    else:
+        for _ in range(count):
+            sock.recv(copy=False)
+            sock.send(ACK)
+    sock.close(linger=1000)
+    ctx.term()
+
+
+def _queue_child(mode: str, count: int, names: dict[str, Any], ready: Any) -> None:
+    q_in, q_out = names["q_in"], names["q_out"]
+    ready.set()
+    if mode == "throughput":
+        for _ in range(count):
+            q_in.get()
+        q_out.put(ACK)
+    else:
+        for _ in range(count):
+            q_in.get()
+            q_out.put(ACK)
 
 
 def _producer_child(address: str, pid: int, size: int, count: int, go: Any, ready: Any, nice: int) -> None:
@@ -165,86 +179,101 @@ class _Run:
         self.payload = os.urandom(size)
 
     def measure(self, mode: str, count: int) -> list[float]:
+        """Seconds: one figure for ``count`` messages (throughput), or one per round trip (latency)."""
         ctx = mp.get_context("spawn")
         ready = ctx.Event()
-        names: dict[str, Any] = {}
         cleanup: list[Callable[[], None]] = []
-        if self.transport in RINGS:
-            from engine.transport.ring import RingConfig, RingConsumer, attach_producer
-
-            names = {"in": f"shm://bench-{self.uid}-in", "out": f"shm://bench-{self.uid}-out"}
-            back = RingConsumer.create(names["out"], RingConfig(slots=4096, buffer_bytes=1 << 20, max_producers=2))
-            cleanup.append(back.close)
-        elif self.transport == "zmq-ipc":
-            import zmq
-
-            zctx = zmq.Context()
-            sock = zctx.socket(zmq.PAIR)
-            path = f"/tmp/onepiece-bench-{self.uid}.sock"
-            names = {"zmq": f"ipc://{path}"}
-            sock.bind(names["zmq"])
-            cleanup += [lambda: sock.close(linger=0), zctx.term, lambda: os.path.exists(path) and os.unlink(path)]
-        elif self.transport == "mp-queue":
-            names = {"q_in": ctx.Queue(), "q_out": ctx.Queue()}
+        names = self._listen(ctx, cleanup)
         proc = ctx.Process(target=_child, args=(self.transport, mode, self.size, count, names, ready), daemon=True)
         proc.start()
         try:
             if not ready.wait(60):
                 raise RuntimeError(f"bench peer for {self.transport} did not start")
-            if self.transport in RINGS:
-                prod = attach_producer(names["in"], 0, send_timeout=60)
-                cleanup.insert(0, lambda: (prod.close(), prod.region.close()))
-                send = prod.send
-                send_many = prod.send_many
-
-                def wait_ack() -> None:
-                    d = back.recv(60)
-                    assert d is not None, "bench: no ack on the ring"
-                    d.release()
-            elif self.transport == "zmq-ipc":
-                copy = self.size < 65536
-
-                def send(b: bytes) -> None:
-                    sock.send(b, copy=copy)
-
-                def wait_ack() -> None:
-                    sock.recv()
-            else:
-                q_in, q_out = names["q_in"], names["q_out"]
-                send = q_in.put
-
-                def wait_ack() -> None:
-                    q_out.get()
-
-            payload = self.payload
-            if mode == "throughput" and self.transport == "ring-batch":
-                batch = [payload] * min(BATCH, count)
-                t0 = time.perf_counter()
-                left = count
-                while left:
-                    send_many(batch if left >= len(batch) else batch[:left])
-                    left -= min(left, len(batch))
-                wait_ack()
-                return [time.perf_counter() - t0]
-            if mode == "throughput":
-                t0 = time.perf_counter()
-                for _ in range(count):
-                    send(payload)
-                wait_ack()
-                return [time.perf_counter() - t0]
-            times = []
-            for _ in range(count):
-                t0 = time.perf_counter()
-                send(payload)
-                wait_ack()
-                times.append(time.perf_counter() - t0)
-            return times
+            send, send_many, wait_ack = self._ends(names, cleanup)
+            return self._timed(mode, count, send, send_many, wait_ack)
         finally:
             proc.join(60)
             if proc.is_alive():
                 proc.kill()
             for fn in cleanup:
                 fn()
+
+    def _listen(self, ctx: Any, cleanup: list[Callable[[], None]]) -> dict[str, Any]:
+        """The parent's receiving end, open before the peer starts; what the peer needs to reach it."""
+        names: dict[str, Any] = {}
+        if self.transport in RINGS:
+            from engine.transport.ring import RingConfig, RingConsumer
+
+            names = {"in": f"shm://bench-{self.uid}-in", "out": f"shm://bench-{self.uid}-out"}
+            self._back = RingConsumer.create(names["out"], RingConfig(slots=4096, buffer_bytes=1 << 20,
+                                                                      max_producers=2))
+            cleanup.append(self._back.close)
+        elif self.transport == "zmq-ipc":
+            import zmq
+
+            zctx = zmq.Context()
+            self._sock = sock = zctx.socket(zmq.PAIR)
+            path = f"/tmp/onepiece-bench-{self.uid}.sock"
+            names = {"zmq": f"ipc://{path}"}
+            sock.bind(names["zmq"])
+            cleanup += [lambda: sock.close(linger=0), zctx.term, lambda: os.path.exists(path) and os.unlink(path)]
+        elif self.transport == "mp-queue":
+            names = {"q_in": ctx.Queue(), "q_out": ctx.Queue()}
+        return names
+
+    def _ends(self, names: dict[str, Any], cleanup: list[Callable[[], None]]) -> tuple[Any, Any, Any]:
+        """(send one, send a batch (rings only), wait for the peer's acknowledgement), once the peer is up."""
+        if self.transport in RINGS:
+            from engine.transport.ring import attach_producer
+
+            prod = attach_producer(names["in"], 0, send_timeout=60)
+            cleanup.insert(0, lambda: (prod.close(), prod.region.close()))
+            back = self._back
+
+            def wait_ack() -> None:
+                d = back.recv(60)
+                assert d is not None, "bench: no ack on the ring"
+                d.release()
+            return prod.send, prod.send_many, wait_ack
+        if self.transport == "zmq-ipc":
+            sock, copy = self._sock, self.size < 65536
+
+            def send(b: bytes) -> None:
+                sock.send(b, copy=copy)
+
+            def zmq_ack() -> None:
+                sock.recv()
+            return send, None, zmq_ack
+        q_in, q_out = names["q_in"], names["q_out"]
+
+        def queue_ack() -> None:
+            q_out.get()
+        return q_in.put, None, queue_ack
+
+    def _timed(self, mode: str, count: int, send: Any, send_many: Any, wait_ack: Any) -> list[float]:
+        payload = self.payload
+        if mode == "throughput" and self.transport == "ring-batch":
+            batch = [payload] * min(BATCH, count)
+            t0 = time.perf_counter()
+            left = count
+            while left:
+                send_many(batch if left >= len(batch) else batch[:left])
+                left -= min(left, len(batch))
+            wait_ack()
+            return [time.perf_counter() - t0]
+        if mode == "throughput":
+            t0 = time.perf_counter()
+            for _ in range(count):
+                send(payload)
+            wait_ack()
+            return [time.perf_counter() - t0]
+        times = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            send(payload)
+            wait_ack()
+            times.append(time.perf_counter() - t0)
+        return times
 
 
 def _memcpy(size: int, count: int) -> float:
