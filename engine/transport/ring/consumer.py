@@ -396,6 +396,7 @@ class RingConsumer(_RingBase):
         return Batch(self, parts, views) if views else None
 
     def _step(self) -> Delivery | None:
+        """One step at the cursor: the next message, or None (waiting, looked past, stolen or skipped)."""
         r = self.region
         if self._pending and (self._unfreed >= self._free_batch or r.load(L.C_SPACE_WAITERS)):
             self._advance_head()
@@ -430,6 +431,12 @@ class RingConsumer(_RingBase):
                 self._count_skip(status)
                 self._finish_slot(c, units, "skip")
                 return None
+        return self._examine(c)
+
+    def _examine(self, c: int) -> Delivery | None:
+        """The slot at the cursor by its words, where the native take could not decide (or is not built):
+        take it, wait for it, look past it, steal it, or finish what a previous consumer stole."""
+        r = self.region
         ts, tb = L.unpack_pos(r.load(L.C_TAIL))
         if ts == c:
             return None
