@@ -54,7 +54,10 @@ def test_one_pool_serves_both_wan_workflows_and_a_sigkill_of_it_loses_no_job(
     reference = _references(tiny_models, input_png, seeds)
     victim = shared["wan2.1-i2v.video_encode.0"]
     # both workflows' requests at once; the shared mp4 encoder is killed before any of them has reached it,
-    # so every one of them passes through the restarted worker (its ring kept what was handed to it)
+    # so every one of them passes through the restarted worker (its ring kept what was handed to it). It is
+    # stopped (SIGSTOP) before the requests are sent, so that none can start on it before the kill however
+    # fast the earlier stages run (a fast host once brought two there first); SIGKILL ends a stopped process.
+    os.kill(victim["pid"], signal.SIGSTOP)
     jobs: dict[str, tuple[str, int]] = {}
     lock = threading.Lock()
 
