@@ -163,6 +163,36 @@ def _rejected(workflow: str, reason: str, status: int) -> None:
         log.exception("could not record a rejection")
 
 
+def _reserve(job: Job, cost: float, limits: Limits) -> None:
+    """Count ``job`` against its owner's quota for today; a refusal deletes the row again."""
+    day = counters.today()
+    try:
+        counters.reserve(job.owner_id, job.uid, cost, limits, *_ledger_seed(job.owner_id, job.pk, day), day=day)
+    except BaseException as exc:
+        job.delete()
+        if isinstance(exc, counters.QuotaExceeded):
+            _rejected(job.workflow, Rejection.QUOTA, 429)
+        raise
+    # recorded before the engine is asked: the seed of restarted counters counts reserved jobs only
+    Job.objects.filter(pk=job.pk).update(quota_day=day)
+    job.quota_day = day
+
+
+def _ask_engine(job: Job, inputs: dict[str, bytes]) -> None:
+    """Submit the reserved ``job`` to the engine under its UID; a refusal deletes the row and gives the
+    reservation back."""
+    try:
+        get_engine().submit(job.workflow, job.params, inputs, job.deadline_s, uid=job.uid, priority=job.priority)
+    except (EngineRejected, EngineError) as exc:
+        job.delete()
+        counters.unreserve(job.owner_id, job.quota_day, job.uid)
+        if isinstance(exc, EngineError):
+            _rejected(job.workflow, Rejection.ENGINE_UNREACHABLE, 503)
+        elif exc.status == 503:
+            _rejected(job.workflow, Rejection.ENGINE_BUSY, 503)
+        raise
+
+
 def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
            idempotency_key: str = "", api: str = "native", deadline_s: float | None = None,
            api_key: Any = None, webhook_url: str = "", scope: str = SCOPE_JOBS,
@@ -203,27 +233,8 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         if earlier is None or (earlier.submitting and not earlier.terminal):
             raise IdempotencyInProgress(idempotency_key) from None
         return _repeat(earlier, workflow, api, scope)
-    day = counters.today()
-    try:
-        counters.reserve(user.pk, uid, cost, limits, *_ledger_seed(user.pk, job.pk, day), day=day)
-    except BaseException as exc:
-        job.delete()
-        if isinstance(exc, counters.QuotaExceeded):
-            _rejected(workflow, Rejection.QUOTA, 429)
-        raise
-    # recorded before the engine is asked: the seed of restarted counters counts reserved jobs only
-    Job.objects.filter(pk=job.pk).update(quota_day=day)
-    job.quota_day = day
-    try:
-        get_engine().submit(workflow, resolved, inputs, deadline_s, uid=uid, priority=priority)
-    except (EngineRejected, EngineError) as exc:
-        job.delete()
-        counters.unreserve(user.pk, day, uid)
-        if isinstance(exc, EngineError):
-            _rejected(workflow, Rejection.ENGINE_UNREACHABLE, 503)
-        elif exc.status == 503:
-            _rejected(workflow, Rejection.ENGINE_BUSY, 503)
-        raise
+    _reserve(job, cost, limits)
+    _ask_engine(job, inputs)
     Job.objects.filter(pk=job.pk).update(submitting=False, updated_at=timezone.now())
     job.submitting = False
     return Submitted(job, True)
