@@ -2,7 +2,7 @@
 and the pools' rate, calibrated on this deployment's own recent jobs.
 
 Pure: inputs in, estimate out; no clock of its own (callers pass ``now``, the Proxy's ``time.monotonic``),
-no I/O. The Proxy (engine.proxy.app) keeps one :class:`Book` of the jobs it accepted and one
+no I/O. The Proxy (engine.proxy.state) keeps one :class:`Book` of the jobs it accepted and one
 :class:`History` per workflow and priority, and computes an estimate on each status read from values it
 already caches (the pricer's stage fits, the drain meter's rate, the Node Manager's capacity): nothing is
 added to the submit path's store round trips.

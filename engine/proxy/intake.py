@@ -1,12 +1,16 @@
 """Taking a request in: validation, cost, admission, acceptance and injection, in that order.
 
 One :class:`Intake` serves the Proxy's HTTP handler (engine.proxy.app, which
-adds what only HTTP has: credentials, bounded body reads, the event loop) and
+adds what only HTTP has: credentials, bounded body reads, the response) and
 the in-process engine client of the web platform's tests
 (onepiece_platform.engine_link.local), so both refuse the same requests with
 the same answers. Its rules are pure and synchronous (CPU-bound: the Proxy
-runs them in a thread); the store, the load figures and the injection are
-handed to it per call.
+runs them in a thread). The admission order is written once, :meth:`Intake.admit`
+(the ring's limit, then under the workflow's lock one trip for the claim check,
+the load read, the decision and the acceptance, then the ETA book and the
+injection); where it runs comes in as :class:`AdmissionPorts`: the Proxy's
+event loop (engine.proxy.state) or the calling thread (:class:`InProcessPorts`,
+through :meth:`Intake.admit_sync`).
 
 Everything here refuses with :class:`BadRequest` (400, 409 for a taken UID, or
 413 for sizes) naming the field, never with an unexpected exception: malformed
@@ -21,22 +25,34 @@ Request Monitor says there is no room.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import email.message
+import functools
 import json
+import logging
 import math
+import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from engine.proxy.monitor import Decision, Load, RequestMonitor
+from engine.store import keys
+from engine.transport.errors import MessageTooLarge
 from engine.worker import order
 from engine.workflow import InvalidRequest, WorkflowSpec, images, request_workflow
 from engine.workflow import message as wm
 from engine.workflow.images import ImageTooLarge
+
+log = logging.getLogger("onepiece.proxy")
+T = TypeVar("T")
 
 FIELDS = frozenset({"workflow", "params", "inputs", "deadline_s", "priority", "uid"})
 MAX_DEADLINE_S = 7 * 86400.0
@@ -355,20 +371,149 @@ class Intake:
         if not store.accept(ticket.uid, spec.name, ticket.cost, "", ticket.message):
             raise taken()
 
-    # -- the whole order, synchronously ----------------------------------------------------------
-    def submit(self, store: Any, sub: Submission, load: Callable[[str], Load] | None = None,
-               inject: Callable[[Ticket], Any] | None = None) -> Ticket:
-        """Cost, admission, acceptance and injection of a validated submission, for in-process callers
-        (the Proxy's handler runs the same steps on its event loop). ``load(workflow)`` gives the admission
-        its figures (None: admitted); ``inject(ticket)`` hands the message to the first stage (None: the
-        caller plays the stages). Raises :class:`BadRequest` or :class:`Overloaded`."""
-        ticket = self.ticket(sub)
-        if self.claimed(store, ticket):
-            raise taken()
-        decision = self.decide(ticket, load(sub.spec.name) if load is not None else None, time.time())
-        if not decision.admit:
-            raise Overloaded(decision)
-        self.accept(store, ticket)
-        if inject is not None:
-            inject(ticket)
-        return ticket
+    # -- the whole order, once ------------------------------------------------------------------
+    async def admit(self, ticket: Ticket, ports: AdmissionPorts) -> Admitted:
+        """The admission order of a valid ticket, the same for every door: the first stage's ring must take
+        its message (413 naming the largest input); then, under the workflow's lock (concurrent submits must
+        not all be admitted on one in-flight count: a burst would overshoot the queue bound and the deadline
+        rule), one trip off the loop for the claim check (409), the load read, the decision (503) and the
+        acceptance, which moves the count; then the ETA book and the injection. Raises :class:`BadRequest`
+        or :class:`Overloaded`; a store that cannot be reached is an overload (503), never a 500."""
+        self.check_fits(ticket, await ports.ring_limit(ticket), ports.hop_limit)
+        async with ports.lock(ticket.sub.spec.name):
+            decision, stage_s = await ports.off_loop(functools.partial(self._decide_and_accept, ticket, ports))
+        estimate = ports.entered(ticket, stage_s)  # in flight in the store from now on
+        return Admitted(ticket, decision, await self._inject(ticket, ports), estimate)
+
+    def admit_sync(self, ticket: Ticket, ports: AdmissionPorts) -> Admitted:
+        """:meth:`admit` for a caller without an event loop (the in-process engine client): run to its end on
+        this thread, or on a thread of its own when this one runs an event loop already."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.admit(ticket, ports))
+        with ThreadPoolExecutor(1, thread_name_prefix="onepiece-admit") as pool:
+            return pool.submit(_run, self.admit(ticket, ports)).result()
+
+    def _decide_and_accept(self, ticket: Ticket, ports: AdmissionPorts) -> tuple[Decision, list[float]]:
+        """The claim check, the load read, the decision and the acceptance (blocking: one trip off the loop);
+        with the accepted request's stage seconds (the ETA's model)."""
+        name = ticket.sub.spec.name
+        try:
+            if self.claimed(ports.store, ticket):
+                raise taken()
+            decision = self.decide(ticket, ports.load(name), time.time(), ports.by_priority(name))
+            if not decision.admit:
+                raise Overloaded(decision)
+            self.accept(ports.store, ticket)
+            return decision, ports.stage_seconds(ticket)
+        except (BadRequest, Overloaded):
+            raise
+        except Exception as exc:  # Redis unreachable: an overload answer, never a 500
+            log.warning("admission of %s failed: %s", ticket.uid, exc)
+            raise Overloaded(Decision(False, f"the result store is unavailable: {exc}", 5)) from exc
+
+    async def _inject(self, ticket: Ticket, ports: AdmissionPorts) -> str | None:
+        """Hand the accepted request to its first stage (the instance it went to, None where unknown). A send
+        that fails fails the job it had accepted (never left queued with no stage holding it): a ring smaller
+        than the one measured is a 413, any other failure an overload (503)."""
+        try:
+            return await ports.inject(ticket)
+        except MessageTooLarge as exc:
+            bad = self.too_large(ticket, exc.size, exc.limit)
+            await self._failed(ticket, ports, str(bad))
+            raise bad from None
+        except Exception as exc:  # any send failure is an overload answer
+            log.warning("%s could not enter %s: %s", ticket.uid, ticket.entry, exc)
+            await self._failed(ticket, ports, f"could not enter {ticket.entry}: {exc}")
+            raise Overloaded(Decision(False, f"could not hand the request to {ticket.entry}: {exc}", 1)) from exc
+
+    @staticmethod
+    async def _failed(ticket: Ticket, ports: AdmissionPorts, detail: str) -> None:
+        ports.withdrawn(ticket)
+        await ports.off_loop(functools.partial(ports.store.finish, ticket.uid, ticket.sub.spec.name, keys.FAILED,
+                                               ticket.entry, detail))
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """An accepted request: its ticket, the decision that let it in (the predicted wait), the instance of the
+    first stage it entered (None where the caller injects nothing or does not say) and the estimate it is
+    told (an :class:`engine.proxy.eta.Estimate`; None without an ETA book)."""
+
+    ticket: Ticket
+    decision: Decision
+    instance: str | None
+    estimate: Any = None
+
+
+class AdmissionPorts(Protocol):
+    """Where :meth:`Intake.admit` runs: the Proxy's event loop (engine.proxy.state.ProxyState) or the calling
+    thread (:class:`InProcessPorts`). ``load``, ``by_priority`` and ``stage_seconds`` are called inside
+    ``off_loop`` (they may block); the others on the caller's loop."""
+
+    store: Any  # an engine.store.JobStore
+
+    async def ring_limit(self, ticket: Ticket) -> int | None: ...  # the first stage's ring (None: unknown)
+    def hop_limit(self, workflow: str, stage: str) -> int | None: ...  # a later stage's ring (None: unknown)
+    def lock(self, workflow: str) -> AbstractAsyncContextManager[Any]: ...
+    def off_loop(self, fn: Callable[[], T]) -> Awaitable[T]: ...
+    def load(self, workflow: str) -> Load | None: ...  # None: no admission policy, admitted
+    def by_priority(self, workflow: str) -> Mapping[int, int] | None: ...
+    def stage_seconds(self, ticket: Ticket) -> list[float]: ...
+    def entered(self, ticket: Ticket, stage_s: list[float]) -> Any: ...  # booked: the estimate, or None
+    async def inject(self, ticket: Ticket) -> str | None: ...
+    def withdrawn(self, ticket: Ticket) -> None: ...  # out of the book again (its send failed)
+
+
+class InProcessPorts:
+    """The ports of an in-process caller: everything on the calling thread, one thread lock per workflow
+    (process-wide, as the Proxy's are per event loop), no rings (their limits unknown), no ETA book.
+    ``load(workflow)``: the admission's figures (None: admitted); ``inject(ticket)``: hands the message to
+    the first stage (None: the caller plays the stages)."""
+
+    _locks: dict[str, threading.Lock] = {}
+
+    def __init__(self, store: Any, load: Callable[[str], Load | None] | None = None,
+                 inject: Callable[[Ticket], Any] | None = None) -> None:
+        self.store = store
+        self._load = load
+        self._inject = inject
+
+    async def ring_limit(self, ticket: Ticket) -> int | None:
+        return None
+
+    def hop_limit(self, workflow: str, stage: str) -> int | None:
+        return None
+
+    @contextlib.asynccontextmanager
+    async def lock(self, workflow: str) -> AsyncIterator[None]:
+        with self._locks.setdefault(workflow, threading.Lock()):
+            yield
+
+    async def off_loop(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+    def load(self, workflow: str) -> Load | None:
+        return self._load(workflow) if self._load is not None else None
+
+    def by_priority(self, workflow: str) -> Mapping[int, int] | None:
+        return None
+
+    def stage_seconds(self, ticket: Ticket) -> list[float]:
+        return []
+
+    def entered(self, ticket: Ticket, stage_s: list[float]) -> Any:
+        return None
+
+    async def inject(self, ticket: Ticket) -> str | None:
+        if self._inject is not None:
+            self._inject(ticket)
+        return None
+
+    def withdrawn(self, ticket: Ticket) -> None:
+        return None

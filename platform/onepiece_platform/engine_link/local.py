@@ -3,15 +3,21 @@
 Nothing consumes what it accepts: the caller plays the workers by writing
 events and results through :class:`engine.store.JobStore` (tests, demos
 without GPUs). The same :class:`engine.proxy.intake.Intake` as the Proxy's, so
-the same answers for invalid requests (400/413 with the field, 409 for a taken
-UID), but no capacity model (never 503) and no injection.
+the same admission order (:meth:`engine.proxy.intake.Intake.admit`, on the
+calling thread's :class:`engine.proxy.intake.InProcessPorts`), so the same
+answers for invalid requests (400/413 with the field, 409 for a taken UID).
+By default no capacity model (never 503) and no injection; given an intake with
+a Request Monitor and the load figures, it refuses as the Proxy does (503 with
+Retry-After).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from engine.proxy.intake import BadRequest, Intake
+from engine.proxy.intake import BadRequest, InProcessPorts, Intake, Overloaded
+from engine.proxy.monitor import Load
 from engine.store import JobStore
 from onepiece_platform.engine_link.client import Accepted, EngineClient, EngineRejected, EngineStatus
 from onepiece_platform.redis_conn import get_redis
@@ -20,18 +26,27 @@ INTAKE = Intake()  # the Proxy's default image limits; no admission policy
 
 
 class LocalEngineClient(EngineClient):
+    def __init__(self, intake: Intake | None = None, load: Callable[[str], Load | None] | None = None) -> None:
+        """``intake``: the rules (default: the Proxy's image limits, no admission policy); ``load(workflow)``:
+        the figures its Request Monitor decides on (None: admitted)."""
+        self.intake = intake or INTAKE
+        self.load = load
+
     def store(self) -> JobStore:
         # built per call from the current Redis client, so settings overrides in tests apply
         return JobStore(get_redis())
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
                deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:
+        intake = self.intake
         try:
-            sub = INTAKE.submission(workflow, params, inputs, deadline_s, priority, uid=uid)
-            ticket = INTAKE.submit(self.store(), sub)
+            ticket = intake.ticket(intake.submission(workflow, params, inputs, deadline_s, priority, uid=uid))
+            admitted = intake.admit_sync(ticket, InProcessPorts(self.store(), self.load))
         except BadRequest as exc:
             raise EngineRejected(exc.status, str(exc), exc.field) from None
-        return Accepted(ticket.uid, ticket.cost)
+        except Overloaded as exc:
+            raise EngineRejected(503, str(exc), "", exc.decision.retry_after) from None
+        return Accepted(ticket.uid, ticket.cost, admitted.decision.predicted_wait_s)
 
     def status(self, uid: str) -> EngineStatus | None:
         st = self.store().status(uid)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine.proxy.intake import BadRequest, Intake, Overloaded, Ticket
+from engine.proxy.intake import Admitted, BadRequest, InProcessPorts, Intake, Overloaded, Ticket
 from engine.proxy.monitor import Load, RequestMonitor
 from engine.store import JobStore, keys
 from engine.workflow import message as wm
@@ -94,22 +94,26 @@ def test_admission_is_the_monitors_and_none_admits_everything() -> None:
     assert not bounded.room({"sd-t2i": _load(100)}, 0.0).admit
 
 
-def test_submit_accepts_once_then_injects(job_store: JobStore) -> None:
+def test_admit_accepts_once_then_injects(job_store: JobStore) -> None:
     intake, injected = Intake(), []
     uid = uuid.uuid4().hex
-    ticket = intake.submit(job_store, intake.submission("sd-t2i", SD, {}, uid=uid), inject=injected.append)
-    assert isinstance(ticket, Ticket) and injected == [ticket]
+    admitted = intake.admit_sync(intake.ticket(intake.submission("sd-t2i", SD, {}, uid=uid)),
+                                 InProcessPorts(job_store, inject=injected.append))
+    ticket = admitted.ticket
+    assert isinstance(admitted, Admitted) and isinstance(ticket, Ticket) and injected == [ticket]
     st = job_store.status(uid)
     assert st is not None and st.state == keys.QUEUED
     assert job_store.inflight("sd-t2i") == (1, pytest.approx(ticket.cost))
     with pytest.raises(BadRequest) as exc:
-        intake.submit(job_store, intake.submission("sd-t2i", SD, {}, uid=uid), inject=injected.append)
+        intake.admit_sync(intake.ticket(intake.submission("sd-t2i", SD, {}, uid=uid)),
+                          InProcessPorts(job_store, inject=injected.append))
     assert (exc.value.status, exc.value.field) == (409, "uid") and len(injected) == 1
 
 
-def test_submit_refuses_when_there_is_no_room(job_store: JobStore) -> None:
+def test_admit_refuses_when_there_is_no_room(job_store: JobStore) -> None:
     intake = Intake(monitor=RequestMonitor(max_queue=1))
     with pytest.raises(Overloaded) as exc:
-        intake.submit(job_store, intake.submission("sd-t2i", SD, {}), load=lambda wf: _load(10))
+        intake.admit_sync(intake.ticket(intake.submission("sd-t2i", SD, {})),
+                          InProcessPorts(job_store, load=lambda wf: _load(10)))
     assert exc.value.decision.retry_after >= 1
     assert job_store.inflight("sd-t2i") == (0, 0.0) and job_store.events() == []
