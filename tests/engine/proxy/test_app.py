@@ -226,3 +226,47 @@ def test_a_burst_is_admitted_on_the_count_each_decision_sees(env: dict[str, Any]
     _serve(env, 64, body)
     while (d := env["ring"].recv(timeout=0.05)) is not None:
         d.release()
+
+
+def test_an_accepted_submit_takes_three_trips_off_the_event_loop(env: dict[str, Any], monkeypatch: Any) -> None:
+    """With the Proxy's caches warm (the ring's limit, the drain meter's sample), an accepted submit leaves
+    the event loop three times: the parse, the admission's one store round trip (claim check, load,
+    decision, acceptance) and the injector's send; the background loops' own trips are not counted."""
+    import functools
+
+    from engine.proxy.app import STATE
+
+    trips: list[str] = []
+    real_to_thread = asyncio.to_thread
+
+    def name(fn: Any) -> str:
+        return fn.func.__name__ if isinstance(fn, functools.partial) else getattr(fn, "__name__", repr(fn))
+
+    async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        task = asyncio.current_task()
+        in_loop = task is not None and task.get_coro().cr_code.co_filename.endswith("loops.py")
+        if not in_loop:
+            trips.append(name(fn))
+        return await real_to_thread(fn, *args, **kwargs)
+
+    for pooled in ("_send", "_max_message"):  # what the injector's own thread runs
+        real = getattr(Injector, pooled)
+        monkeypatch.setattr(Injector, pooled, functools.partialmethod(
+            lambda self, *a, _real=real, _name=pooled, **k: (trips.append(_name), _real(self, *a, **k))[1]))
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+
+    async def body(client: Any) -> None:
+        doc = {"workflow": "sd-t2i", "params": SD}
+        assert (await client.post("/v1/requests", json=doc)).status == 202  # warms the ring's limit
+        state = client.server.app[STATE]
+        deadline = time.monotonic() + 10
+        while "sd-t2i" not in state.drain.latest and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the drain meter's first sample: refusals are decided on it
+        trips.clear()
+        r = await client.post("/v1/requests", json=doc)
+        assert r.status == 202, await r.text()
+        assert sorted(trips) == sorted(["_parsed_ticket", "_decide_and_accept", "_send"]), trips
+
+    _serve(env, 10, body)
+    while (d := env["ring"].recv(timeout=0.05)) is not None:
+        d.release()
