@@ -200,15 +200,20 @@ def _store_down(exc: BaseException) -> web.Response:
 
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
+JobHandler = Callable[[web.Request, str, Any], Awaitable[web.Response]]
 
 
-def _store_guarded(handler: Handler) -> Handler:
-    """The route answers 503 + Retry-After when Redis goes away between its lookup and its own store call
-    (a stopped or restarting Redis is a moment's overload, never a 500)."""
+def _job_route(handler: JobHandler) -> Handler:
+    """The route of the job the path names, called with its (uid, status) once it is found (404 when it is
+    not); answers 503 + Retry-After when Redis goes away between its lookup and its own store call (a
+    stopped or restarting Redis is a moment's overload, never a 500)."""
     @functools.wraps(handler)
     async def guarded(request: web.Request) -> web.Response:
+        found = await _lookup(request)
+        if isinstance(found, web.Response):
+            return found
         try:
-            return await handler(request)
+            return await handler(request, *found)
         except outage.UNAVAILABLE as exc:
             return _store_down(exc)
 
@@ -250,15 +255,11 @@ async def _wait_terminal(app: web.Application, uid: str, st: Any, wait: float) -
     return st
 
 
-@_store_guarded
-async def status(request: web.Request) -> web.Response:
+@_job_route
+async def status(request: web.Request, uid: str, st: Any) -> web.Response:
     """The request's status; with ``?wait=S`` (at most 60), answered once it is finished or S seconds
     passed: one HTTP round trip instead of a client polling loop (which, at a few ms, costs the host
     more CPU than the stages it waits for)."""
-    found = await _lookup(request)
-    if isinstance(found, web.Response):
-        return found
-    uid, st = found
     raw = request.query.get("wait")
     if raw is not None and not st.terminal:
         try:
@@ -271,24 +272,16 @@ async def status(request: web.Request) -> web.Response:
     return _status_response(request.app, st)
 
 
-@_store_guarded
-async def cancel(request: web.Request) -> web.Response:
-    found = await _lookup(request)
-    if isinstance(found, web.Response):
-        return found
-    uid, st = found
+@_job_route
+async def cancel(request: web.Request, uid: str, st: Any) -> web.Response:
     if st.terminal:
         return web.json_response({"uid": uid, "state": st.state, "error": "request already finished"}, status=409)
     await asyncio.to_thread(request.app[STATE].store.request_cancel, uid)
     return web.json_response({"uid": uid, "state": st.state, "cancel_requested": True}, status=202)
 
 
-@_store_guarded
-async def result(request: web.Request) -> web.Response:
-    found = await _lookup(request)
-    if isinstance(found, web.Response):
-        return found
-    uid, st = found
+@_job_route
+async def result(request: web.Request, uid: str, st: Any) -> web.Response:
     store = request.app[STATE].store
     if st.state != keys.COMPLETED:
         return web.json_response({"uid": uid, "state": st.state, "error": "no result"}, status=409)
@@ -299,12 +292,8 @@ async def result(request: web.Request) -> web.Response:
     return web.Response(body=data, content_type=CONTENT_TYPES.get(output, "application/octet-stream"))
 
 
-@_store_guarded
-async def drop_result(request: web.Request) -> web.Response:
-    found = await _lookup(request)
-    if isinstance(found, web.Response):
-        return found
-    uid, st = found
+@_job_route
+async def drop_result(request: web.Request, uid: str, st: Any) -> web.Response:
     if not st.terminal:  # its result is still to come: dropping now would not stop it from being written
         return web.json_response({"uid": uid, "state": st.state, "error": "request not finished"}, status=409)
     dropped = await asyncio.to_thread(request.app[STATE].store.drop_results, [uid])
