@@ -4,36 +4,21 @@ cancelled mid-batch and one that fails leave the others untouched, nothing is lo
 
 from __future__ import annotations
 
-import os
-import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.coord import etcd_client
-from engine.store import JobStore, keys
-from engine.transport.ring import RingConfig, RingConsumer, attach_producer
-from engine.worker.routes import Route, RouteTable, publish_route
-from engine.worker.taskworker import TaskWorker, WorkerConfig
-from engine.workflow import get_workflow
+from engine.store import keys
 from engine.workflow import message as wm
+from tests.engine.worker.rig import SPEC, BatcherHost, DenoiseRig
 
 pytestmark = pytest.mark.models
-SPEC = get_workflow("sd-t2i")
 
 
 def _params(prompt: str, steps: int, seed: int) -> dict[str, Any]:
     return SPEC.resolve_params({"prompt": prompt, "height": 64, "width": 64, "num_inference_steps": steps,
                                 "seed": seed})
-
-
-@pytest.fixture(scope="module")
-def sd(tiny_models: dict[str, Path]) -> Any:
-    from engine.stages.runner import LocalRunner
-
-    return LocalRunner("sd-t2i", tiny_models["sd-t2i"], "cpu")
 
 
 def test_batched_requests_equal_solo_runs_and_cancel_and_failure_stay_alone(
@@ -44,16 +29,8 @@ def test_batched_requests_equal_solo_runs_and_cancel_and_failure_stay_alone(
 
     from engine.stages.base import StageContext
 
-    tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    inbox = RingConsumer.create(f"shm://test-{tag}-dn", RingConfig(slots=32, buffer_bytes=8 << 20))
-    outbox = RingConsumer.create(f"shm://test-{tag}-vd", RingConfig(slots=32, buffer_bytes=8 << 20))
-    producer = attach_producer(f"shm://test-{tag}-dn")
-    etcd = etcd_client(etcd_server.url)
-    from engine.coord.keys import Keyspace
-
-    space = Keyspace(f"/test-{tag}")
-    publish_route(etcd, Route("sd-t2i", "vae_decode", "sd-t2i.vae_decode.0", f"shm://test-{tag}-vd"), keys=space)
-    store = JobStore.from_url(redis_server.url, ttl=60)
+    rig = DenoiseRig(redis_server.url, etcd_server.url)
+    store = rig.store
     denoise = sd.executors["denoise"]
     reqs = {uuid.uuid4().hex: _params(p, n, s) for p, n, s in
             (("a red boat", 6, 1), ("a green tree", 3, 2), ("a blue car", 8, 3), ("a grey cat", 4, 4),
@@ -75,56 +52,24 @@ def test_batched_requests_equal_solo_runs_and_cancel_and_failure_stay_alone(
                     store.request_cancel(cancelled)
 
     denoise.__class__ = CancelsMidway
-    cfg = WorkerConfig(instance="sd-t2i.denoise.0", workflow="sd-t2i", stage="denoise", model_dir="/",
-                       address=f"shm://test-{tag}-dn", redis_url="", etcd_url=etcd_server.url, max_batch=4)
-    worker = TaskWorker(cfg, store, RouteTable(etcd, keys=space), denoise, inbox)
+    worker = rig.worker(denoise)
     try:
         handed: dict[str, Any] = {}
         for phase in ([uids[0], uids[1], cancelled], [broken, uids[4]]):
-            _serve(worker, store, producer, phase, reqs, embeds)
-            _collect(outbox, handed)
+            rig.serve(worker, phase, reqs, embeds)
+            rig.collect(handed)
         assert sorted(handed) == sorted(good)  # every good one, once
         for u in good:
             assert torch.equal(handed[u], solo[u]), "a batched request differs from its solo run"
         assert store.state(cancelled) == keys.CANCELLED and len(shared) >= 2
         st = store.status(broken)
         assert st is not None and st.state == keys.FAILED and st.detail.startswith("stage_failed: the denoise")
-        assert inbox.held == 0  # every input released
+        assert rig.inbox.held == 0  # every input released
         finished = [e for u in uids[:2] for e in store.events(u) if e["type"] == keys.STAGE_FINISHED]
         assert all("batch=3" in e["detail"] for e in finished), finished
     finally:
         denoise.__class__ = CancelsMidway.__mro__[1]
-        producer.close()
-        inbox.close()
-        outbox.close()
-        store.close()
-
-
-def _serve(worker: TaskWorker, store: JobStore, producer: Any, uids: list[str], reqs: dict[str, Any],
-           embeds: dict[str, Any]) -> None:
-    """Send these requests to the worker's inbox and serve until each was handed on or ended."""
-    for u in uids:
-        store.accept(u, "sd-t2i", 1.0)
-        h = wm.Header(uid=u, workflow="sd-t2i", stage="denoise", route=SPEC.route(), params=reqs[u])
-        producer.send(wm.encode(h, {k: wm.from_numpy(v.numpy()) for k, v in embeds[u].items()}))
-    deadline = time.monotonic() + 120
-
-    def settled() -> bool:
-        assert time.monotonic() < deadline, {u: store.state(u) for u in uids}
-        return all(store.is_done(u, "denoise") or store.state(u) in keys.TERMINAL for u in uids)
-
-    worker.serve(settled)  # max_batch 4 and a stage that steps: the batching loop serves it
-    assert worker.batcher is not None and not worker.batcher.active
-
-
-def _collect(outbox: RingConsumer, handed: dict[str, Any]) -> None:
-    from engine.stages.components import to_torch
-
-    while (d := outbox.recv(timeout=0.5)) is not None:
-        msg = wm.decode(d.view)
-        assert msg.header.uid not in handed, "handed on twice"
-        handed[msg.header.uid] = to_torch(msg.tensors["denoised"]).clone()
-        d.release()
+        rig.close()
 
 
 class _Steps:
@@ -155,42 +100,15 @@ class _Steps:
         return {"x": state["x"]}
 
 
-class _FakeWorker:
+class _FakeWorker(BatcherHost):
     """The TaskWorker calls a StepBatcher makes, recorded: each handed-on result in ``done``."""
 
-    spec = SPEC
-    config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
-                          redis_url="", etcd_url="")
-
     def __init__(self) -> None:
+        super().__init__()
         self.done: dict[str, int] = {}
-        self.handled = 0
-        self.last_active = 0.0
-        self.consumer = self  # an inbox that never holds anything new
-
-    def recv_many(self, n: int, timeout: float) -> list[Any]:
-        return []
-
-    def open_run(self, h: Any) -> Any:
-        from engine.stages.base import StageContext
-        from engine.worker.taskworker import Run
-
-        return Run({}, 0.0, 0.0, 1.0, StageContext())
-
-    def values_of(self, msg: Any) -> dict[str, Any]:
-        return {"prompt_embeds": None, "negative_prompt_embeds": None}
-
-    def inputs_of(self, h: Any, values: dict[str, Any]) -> dict[str, Any]:
-        return {k: values[k] for k in SPEC.stage("denoise").inputs}
 
     def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
         self.done[h.uid] = out["x"]
-
-    def _record(self, s: float, workflow: str | None = None) -> None:
-        pass
-
-    def errored(self, h: Any, exc: Exception) -> None:
-        raise AssertionError(f"{h.uid} failed: {exc}")
 
 
 class _Delivery:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +14,11 @@ from engine.coord.keys import Keyspace
 from engine.transport.ring import attach_producer
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
+from tests.engine.worker.rig import tick_until
 
 KEYS = Keyspace()
 
 ID = "sd-t2i.image_encode.0"  # a torch-free stage with no model components: starts in a second
-
-
-def _until(tm: TaskManager, cond: Callable[[], bool], timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, {i: (x.proc, x.ready, x.restarts) for i, x in tm.instances.items()}
-        tm.tick()
-        time.sleep(0.1)
 
 
 def _routes(etcd: Any) -> list[str]:
@@ -45,7 +36,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
                                   ring_slots=16, ring_bytes=1 << 20))
     tm.start()
     try:
-        _until(tm, lambda: tm.instances.get(ID) is not None and tm.instances[ID].ready)
+        tick_until(tm, lambda: tm.instances.get(ID) is not None and tm.instances[ID].ready)
         assert _routes(etcd) == [KEYS.route("sd-t2i", "image_encode", ID)] and ring.exists()
         first = tm.instances[ID].proc
         assert first is not None
@@ -56,7 +47,7 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         tm.tick()
         assert tm.instances[ID].restarts == 1 and not tm.instances[ID].ready
         assert len(_routes(etcd)) == 1 and ring.exists()
-        _until(tm, lambda: tm.instances[ID].ready)
+        tick_until(tm, lambda: tm.instances[ID].ready)
         second = tm.instances[ID].proc
         assert second is not None and second.pid != first.pid
         tm._report(force=True)
@@ -75,21 +66,21 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         # removed from the assignment with requests queued: route withdrawn at once, the queue served
         # (nothing lost), then the worker exits and the ring is unlinked
         from engine.store import JobStore
-        from tests.engine.worker.test_taskworker import _send
+        from tests.engine.worker.rig import send_pixels
 
         store = JobStore.from_url(redis_server.url, ttl=60)
         producer = attach_producer(f"shm://{prefix}{ID}")
         uids = [uuid.uuid4().hex for _ in range(3)]
         for uid in uids:
             store.accept(uid, "sd-t2i", 1.0)
-            _send(producer, uid)
+            send_pixels(producer, uid)
         producer.close()
         producer.region.close()
         etcd.put(KEYS.assignment("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
-        _until(tm, lambda: ID not in tm.instances, timeout=10)  # the next tick after its watch saw the change
+        tick_until(tm, lambda: ID not in tm.instances, timeout=10)  # the next tick after its watch saw the change
         assert tm._assignment_changes.watching  # read on change, not every tick
         assert ID not in tm.instances and _routes(etcd) == [] and [d.spec.id for d in tm.draining] == [ID]
-        _until(tm, lambda: not tm.draining, timeout=60)
+        tick_until(tm, lambda: not tm.draining, timeout=60)
         assert second.poll() == 0 and not ring.exists()
         assert [store.state(u) for u in uids] == ["completed"] * 3
         store.close()

@@ -4,28 +4,20 @@ one is passed over, and the StepBatcher lets a high-priority arrival ahead of wa
 
 from __future__ import annotations
 
-import os
 import random
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pytest
 
-from engine.coord import etcd_client
 from engine.store import JobStore, keys
-from engine.transport.ring import RingConfig, RingConsumer, attach_producer
+from engine.transport.ring import RingConsumer
 from engine.worker import order
-from engine.worker.routes import RouteTable
-from engine.worker.taskworker import TaskWorker, WorkerConfig
-from engine.workflow import get_workflow
+from engine.worker.taskworker import TaskWorker
 from engine.workflow import message as wm
+from tests.engine.worker.rig import SPEC, BatcherHost, image_encode_worker, pixels_message
 
-ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]
-PARAMS = {"prompt": "a cat", "negative_prompt": None, "height": 8, "width": 8, "num_inference_steps": 2,
-          "guidance_scale": 7.5, "seed": 0}
 LOW, NORMAL, HIGH = order.LEVELS["low"], order.LEVELS["normal"], order.LEVELS["high"]
 
 
@@ -92,33 +84,14 @@ def test_aging_bounds_how_long_a_later_arrival_may_pass_a_waiting_one() -> None:
 
 # -- the TaskWorker, through its real ring and store ------------------------------------------------------
 
-@pytest.fixture
-def ring() -> Iterator[tuple[RingConsumer, Any]]:
-    address = f"shm://test-{os.getpid()}-{uuid.uuid4().hex[:6]}-ord"
-    consumer = RingConsumer.create(address, RingConfig(slots=32, buffer_bytes=1 << 20))
-    producer = attach_producer(address)
-    yield consumer, producer
-    producer.close()
-    consumer.close()
-
-
 def _worker(store: JobStore, consumer: RingConsumer, etcd_url: str) -> TaskWorker:
-    from engine.stages.sd.image import SDImageEncode  # torch-free: pixels to a PNG
-
-    cfg = WorkerConfig(instance="sd-t2i.image_encode.ord", workflow="sd-t2i", stage="image_encode", model_dir="/",
-                       address="shm://unused", redis_url="", etcd_url=etcd_url)
-    ex = SDImageEncode()
-    ex.load("/")
-    return TaskWorker(cfg, store, RouteTable(etcd_client(etcd_url)), ex, consumer)
+    return image_encode_worker(store, consumer, etcd_url, instance="sd-t2i.image_encode.ord")
 
 
 def _send(producer: Any, store: JobStore, priority: int) -> str:
     uid = uuid.uuid4().hex
     store.accept(uid, "sd-t2i", 1.0)
-    pixels = (np.arange(8 * 8 * 3) % 251).astype("uint8").reshape(1, 8, 8, 3)
-    header = wm.Header(uid=uid, workflow="sd-t2i", stage="image_encode", route=ROUTE, params=PARAMS,
-                       priority=priority)
-    producer.send(wm.encode(header, {"pixels": wm.from_numpy(pixels)}))
+    producer.send(pixels_message(uid, priority))
     return uid
 
 
@@ -169,7 +142,6 @@ def test_a_message_that_waited_past_the_bound_is_served_as_high(
 
 # -- the StepBatcher ----------------------------------------------------------------------------------
 
-SPEC = get_workflow("sd-t2i")
 
 
 class _Steps:
@@ -204,45 +176,19 @@ class _Delivery:
         self.released.append(self.uid)
 
 
-class _Worker:
+class _Worker(BatcherHost):
     """The TaskWorker calls a StepBatcher makes; its inbox hands out ``arrivals`` one list per take."""
 
-    config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
-                          redis_url="", etcd_url="")
-
     def __init__(self) -> None:
+        super().__init__()
         self.done: list[str] = []
-        self.handled = 0
-        self.last_active = 0.0
-        self.consumer = self
         self.arrivals: list[list[Any]] = []
 
     def recv_many(self, n: int, timeout: float) -> list[Any]:
         return self.arrivals.pop(0) if self.arrivals else []
 
-    def _admit(self, h: Any, start: bool = True) -> bool:
-        return True
-
-    def open_run(self, h: Any) -> Any:
-        from engine.stages.base import StageContext
-        from engine.worker.taskworker import Run
-
-        return Run({}, 0.0, 0.0, 1.0, StageContext())
-
-    def values_of(self, msg: Any) -> dict[str, Any]:
-        return {"prompt_embeds": None, "negative_prompt_embeds": None}
-
-    def inputs_of(self, h: Any, values: dict[str, Any]) -> dict[str, Any]:
-        return {k: values[k] for k in SPEC.stage("denoise").inputs}
-
     def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
         self.done.append(out["x"])
-
-    def _record(self, s: float, workflow: str | None = None) -> None:
-        pass
-
-    def errored(self, h: Any, exc: Exception) -> None:
-        raise AssertionError(f"{h.uid} failed: {exc}")
 
 
 def _arrival(uid: str, priority: int, steps: int, released: list[str]) -> _Delivery:

@@ -8,8 +8,6 @@ import json
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +18,10 @@ from engine.coord.keys import Keyspace
 from engine.worker import priority
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.manager import NodeSettings, TaskManager
+from tests.engine.worker.rig import tick_until
 
 KEYS = Keyspace()
 ID = "sd-t2i.image_encode.0"  # torch-free, no model components: starts in a second
-
-
-def _until(tm: TaskManager, cond: Callable[[], bool], timeout: float = 90) -> None:
-    """Tick the manager until ``cond`` (a worker's ready file seen, its route published)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, {i: (x.proc, x.ready, x.restarts) for i, x in tm.instances.items()}
-        tm.tick()
-        time.sleep(0.05)
 
 
 def _thread_nices(pid: int) -> set[int]:
@@ -58,7 +48,7 @@ def test_node_starts_workers_below_itself(redis_server: Any, etcd_server: Any, t
     tm.start()
     try:
         for attempt in range(2):  # the first start, then a restart after a SIGKILL
-            _until(tm, lambda: ID in tm.instances and tm.instances[ID].ready)
+            tick_until(tm, lambda: ID in tm.instances and tm.instances[ID].ready, every=0.05)
             proc = tm.instances[ID].proc
             assert proc is not None
             # serving by now: its route refresher, store and ring threads exist, and each inherited the niceness

@@ -2,53 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 
-from engine.coord import etcd_client
 from engine.store import JobStore, keys
-from engine.transport.ring import RingConfig, RingConsumer, attach_producer
-from engine.worker.routes import RouteTable
+from engine.transport.ring import RingConsumer
 from engine.worker.stretch import StretchedExecutor, stretched
-from engine.worker.taskworker import TaskWorker, WorkerConfig
-from engine.workflow import message as wm
-
-ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]
-PARAMS = {"prompt": "a cat", "negative_prompt": None, "height": 8, "width": 8, "num_inference_steps": 2,
-          "guidance_scale": 7.5, "seed": 0}
-
-
-@pytest.fixture
-def ring() -> Iterator[tuple[RingConsumer, Any]]:
-    address = f"shm://test-{os.getpid()}-tw"
-    consumer = RingConsumer.create(address, RingConfig(slots=16, buffer_bytes=1 << 20))
-    producer = attach_producer(address)
-    yield consumer, producer
-    producer.close()
-    consumer.close()
-
-
-def _worker(store: JobStore, consumer: RingConsumer, etcd_url: str, **extra: Any) -> TaskWorker:
-    from engine.stages.sd.image import SDImageEncode
-
-    cfg = WorkerConfig(instance="sd-t2i.image_encode.0", workflow="sd-t2i", stage="image_encode", model_dir="/",
-                       address="shm://unused", redis_url="", etcd_url=etcd_url, **extra)
-    ex = SDImageEncode()
-    ex.load("/")
-    # as the worker process does (engine.worker.proc): stretched only when the config asks
-    served = stretched(ex, cfg.stage_time_s, cfg.stage_stretch, cfg.step_delay_s)
-    return TaskWorker(cfg, store, RouteTable(etcd_client(etcd_url)), served, consumer)
-
-
-def _send(producer: Any, uid: str) -> None:
-    pixels = (np.arange(8 * 8 * 3) % 251).astype("uint8").reshape(1, 8, 8, 3)
-    header = wm.Header(uid=uid, workflow="sd-t2i", stage="image_encode", route=ROUTE, params=PARAMS)
-    producer.send(wm.encode(header, {"pixels": wm.from_numpy(pixels)}))
+from tests.engine.worker.rig import image_encode_worker, pixels_message, send_pixels
 
 
 def test_last_stage_writes_once_and_drops_redeliveries(redis_server: Any, etcd_server: Any,
@@ -57,9 +19,9 @@ def test_last_stage_writes_once_and_drops_redeliveries(redis_server: Any, etcd_s
     store = JobStore.from_url(redis_server.url, ttl=60)
     uid = uuid.uuid4().hex
     store.accept(uid, "sd-t2i", 1.0)
-    worker = _worker(store, consumer, etcd_server.url)
+    worker = image_encode_worker(store, consumer, etcd_server.url)
     for _ in range(2):  # the second is what a restarted upstream worker would send again
-        _send(producer, uid)
+        send_pixels(producer, uid)
         d = consumer.recv(timeout=5)
         assert d is not None
         worker.handle(d)
@@ -82,12 +44,12 @@ def test_a_stretched_stage_takes_its_floor_time(redis_server: Any, etcd_server: 
     consumer, producer = ring
     store = JobStore.from_url(redis_server.url, ttl=60)
     uid = uuid.uuid4().hex
-    worker = _worker(store, consumer, etcd_server.url, stage_time_s=0.3)
+    worker = image_encode_worker(store, consumer, etcd_server.url, stage_time_s=0.3)
     store.r.delete(keys.instance_key("sd-t2i.image_encode.0"))
     uids = [uid, uuid.uuid4().hex]
     for u in uids:
         store.accept(u, "sd-t2i", 1.0)
-        _send(producer, u)
+        send_pixels(producer, u)
         d = consumer.recv(timeout=5)
         assert d is not None
         worker.handle(d)
@@ -103,8 +65,8 @@ def test_an_unreachable_store_keeps_the_input_for_the_next_incarnation(etcd_serv
                                                                        ring: tuple[RingConsumer, Any]) -> None:
     consumer, producer = ring
     dead = JobStore.from_url("redis://127.0.0.1:1/0")
-    worker = _worker(dead, consumer, etcd_server.url)
-    _send(producer, uuid.uuid4().hex)
+    worker = image_encode_worker(dead, consumer, etcd_server.url)
+    send_pixels(producer, uuid.uuid4().hex)
     d = consumer.recv(timeout=5)
     assert d is not None
     with pytest.raises(Exception, match="(?i)connect"):
@@ -123,15 +85,13 @@ def test_work_that_cannot_end_by_its_deadline_is_not_started(redis_server: Any, 
 
     consumer, producer = ring
     store = JobStore.from_url(redis_server.url, ttl=60)
-    worker = _worker(store, consumer, etcd_server.url, stage_time_s=0.6)
-    pixels = (np.arange(8 * 8 * 3) % 251).astype("uint8").reshape(1, 8, 8, 3)
+    worker = image_encode_worker(store, consumer, etcd_server.url, stage_time_s=0.6)
     try:
         uids = {None: uuid.uuid4().hex, 0.2: uuid.uuid4().hex, 30.0: uuid.uuid4().hex}
         for left, uid in uids.items():
             store.accept(uid, "sd-t2i", 1.0)
             deadline = time.time() + left if left is not None else None
-            producer.send(wm.encode(wm.Header(uid=uid, workflow="sd-t2i", stage="image_encode", route=ROUTE,
-                                              params=PARAMS, deadline=deadline), {"pixels": wm.from_numpy(pixels)}))
+            producer.send(pixels_message(uid, deadline=deadline))
             d = consumer.recv(timeout=5)
             assert d is not None
             worker.handle(d)
@@ -187,18 +147,18 @@ def test_a_stage_exception_reaches_the_client_as_stage_failed(redis_server: Any,
                                                              ring: tuple[RingConsumer, Any]) -> None:
     consumer, producer = ring
     store = JobStore.from_url(redis_server.url, ttl=60)
-    worker = _worker(store, consumer, etcd_server.url)
+    worker = image_encode_worker(store, consumer, etcd_server.url)
     for _ in range(3):  # runs after the first are sampled: the stage publishes its price fit
         good = uuid.uuid4().hex
         store.accept(good, "sd-t2i", 1.0)
-        _send(producer, good)
+        send_pixels(producer, good)
         worker.handle(consumer.recv(timeout=5))
     fit = store.price_fits([("sd-t2i.image_encode.0", "sd-t2i")]).get(("sd-t2i.image_encode.0", "sd-t2i"))
     assert fit is not None and '"u_max": 64' in fit  # 8x8 pixels of work per run
     worker.executor = _Broken()
     uid = uuid.uuid4().hex
     store.accept(uid, "sd-t2i", 1.0)
-    _send(producer, uid)
+    send_pixels(producer, uid)
     worker.handle(consumer.recv(timeout=5))
     st = store.status(uid)
     assert st is not None and st.state == keys.FAILED

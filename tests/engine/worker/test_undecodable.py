@@ -9,11 +9,11 @@ from typing import Any
 from engine.store import JobStore, keys
 from engine.transport.ring import RingConsumer
 from engine.workflow import message as wm
-from tests.engine.worker.test_taskworker import PARAMS, ROUTE, _worker, ring  # noqa: F401 - the ring fixture
+from tests.engine.worker.rig import PARAMS, ROUTE, image_encode_worker
 
 
 def test_an_undecodable_message_fails_its_job_with_the_reason(redis_server: Any, etcd_server: Any,
-                                                              ring: tuple[RingConsumer, Any]) -> None:  # noqa: F811
+                                                              ring: tuple[RingConsumer, Any]) -> None:
     consumer, producer = ring
     store = JobStore.from_url(redis_server.url, ttl=60)
     uid = uuid.uuid4().hex
@@ -22,7 +22,7 @@ def test_an_undecodable_message_fails_its_job_with_the_reason(redis_server: Any,
     header = wm.Header(uid=uid, workflow="sd-t2i", stage="image_encode", route=ROUTE, params=PARAMS,
                        priority="high")  # type: ignore[arg-type]
     producer.send(wm.encode(header))
-    worker = _worker(store, consumer, etcd_server.url)
+    worker = image_encode_worker(store, consumer, etcd_server.url)
     d = consumer.recv(timeout=5)
     assert d is not None
     worker.handle(d)
