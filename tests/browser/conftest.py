@@ -12,7 +12,6 @@ import json
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures import REPO_ROOT
+from tests.web.cluster_root import cluster_root
 
 # web_redis, store (the platform on its own Redis database, tests playing the workers) and celery_broker
 # are plugins (tests.fixtures.web, tests.fixtures.celery)
@@ -72,22 +72,14 @@ class AsgiLiveServer:
 def cluster(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[dict[str, Any]]:
     """An etcd root of its own; ``put_node`` registers a node the way a TaskManager reports it."""
     from engine.coord.keys import Keyspace
-    from engine.manager.election import connect
-    from onepiece_platform.engine_link.cluster import reset_clusters
 
-    root = f"/onepiece-browser-{uuid.uuid4().hex[:6]}"
-    settings.ETCD_URL = etcd_server.url
-    settings.ONEPIECE = {**settings.ONEPIECE, "ETCD_ROOT": root}
-    reset_clusters()
-    client = connect(etcd_server.url)
+    with cluster_root(etcd_server.url, settings, "onepiece-browser") as (root, client):
+        def put_node(node: str, instances: dict[str, dict[str, Any]],
+                     devices: list[dict[str, Any]] | None = None) -> None:
+            body = {"node": node, "ts": time.time(), "instances": instances, "devices": devices or []}
+            client.put(Keyspace(root).node(node), json.dumps(body))
 
-    def put_node(node: str, instances: dict[str, dict[str, Any]], devices: list[dict[str, Any]] | None = None) -> None:
-        body = {"node": node, "ts": time.time(), "instances": instances, "devices": devices or []}
-        client.put(Keyspace(root).node(node), json.dumps(body))
-
-    yield {"root": root, "client": client, "put_node": put_node}
-    client.delete_prefix(root + "/")
-    reset_clusters()
+        yield {"root": root, "client": client, "put_node": put_node}
 
 
 @pytest.fixture

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from tests.web.cluster_root import cluster_root
 
 pytestmark = pytest.mark.django_db
 WF = "sd-t2i"
@@ -19,17 +20,8 @@ GPU = {"kind": "gpu", "index": 0, "name": "NVIDIA H200", "utilisation": 81.0, "m
 
 @pytest.fixture
 def root(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[tuple[str, Any]]:
-    from engine.manager.election import connect
-    from onepiece_platform.engine_link.cluster import reset_clusters
-
-    root = f"/onepiece-dash-{uuid.uuid4().hex[:6]}"
-    settings.ETCD_URL = etcd_server.url
-    settings.ONEPIECE = {**settings.ONEPIECE, "ETCD_ROOT": root}
-    reset_clusters()
-    client = connect(etcd_server.url)
-    yield root, client
-    client.delete_prefix(root + "/")
-    reset_clusters()
+    with cluster_root(etcd_server.url, settings, "onepiece-dash") as pair:
+        yield pair
 
 
 def test_snapshot_carries_devices_and_the_leaders_recommended_counts(root) -> None:
