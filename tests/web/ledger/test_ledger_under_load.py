@@ -211,13 +211,17 @@ class Load:
             uid = random.choice(list(self.jobs)[-40:])
             return uid, self.jobs[uid]
 
-    def reader(self) -> None:
+    def _picks(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """One of the recent jobs at a time until the run stops (none yet: the first submissions are due)."""
         while not self.stop.is_set():
             got = self._some_job()
             if got is None:
                 time.sleep(0.05)
                 continue
-            uid, job = got
+            yield got
+
+    def reader(self) -> None:
+        for uid, job in self._picks():
             try:
                 status, doc, _ = _call(f"{self.url}/api/v1/jobs/{uid}", key=job["user"]["key"])
                 if status != 200:
@@ -234,12 +238,7 @@ class Load:
         from websockets.sync.client import connect
 
         host = self.url.split("://", 1)[1]
-        while not self.stop.is_set():
-            got = self._some_job()
-            if got is None:
-                time.sleep(0.05)
-                continue
-            uid, job = got
+        for uid, job in self._picks():
             try:
                 with connect(f"ws://{host}/ws/jobs/{uid}", origin=self.url,  # type: ignore[arg-type]
                              additional_headers={"Cookie": f"sessionid={job['user']['session']}"},
