@@ -10,7 +10,7 @@ leader key still has this create_revision. A leader that stalled past its lease
 even before it notices it was deposed; the refused write is how it notices,
 and it steps down. Readers (TaskManagers) additionally ignore values carrying
 a token older than the newest they have seen (``fence_token`` in the assignment:
-:class:`engine.worker.manager.TaskManager`).
+:class:`engine.worker.taskmanager.TaskManager`).
 
 No home-made consensus: etcd (Raft) decides; we only use its create-if-absent
 transaction, leases and revisions.

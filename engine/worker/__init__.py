@@ -1,1 +1,1 @@
-"""TaskManager (one per node) and TaskWorker processes; see manager.py and taskworker.py."""
+"""TaskManager (one per node) and TaskWorker processes; see taskmanager.py and taskworker.py."""

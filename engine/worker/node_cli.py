@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from engine import envs
 
 if TYPE_CHECKING:
-    from engine.worker.manager import NodeSettings
+    from engine.worker.taskmanager import NodeSettings
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,8 +64,8 @@ def settings_from(args: argparse.Namespace, etcd_url: str, redis_url: str) -> No
     """The node's settings: each option, else its ``ONEPIECE_*`` variable, else the default. Raises
     ValueError (or KeyError) for a value that does not parse."""
     from engine.worker.config import Batching, StageTiming
-    from engine.worker.manager import NodeSettings
     from engine.worker.priority import parse_nice
+    from engine.worker.taskmanager import NodeSettings
     from engine.worker.threads import parse_threads
 
     timing = StageTiming.parse(args.stage_time or envs.STAGE_TIME_S, args.stage_stretch or envs.STAGE_STRETCH,
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     from engine.coord import redact
     from engine.worker.config import Assignment
-    from engine.worker.manager import TaskManager
+    from engine.worker.taskmanager import TaskManager
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s node %(levelname)s %(message)s")
     etcd_url, redis_url = args.etcd_url or envs.ETCD_URL, args.redis_url or envs.REDIS_URL

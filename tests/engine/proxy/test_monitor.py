@@ -46,7 +46,7 @@ def test_bad_bound() -> None:
 
 
 def test_proxy_node_and_cli_import_no_torch() -> None:
-    code = ("import sys, engine.cli, engine.proxy.app, engine.proxy.cli, engine.worker.manager, "
+    code = ("import sys, engine.cli, engine.proxy.app, engine.proxy.cli, engine.worker.taskmanager, "
             "engine.worker.node_cli; engine.cli.build_parser(); "
             "bad = [m for m in ('torch', 'diffusers', 'django') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)

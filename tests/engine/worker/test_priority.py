@@ -17,7 +17,7 @@ from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
 from engine.worker import priority
 from engine.worker.config import Assignment, InstanceSpec
-from engine.worker.manager import NodeSettings, TaskManager
+from engine.worker.taskmanager import NodeSettings, TaskManager
 from tests.engine.worker.rig import tick_until
 
 KEYS = Keyspace()
@@ -86,7 +86,7 @@ def test_a_refusing_host_leaves_the_worker_running(monkeypatch: pytest.MonkeyPat
 
 def test_the_node_warns_once_when_workers_sit_above_their_priority(tmp_path: Path,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    from engine.worker.manager import _Instance
+    from engine.worker.taskmanager import _Instance
 
     tm = TaskManager(NodeSettings("warn", "http://127.0.0.1:1", "redis://127.0.0.1:1", tmp_path, worker_nice=5))
     base = os.getpriority(os.PRIO_PROCESS, 0)

@@ -14,7 +14,7 @@ from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
 from engine.worker import threads
 from engine.worker.config import Assignment, InstanceSpec
-from engine.worker.manager import NodeSettings, TaskManager
+from engine.worker.taskmanager import NodeSettings, TaskManager
 
 KEYS = Keyspace()
 

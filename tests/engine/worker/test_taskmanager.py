@@ -13,7 +13,7 @@ from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
 from engine.transport.ring import attach_producer
 from engine.worker.config import Assignment, InstanceSpec
-from engine.worker.manager import NodeSettings, TaskManager
+from engine.worker.taskmanager import NodeSettings, TaskManager
 from tests.engine.worker.rig import tick_until
 
 KEYS = Keyspace()
