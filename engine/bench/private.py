@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine import procs
 from engine.bench.cpu import tree_peak_rss_mb
 
 
@@ -144,15 +145,8 @@ class PrivateEngine:
     def stop(self) -> None:
         for name in ("proxy", "node"):  # the proxy first, then the node (it stops its workers)
             p = self.procs.get(name)
-            if p is None:
-                continue
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+            if p is not None:
+                procs.stop(p, signal.SIGINT)
         for s in reversed(self.services):
             s.stop()
         self.services.clear()

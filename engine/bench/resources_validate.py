@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import procs
 from engine.bench.resources_sim import stats
 from engine.manager.simulate import simulate
 from engine.store import keys
@@ -158,13 +159,7 @@ class _Engine:
 
     def stop(self) -> None:
         for p in reversed(self.procs):  # the proxy first, then the node (it stops its workers)
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+            procs.stop(p, signal.SIGINT)
         if self.store is not None:
             self.store.close()
         for s in reversed(self.services):

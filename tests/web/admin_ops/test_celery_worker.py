@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from engine import procs
 from tests.fixtures.workers import Workers
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -38,12 +39,7 @@ def worker(web_redis: str, tmp_path: Path) -> Iterator[tuple[Any, Path]]:
         yield app, log
     finally:
         _use(app, *saved)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        procs.stop(proc, timeout=30)
 
 
 def _use(app: Any, broker: str, results: str, backend_cache: Any, local_backend: Any) -> None:

@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from engine import procs
 from engine.embedded import free_port
 from tests.fixtures import REPO_ROOT
 
@@ -72,10 +73,5 @@ class Platform:
 
     def stop(self) -> None:
         for p in (self.reconciler, self.web):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(10)
+            if p is not None:
+                procs.stop(p, timeout=20)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import requests
 
+from engine import procs
 from engine.embedded import free_port
 from engine.launcher import web_command
 from tests.fixtures import REPO_ROOT
@@ -92,12 +93,7 @@ def web_port(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         yield WebPort(url, port, redis_url, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        procs.stop(proc, timeout=20)
 
 
 @pytest.fixture
