@@ -9,27 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.engine.stages.staged import staged_frames
+
 pytestmark = pytest.mark.models
 
 WAN = dict(prompt="a cat on the moon", height=32, width=32, num_frames=5, num_inference_steps=2, seed=5)
 
 
 def _staged(runner: Any, lora: list[dict[str, Any]] | None, inputs: dict[str, bytes]) -> np.ndarray:
-    captured: dict[str, np.ndarray] = {}
-    decode = runner.executors["vae_decode"]
-    original = decode.run
-
-    def spy(i: Any, p: Any, ctx: Any) -> Any:
-        out = original(i, p, ctx)
-        captured["frames"] = out["frames"].numpy().copy()
-        return out
-
-    decode.run = spy
-    try:
-        runner.run(runner.spec.resolve_params({**WAN, **({"lora": lora} if lora else {})}), inputs)
-    finally:
-        del decode.run
-    return captured["frames"]
+    return staged_frames(runner, {**WAN, **({"lora": lora} if lora else {})}, inputs)[0]
 
 
 def _frames(pipe: Any, **kw: Any) -> np.ndarray:

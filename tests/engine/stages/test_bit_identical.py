@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.engine.stages.staged import staged_frames
+
 pytestmark = pytest.mark.models
 
 WAN = dict(prompt="a cat on the moon", height=32, width=32, num_frames=5, num_inference_steps=2, seed=5)
@@ -37,24 +39,9 @@ def t2v_runner(tiny_models: dict[str, Path]) -> Any:
 
 
 def _staged_frames(runner: Any, params: dict[str, Any], png: bytes | None) -> np.ndarray:
-
-    captured: dict[str, np.ndarray] = {}
-    decode = runner.executors["vae_decode"]
-    original = decode.run
-
-    def spy(inputs: Any, p: Any, ctx: Any) -> Any:
-        out = original(inputs, p, ctx)
-        captured["frames"] = out["frames"].numpy().copy()
-        return out
-
-    decode.run = spy
-    try:
-        inputs = {} if png is None else {"image": png}
-        result = runner.run(runner.spec.resolve_params(params), inputs)
-    finally:
-        del decode.run
+    frames, result = staged_frames(runner, params, {} if png is None else {"image": png})
     assert bytes(result.outputs["video"])[4:8] == b"ftyp"  # the final stage really wrote an mp4
-    return captured["frames"]
+    return frames
 
 
 def test_wan_staged_frames_equal_the_pipeline(
