@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.procs import released_together
 from engine.store import keys
 
 WORKFLOW = "sd-t2i"
@@ -200,20 +201,9 @@ def _replicas(model_dir: str, params: dict[str, Any], seconds: float, plan: list
     procs = [ctx.Process(target=_monolith, daemon=True,
                          args=(model_dir, params, threads, files, fixed, k, ready, go, seconds, out))
              for k, (threads, files, fixed) in enumerate(plan)]
-    for p in procs:
-        p.start()
-    try:
-        for _ in procs:
-            ready.get(timeout=300)
-        t0 = time.perf_counter()
-        go.set()
+    with released_together(procs, ready, go) as t0:
         got = [out.get(timeout=seconds + 300) for _ in procs]
         took = max(seconds, time.perf_counter() - t0)
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
     return sum(d for d, _ in got) / took, [x for _, loads in got for x in loads]
 
 

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.cpu import ControlPlaneMeter, RunQueueMeter, roles_from_state
+from engine.procs import released_together
 
 PARAMS = {"sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3,
                      "seed": 1}}
@@ -237,21 +238,10 @@ def monolith_capacity(model_dir: str, params: dict[str, Any], seconds: float, de
         procs = [ctx.Process(target=_monolith_worker, daemon=True,
                              args=(model_dir, params, max(1, cores // k), device, ready, go, window, out, batch))
                  for _ in range(k)]
-        for p in procs:
-            p.start()
-        try:
-            for _ in procs:
-                ready.get(timeout=300)
-            t0 = time.perf_counter()
-            go.set()
+        with released_together(procs, ready, go) as t0:
             done = sum(out.get(timeout=seconds + 300) for _ in procs)
             # every replica stops at its first request ending past the window: count the time they took
             per_k[k] = done / max(seconds, time.perf_counter() - t0)
-        finally:
-            for p in procs:
-                p.join(10)
-                if p.is_alive():
-                    p.kill()
     best = max(per_k, key=lambda k: per_k[k])
     return per_k[best], best, per_k
 

@@ -1,10 +1,15 @@
-"""engine.procs.stop: a child that honours the signal exits by it; one that ignores it is killed after the wait."""
+"""engine.procs: stop ends a child that honours the signal by it and kills one that ignores it after the wait;
+released_together starts replicas at one instant, after every one is ready, and joins them afterwards."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import signal
 import subprocess
 import sys
+import time
+from typing import Any
 
 from engine import procs
 
@@ -27,3 +32,19 @@ def test_a_child_that_ignores_the_signal_is_killed_after_the_wait() -> None:
         procs.stop(p, timeout=0.5)
     assert p.returncode == -signal.SIGKILL
     procs.stop(p)  # an ended process: nothing to do, no error
+
+
+def _replica(ready: Any, go: Any, out: Any) -> None:
+    ready.put(os.getpid())
+    go.wait()
+    out.put(time.perf_counter())
+
+
+def test_replicas_are_released_together_after_every_one_is_ready() -> None:
+    ctx = mp.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    replicas = [ctx.Process(target=_replica, args=(ready, go, out), daemon=True) for _ in range(2)]
+    with procs.released_together(replicas, ready, go, timeout=60) as t0:
+        started = [out.get(timeout=60) for _ in replicas]
+        assert go.is_set() and all(t >= t0 for t in started)  # none began before the release
+    assert all(p.exitcode == 0 for p in replicas)  # joined afterwards
