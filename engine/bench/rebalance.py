@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import Any
 
-from engine.manager import actions as act
+from engine.manager.overrides import Overrides
 from engine.manager.planner import ManagerConfig, Observation, Plan, plan
 from engine.manager.simulate import simulate
 from engine.workflow.pools import Pool
@@ -53,7 +53,7 @@ class Cluster:
         """The tick after ``before`` was applied (its cooldown over), with ``times`` measured."""
         current = {n: {"instances": v} for n, v in (before.placed if before else {}).items()}
         seen = Observation({n: {"node": n, "instances": {}} for n in self.nodes}, current, {}, {}, {})
-        return plan(seen, act.Overrides(), times, self.cfg, now=2 * self.cfg.cooldown + 1,
+        return plan(seen, Overrides(), times, self.cfg, now=2 * self.cfg.cooldown + 1,
                     last_change=self.cfg.cooldown if before else -float("inf"), stage_pools=self.pools)
 
 

@@ -5,6 +5,10 @@
   credentials in the URL, TLS from the environment.
 - :mod:`engine.coord.auth`: turning etcd's authentication on for the engine (``onepiece
   etcd-auth``, and ``onepiece up`` for its embedded etcd).
+- :mod:`engine.coord.keys` (every key), :mod:`engine.coord.watch` (prefix watches).
+- :mod:`engine.coord.routes`: the instances' route tables (TaskManagers publish, workers and
+  the Proxy read); :mod:`engine.coord.proxies`: the Proxies' registration and which Proxy
+  a client uses; :mod:`engine.coord.actions`: the operators' action queue.
 
 Importing this package imports no third-party module (``etcd3gw`` and ``requests`` load
 when a client is made).

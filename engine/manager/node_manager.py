@@ -39,11 +39,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.coord.actions import ActionRefused
 from engine.coord.keys import Keyspace, read_prefix
-from engine.manager import actions as act
 from engine.manager import planner
 from engine.manager.allocator import StageProfile
 from engine.manager.election import Election, NotLeader
+from engine.manager.overrides import Overrides, validate
 from engine.manager.planner import ManagerConfig, Observation
 from engine.manager.publish import Published
 
@@ -73,7 +74,7 @@ class NodeManager:
         self.last_tick_seconds = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.overrides = act.Overrides()
+        self.overrides = Overrides()
         self._published = Published()  # what was last written under each published key
         self._force = False  # an accepted operator action applies at once, past hysteresis
         from engine.workflow.pools import pool_of, pools
@@ -125,7 +126,7 @@ class NodeManager:
     def _observe(self) -> Observation:
         """Read the cluster (nothing is written here) and fold in the stage times measured."""
         got = self.client.get(self.keys.overrides())
-        self.overrides = act.Overrides.from_json(got[0] if got else None)
+        self.overrides = Overrides.from_json(got[0] if got else None)
         nodes = read_prefix(self.client, self.keys.nodes())
         current = read_prefix(self.client, self.keys.assignments())
         self.service_s = planner.fold_stage_times(self.service_s, nodes, self.cfg.ewma)
@@ -157,9 +158,9 @@ class NodeManager:
         for rid in sorted(seen.actions):
             req = seen.actions[rid]
             try:
-                new = act.validate(req.get("action", ""), req.get("args", {}), cluster, self.overrides)
+                new = validate(req.get("action", ""), req.get("args", {}), cluster, self.overrides)
                 verdict: dict[str, Any] = {"ok": True}
-            except act.ActionRefused as exc:
+            except ActionRefused as exc:
                 new, verdict = self.overrides, {"ok": False, "error": str(exc)}
             verdict.update(id=rid, action=req.get("action"), args=req.get("args"), actor=req.get("actor"),
                            at=time.time(), fence_token=self._token())

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.coord.keys import default_root
-from engine.manager import actions as act
 from engine.manager import sets
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, throughput
+from engine.manager.overrides import Overrides
 from engine.workflow import get_workflow
 from engine.workflow.pools import Pool, pool_of, pools
 
@@ -81,7 +81,7 @@ class Publication:
 
     capacity: dict[str, dict[str, Any]]  # workflow -> throughput with the instances it has, Theorem 1's counts
     set_capacity: dict[tuple[str, str], dict[str, Any]]  # (set, workflow) -> the set's own throughput
-    sets_state: dict[str, Any]  # set -> its nodes, Proxies, capacity and load (sets.which_proxy reads it)
+    sets_state: dict[str, Any]  # set -> its nodes, Proxies, capacity and load (engine.coord.proxies.which_proxy reads it)
 
 
 @dataclass
@@ -103,7 +103,7 @@ class Plan:
         return self.instances.desired if self.apply else self.instances.have
 
 
-def plan(seen: Observation, overrides: act.Overrides, stage_times: Mapping[tuple[str, str], float],
+def plan(seen: Observation, overrides: Overrides, stage_times: Mapping[tuple[str, str], float],
          config: ManagerConfig, *, now: float, last_change: float = -float("inf"), forced: bool = False,
          stage_pools: list[Pool] | None = None) -> Plan:
     """Workflow Sets, instance counts, the decision to apply, placement and publication for one tick.
@@ -142,7 +142,7 @@ def fold_stage_times(stage_times: Mapping[tuple[str, str], float], nodes: Mappin
     return out  # type: ignore[return-value]
 
 
-def stage_profiles(workflow: str, overrides: act.Overrides,
+def stage_profiles(workflow: str, overrides: Overrides,
                    stage_times: Mapping[tuple[str, str], float]) -> list[StageProfile]:
     """Stage service times (measured where we have them, else the cost model's estimate) and the operators'
     bounds."""
@@ -167,7 +167,7 @@ class Model:
     """One plan's cost model: stage profiles, Theorem 1 over the stage pools on a number of slots, and each
     workflow's throughput with shared pools charged once."""
 
-    def __init__(self, config: ManagerConfig, overrides: act.Overrides,
+    def __init__(self, config: ManagerConfig, overrides: Overrides,
                  stage_times: Mapping[tuple[str, str], float], stage_pools: list[Pool],
                  arrival_by: Mapping[str, Mapping[str, float]]) -> None:
         self.cfg, self.overrides, self.service_s = config, overrides, stage_times
@@ -376,7 +376,7 @@ def _new_instance(workflow: str, stage: str, also: tuple[str, ...], workflow_set
 
 def _sets_state(model: Model, by_set: Mapping[str, list[str]], have_by: Mapping[str, dict[str, dict[str, int]]],
                 arrival: Mapping[str, Mapping[str, float]], proxies: Mapping[str, list[str]]) -> dict[str, Any]:
-    """What :func:`engine.manager.sets.which_proxy` reads: per set, its nodes, Proxies, capacity and load."""
+    """What :func:`engine.coord.proxies.which_proxy` reads: per set, its nodes, Proxies, capacity and load."""
     out: dict[str, Any] = {}
     for sn in sorted(set(by_set) | set(proxies)):
         wfs = {w: {"capacity": model.throughput(w, have_by.get(sn, {}).get(w, {}), arrival.get(sn))[0]

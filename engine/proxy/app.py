@@ -43,13 +43,13 @@ from typing import Any
 
 from aiohttp import web
 
+from engine.coord.routes import RouteTable
 from engine.proxy import auth, deadlines, eta, loops, preview
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Overloaded, Ticket
 from engine.proxy.monitor import RequestMonitor
 from engine.proxy.state import MAX_BODY, Limits, ProxyState
 from engine.store import JobStore, keys, outage
-from engine.worker.routes import RouteTable
 from engine.workflow import get_workflow, workflows
 
 __all__ = ["CONTENT_TYPES", "MAX_BODY", "STATE", "Limits", "make_app"]

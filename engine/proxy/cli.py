@@ -34,13 +34,13 @@ async def serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from engine.coord import etcd_client
+    from engine.coord.routes import RouteTable
     from engine.embedded import free_port
     from engine.proxy import deadlines
     from engine.proxy.app import make_app
     from engine.proxy.injector import Injector
     from engine.proxy.monitor import RequestMonitor
     from engine.store import JobStore
-    from engine.worker.routes import RouteTable
 
     etcd_url, redis_url = args.etcd_url or envs.ETCD_URL, args.redis_url or envs.REDIS_URL
     if not etcd_url or not redis_url:

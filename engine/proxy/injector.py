@@ -12,8 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from engine.coord.routes import Route, RouteTable
 from engine.worker.deliver import Outstanding, Producers, make_deliver
-from engine.worker.routes import Route, RouteTable
 
 
 class NoRoute(RuntimeError):

@@ -127,7 +127,7 @@ async def sweep_orphans(sweeper: OrphanSweeper, interval: float) -> None:
 async def register(state: ProxyState, workflow_set: str, name: str, url: str, interval: float = 1.0) -> None:
     """Keep this Proxy registered in its Workflow Set with what it accepts per second (the Node Manager's
     measure of the set's load); the registration goes with the lease when the Proxy does."""
-    from engine.manager.sets import register_proxy
+    from engine.coord.proxies import register_proxy
 
     client, lease, rates = state.routes.client, None, {}
     last, t_last = dict(state.accepted), time.monotonic()

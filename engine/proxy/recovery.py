@@ -25,8 +25,8 @@ import asyncio
 import logging
 from typing import Any
 
+from engine.coord.routes import live_nodes
 from engine.store import JobStore, keys
-from engine.worker.routes import live_nodes
 from engine.workflow import get_workflow, workflows
 
 log = logging.getLogger("onepiece.proxy.recovery")

@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from engine.coord.routes import RouteTable
 from engine.proxy import eta
 from engine.proxy.drain import DrainMeter
 from engine.proxy.injector import Injector
 from engine.proxy.intake import Intake, Ticket
 from engine.proxy.monitor import Load, RequestMonitor
 from engine.store import JobStore, keys
-from engine.worker.routes import RouteTable
 from engine.workflow import get_workflow, images
 from engine.workflow.pricing import Pricer
 

@@ -38,9 +38,9 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.background import Background
+from engine.coord.routes import Route, RouteTable
 from engine.transport.ring import RingConsumer
 from engine.worker.deliver import Producers
-from engine.worker.routes import Route, RouteTable
 from engine.workflow import message as wm
 
 log = logging.getLogger("onepiece.collab")

@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.worker.routes import Route
+from engine.coord.routes import Route
 
 log = logging.getLogger("onepiece.deliver")
 

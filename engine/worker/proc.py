@@ -91,10 +91,10 @@ def _import_runtime() -> None:
     """The worker's heavy imports, here, in the worker, never in the TaskManager; timed on their own (the
     ready file's ``process_s``), apart from the model load that follows."""
     import engine.coord
+    import engine.coord.routes
     import engine.stages.registry
     import engine.store
     import engine.transport.ring
-    import engine.worker.routes
     import engine.worker.stretch
     import engine.worker.taskworker
     import engine.worker.threads  # noqa: F401
@@ -119,9 +119,9 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
 def _connect(config: WorkerConfig, executor: Any, served: Any) -> tuple[Any, Any, Any]:
     """(the job store, the started route table, the TaskWorker over its ring and its CFG helper, if any)."""
     from engine.coord import etcd_client
+    from engine.coord.routes import RouteTable
     from engine.store import JobStore
     from engine.transport.ring import RingConfig
-    from engine.worker.routes import RouteTable
     from engine.worker.taskworker import TaskWorker, open_ring
 
     store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)

@@ -48,10 +48,10 @@ from typing import Any
 from engine import envs
 from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
+from engine.coord.routes import Route, publish_route, withdraw_route
 from engine.embedded import children
 from engine.worker import priority
 from engine.worker.config import Assignment, Batching, InstanceSpec, StageTiming
-from engine.worker.routes import Route, publish_route, withdraw_route
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
 from engine.workflow import get_workflow
 

@@ -29,13 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine.coord.routes import Route, RouteTable
 from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
 from engine.stages.preview import Previews
 from engine.store import JobStore, keys
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
 from engine.worker import chunks, order
 from engine.worker.deliver import Outstanding, Producers, make_deliver
-from engine.worker.routes import Route, RouteTable
 from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
 from engine.workflow.pricing import Fit, Samples

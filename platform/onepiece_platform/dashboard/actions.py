@@ -16,7 +16,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_http_methods
 
-from engine.manager.actions import MODES
+from engine.coord.actions import MODES
 from engine.workflow import workflows
 from onepiece_platform.dashboard.views import staff_json
 from onepiece_platform.engine_link.admin import dispatch, refresh

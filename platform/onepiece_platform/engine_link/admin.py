@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from engine.manager.actions import ActionRefused
+from engine.coord.actions import ActionRefused
 from onepiece_platform.accounts.models import audit
 from onepiece_platform.engine_link.cluster import get_cluster
 from onepiece_platform.engine_link.models import DeadLetter, HeldEvent, OperatorAction, StreamCursor

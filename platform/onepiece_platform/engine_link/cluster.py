@@ -1,8 +1,8 @@
 """The cluster side of the engine link: live state for the dashboard, and operators' scaling actions.
 
 Actions are not sent to a manager replica: they are queued in etcd, where the
-leading Node Manager validates and applies them (engine/manager/actions.py);
-the verdict is read back from etcd. State is read from what the engine
+leading Node Manager validates and applies them (the queue: engine/coord/actions.py;
+the decision: engine/manager/overrides.py); the verdict is read back from etcd. State is read from what the engine
 publishes (nodes, routes, assignments in etcd; in-flight work in Redis).
 """
 
@@ -13,9 +13,8 @@ from typing import Any
 
 from django.conf import settings
 
-from engine.coord import etcd_client
+from engine.coord import actions, etcd_client
 from engine.coord.keys import Keyspace, keyspace, read_json, read_prefix
-from engine.manager import actions
 from engine.store import JobStore
 from engine.workflow import workflows
 from onepiece_platform import conf

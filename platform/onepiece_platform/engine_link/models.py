@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from engine.manager.actions import Action
+from engine.coord.actions import Action
 
 
 class StreamCursor(models.Model):
@@ -72,7 +72,7 @@ class OperatorAction(models.Model):
 
     class Kind(models.TextChoices):
         """The one list of what operators may ask (the admin, the dashboard and the engine link read it): the
-        leading Node Manager's actions (engine.manager.actions.Action, the same names: a test checks;
+        leading Node Manager's actions (engine.coord.actions.Action, the same names: a test checks;
         pin_instance is not offered) and a Celery warm-up."""
 
         SCALE_STAGE = Action.SCALE_STAGE.value, "scale stage {workflow, stage, instances}"

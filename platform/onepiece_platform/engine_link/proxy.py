@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 class ProxyEngineClient(EngineClient):
     """With ``PROXY_URL`` a URL, every call goes to that Proxy. With ``PROXY_URL = "etcd"``, a submission
-    goes to a Proxy of the least loaded Workflow Set serving its workflow (engine.manager.sets.which_proxy,
+    goes to a Proxy of the least loaded Workflow Set serving its workflow (engine.coord.proxies.which_proxy,
     re-asked at most every second); status, cancel and result go to any Proxy (they all read one store)."""
 
     def __init__(self, base_url: str | None = None, timeout: float | None = None, token: str | None = None) -> None:
@@ -56,7 +56,7 @@ class ProxyEngineClient(EngineClient):
         from django.conf import settings
 
         from engine.coord import etcd_client
-        from engine.manager.sets import NoProxy, which_proxy
+        from engine.coord.proxies import NoProxy, which_proxy
 
         if self._etcd is None:
             self._etcd = etcd_client(settings.ETCD_URL)
@@ -88,7 +88,7 @@ class ProxyEngineClient(EngineClient):
         from django.conf import settings
 
         from engine.coord import etcd_client
-        from engine.manager.sets import all_proxies
+        from engine.coord.proxies import all_proxies
 
         if self._etcd is None:
             self._etcd = etcd_client(settings.ETCD_URL)

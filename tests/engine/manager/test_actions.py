@@ -7,10 +7,11 @@ import uuid
 
 import pytest
 
+from engine.coord import actions as act
 from engine.coord.keys import Keyspace
-from engine.manager import actions as act
 from engine.manager.election import Election, connect
 from engine.manager.node_manager import ManagerConfig, NodeManager
+from engine.manager.overrides import Overrides
 from tests.fixtures.coord import leading_election
 
 WF = "sd-t2i"
@@ -130,5 +131,5 @@ def test_observing_writes_nothing_and_the_actions_step_applies_what_it_saw(env) 
     assert list(seen.actions) == [rid] and act.result(client, root, rid, timeout=0) is None
     nm._operator_actions(seen)
     assert act.result(client, root, rid, timeout=0)["ok"]
-    assert act.Overrides.from_json(client.get(Keyspace(root).overrides())[0]).stages[f"{WF}/denoise"]["min"] == 2
+    assert Overrides.from_json(client.get(Keyspace(root).overrides())[0]).stages[f"{WF}/denoise"]["min"] == 2
     assert client.get_prefix(Keyspace(root).action_requests()) == []

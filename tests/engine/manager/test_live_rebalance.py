@@ -157,7 +157,7 @@ def _settled(c: Cluster, want: dict[str, int], timeout: float) -> float:
 
 
 def _pin(live: Live, counts: dict[str, int | None]) -> None:
-    from engine.manager import actions as act
+    from engine.coord import actions as act
 
     for stage, n in counts.items():
         aid = act.submit(live.c.etcd, "/onepiece", "scale_stage", {"workflow": WF, "stage": stage, "instances": n},

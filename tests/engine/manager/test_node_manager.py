@@ -124,7 +124,7 @@ def test_a_deposed_managers_tick_writes_nothing(cluster) -> None:
 
 
 def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server) -> None:
-    from engine.worker.routes import RouteTable
+    from engine.coord.routes import RouteTable
 
     client, key, report = cluster
     for n in ("n1", "n2"):
@@ -152,8 +152,8 @@ def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server
 
 def test_the_scheduling_mode_is_published_with_the_capacity(cluster, etcd_server) -> None:
     """set_mode reaches the workers through the capacity key their route tables read."""
-    from engine.manager import actions as act
-    from engine.worker.routes import RouteTable
+    from engine.coord import actions as act
+    from engine.coord.routes import RouteTable
 
     client, key, report = cluster
     wan = "wan2.1-i2v"

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from engine.manager import actions as act
 from engine.manager.allocator import AllocationError, for_budget
+from engine.manager.overrides import Overrides, validate
 from engine.manager.planner import (
     NO_NODES,
     ManagerConfig,
@@ -45,13 +45,13 @@ def _written(p: Plan) -> dict[str, dict[str, Any]]:
 
 
 def _run(seen: Observation, times: dict[tuple[str, str], float], cfg: ManagerConfig, **kw: Any) -> Plan:
-    return plan(seen, kw.pop("overrides", act.Overrides()), times, cfg, now=kw.pop("now", 1000.0), **kw)
+    return plan(seen, kw.pop("overrides", Overrides()), times, cfg, now=kw.pop("now", 1000.0), **kw)
 
 
 def test_a_first_plan_sizes_stages_by_theorem_1_and_fills_every_node_within_its_slots() -> None:
     cfg = ManagerConfig(workflows={WF: "/models/sd"}, slots_per_node=5, root="/t")
     p = _run(_seen(["n1", "n2"]), _times(TIMES), cfg)
-    want = for_budget(stage_profiles(WF, act.Overrides(), _times(TIMES)), 10).instances
+    want = for_budget(stage_profiles(WF, Overrides(), _times(TIMES)), 10).instances
     assert p.apply and p.reason == "missing instances" and p.counts[WF] == want and want["denoise"] >= 5
     assert set(p.placed) == {"n1", "n2"} and all(len(v) <= 5 for v in p.placed.values())
     placed = [i["stage"] for v in p.placed.values() for i in v]
@@ -98,7 +98,7 @@ def test_no_live_node_plans_nothing_and_a_drained_nodes_instances_move_off_it() 
     first = _run(_seen(["n1", "n2", "n3"]), _times(TIMES), cfg)
     current = _written(first)
     assert current["n2"]["instances"]
-    drained = act.Overrides(drained=["n2"])
+    drained = Overrides(drained=["n2"])
     assert _run(_seen(["n1", "n2", "n3"]), {}, cfg, overrides=drained) != Plan(NO_NODES)
     p = _run(_seen(["n1", "n2", "n3"], current), _times(TIMES), cfg, overrides=drained,
              now=1001.0, last_change=1000.0)  # inside the cooldown: stranded instances move regardless
@@ -111,11 +111,11 @@ def test_no_live_node_plans_nothing_and_a_drained_nodes_instances_move_off_it() 
 def test_an_operators_pin_moves_an_instance_and_an_accepted_action_applies_past_hysteresis() -> None:
     cfg = ManagerConfig(workflows={WF: "/m"}, slots_per_node=4, root="/t")
     nodes = ["n1", "n2", "n3"]
-    scaled = act.Overrides(stages={f"{WF}/denoise": {"min": 2, "max": 2}})  # leaves free slots
+    scaled = Overrides(stages={f"{WF}/denoise": {"min": 2, "max": 2}})  # leaves free slots
     current = _written(_run(_seen(nodes), _times(TIMES), cfg, overrides=scaled))
     inst, home = next((i["id"], n) for n, v in current.items() for i in v["instances"])
     target = next(n for n in nodes if n != home and len(current[n]["instances"]) < 4)
-    pinned = act.Overrides(stages=scaled.stages, pinned={inst: target})
+    pinned = Overrides(stages=scaled.stages, pinned={inst: target})
     p = _run(_seen(nodes, current), _times(TIMES), cfg, overrides=pinned, now=1001.0, last_change=1000.0)
     assert p.apply and p.reason == "operator action" and inst in [i["id"] for i in p.placed[target]]
     # a forced plan that changes nothing is not applied
@@ -180,8 +180,8 @@ def test_an_operators_bound_on_any_member_bounds_the_shared_pool() -> None:
     cluster = {"nodes": ["n1"], "slots_per_node": 10, "instances": {},
                "stages": {w: [s for x, s in WAN_TIMES if x == w] for w in WAN},
                "pools": [["/".join(m) for m in p.members] for p in pools]}
-    bound = act.validate("scale_stage", {"workflow": WAN[1], "stage": "vae_decode", "instances": 2}, cluster,
-                         act.Overrides())
+    bound = validate("scale_stage", {"workflow": WAN[1], "stage": "vae_decode", "instances": 2}, cluster,
+                     Overrides())
     p = _run(_seen(["n1"]), WAN_TIMES, cfg, overrides=bound, stage_pools=pools)
     assert len([i for i in p.placed["n1"] if i["stage"] == "vae_decode"]) == 2
 

@@ -85,7 +85,7 @@ def test_a_shared_pools_capacity_is_not_promised_to_both_workflows(manager) -> N
 
 
 def test_operators_bounds_on_any_member_bound_the_pool(manager) -> None:
-    from engine.manager import actions as act
+    from engine.coord import actions as act
 
     client, nm = manager
     nm.tick()

@@ -1,4 +1,4 @@
-"""Workflow Sets: per-set allocation, lending a spare node to a short set, and which Proxy a client gets."""
+"""Workflow Sets: per-set allocation, lending a spare node to a short set, and which Proxy a client gets then."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from engine.coord import proxies
 from engine.coord.keys import Keyspace
 from engine.manager import sets
 from engine.manager.election import connect
@@ -44,24 +45,6 @@ def test_no_move_without_a_spare_node_or_a_short_set() -> None:
                                {"A": {}, "B": {WF: 5.0}}) is None
 
 
-def test_which_proxy_picks_the_least_loaded_set(etcd_server) -> None:
-    client = connect(etcd_server.url)
-    root = f"/onepiece-test-{uuid.uuid4().hex[:6]}"
-    state = {
-        "A": {"proxies": ["http://a:1"], "workflows": {WF: {"capacity": 2.0, "arrival": 1.8}}},
-        "B": {"proxies": ["http://b:1", "http://b:2"], "workflows": {WF: {"capacity": 1.0, "arrival": 0.2}}},
-        "C": {"proxies": [], "workflows": {WF: {"capacity": 9.0, "arrival": 0.0}}},  # no Proxy: never chosen
-    }
-    client.put(Keyspace(root).sets_state(), json.dumps(state))
-    try:
-        assert sets.which_proxy(client, WF, root, rng=lambda xs: xs[0]) == "http://b:1"
-        assert sets.which_proxy(client, None, root, rng=lambda xs: xs[-1]) == "http://b:2"  # any, for look-ups
-        with pytest.raises(sets.NoProxy, match="wan2.1-i2v"):
-            sets.which_proxy(client, "wan2.1-i2v", root)
-    finally:
-        client.delete_prefix(root + "/")
-
-
 def test_the_manager_allocates_per_set_and_lends_a_node_to_a_short_set(etcd_server) -> None:
     client = connect(etcd_server.url)
     root = f"/onepiece-test-{uuid.uuid4().hex[:6]}"
@@ -73,8 +56,8 @@ def test_the_manager_allocates_per_set_and_lends_a_node_to_a_short_set(etcd_serv
     for n in ("a1", "a2", "a3"):
         report(n, "A")
     report("b1", "B")
-    sets.register_proxy(client, "A", "pa", "http://proxy-a", {WF: 5.0}, None, root)
-    sets.register_proxy(client, "B", "pb", "http://proxy-b", {WF: 0.1}, None, root)
+    proxies.register_proxy(client, "A", "pa", "http://proxy-a", {WF: 5.0}, None, root)
+    proxies.register_proxy(client, "B", "pb", "http://proxy-b", {WF: 0.1}, None, root)
     e = leading_election(client, root, "nm-sets", ttl=2)
     clock = [1000.0]
     nm = NodeManager(client, e, ManagerConfig(workflows={WF: "/m"}, root=root, slots_per_node=4, cooldown=5),
@@ -92,9 +75,9 @@ def test_the_manager_allocates_per_set_and_lends_a_node_to_a_short_set(etcd_serv
         assert state["B"]["proxies"] == ["http://proxy-b"] and state["A"]["nodes"] == ["a1", "a2", "a3"]
         cap_b = json.loads(client.get(Keyspace(root).set_capacity("B", WF))[0])["rps"]
         assert cap_b == pytest.approx(state["B"]["workflows"][WF]["capacity"]) and cap_b > 0
-        assert sets.which_proxy(client, WF, root) == "http://proxy-b"  # B is less loaded
+        assert proxies.which_proxy(client, WF, root) == "http://proxy-b"  # B is less loaded
         # B's load grows past its one node: after the cooldown A lends it a node
-        sets.register_proxy(client, "B", "pb", "http://proxy-b", {WF: 3 * cap_b}, None, root)
+        proxies.register_proxy(client, "B", "pb", "http://proxy-b", {WF: 3 * cap_b}, None, root)
         clock[0] += 10
         result = nm.tick()
         assert result.applied and "moved to set B" in result.reason
@@ -105,7 +88,7 @@ def test_the_manager_allocates_per_set_and_lends_a_node_to_a_short_set(etcd_serv
         state = json.loads(client.get(Keyspace(root).sets_state())[0])
         assert state["B"]["nodes"] == ["a1", "b1"]
         assert state["B"]["workflows"][WF]["capacity"] > cap_b  # two nodes' worth now
-        assert sets.which_proxy(client, WF, root) == "http://proxy-a"  # now A is the less loaded
+        assert proxies.which_proxy(client, WF, root) == "http://proxy-a"  # now A is the less loaded
     finally:
         e.resign()
         client.delete_prefix(root + "/")

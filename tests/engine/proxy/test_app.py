@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from engine.coord import etcd_client
+from engine.coord.routes import Route, RouteTable, publish_route, withdraw_route
 from engine.proxy.app import make_app
 from engine.proxy.auth import auth_headers
 from engine.proxy.injector import Injector
 from engine.proxy.monitor import RequestMonitor
 from engine.store import JobStore, keys
 from engine.transport.ring import RingConfig, RingConsumer
-from engine.worker.routes import Route, RouteTable, publish_route, withdraw_route
 from engine.workflow import message as wm
 
 SD = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}

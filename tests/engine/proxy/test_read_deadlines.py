@@ -31,7 +31,7 @@ ROOT = "/onepiece-deadlines"
 def proxy_port(redis_server: Any, etcd_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     from engine.coord import etcd_client
     from engine.coord.keys import Keyspace
-    from engine.worker.routes import Route, publish_route
+    from engine.coord.routes import Route, publish_route
 
     # an instance of sd-t2i's first stage (its ring is never reached: no trickled body is ever complete),
     # so admission lets the request on to its body

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from engine.coord.routes import RouteTable
 from engine.proxy.app import Limits, make_app
 from engine.proxy.injector import Injector
 from engine.proxy.monitor import RequestMonitor
 from engine.proxy.recovery import OrphanSweeper
 from engine.store import keys
-from engine.worker.routes import RouteTable
 from tests.engine.proxy.test_app import SD, TOKEN, _serve, env  # noqa: F401 - the env fixture
 
 WAN = {"prompt": "a cat", "height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.coord import etcd_client
+from engine.coord.routes import Route, RouteTable, publish_route
 from engine.embedded import RedisServer
 from engine.proxy.app import make_app
 from engine.proxy.auth import auth_headers
@@ -16,7 +17,6 @@ from engine.proxy.injector import Injector
 from engine.proxy.monitor import RequestMonitor
 from engine.store import JobStore
 from engine.transport.ring import RingConfig, RingConsumer
-from engine.worker.routes import Route, RouteTable, publish_route
 
 TOKEN = "test-proxy-outage-" + "0" * 16
 SD = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}

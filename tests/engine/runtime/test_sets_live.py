@@ -28,7 +28,7 @@ PARAMS = dict(prompt="a red kite", height=64, width=64, num_inference_steps=2)
 
 def test_requests_stay_in_their_set_and_clients_get_the_less_loaded_set(
         tiny_models: dict[str, Path], tmp_path: Path) -> None:
-    from engine.manager.sets import which_proxy
+    from engine.coord.proxies import which_proxy
     from engine.worker.config import Assignment, InstanceSpec
 
     redis = RedisServer("redis-server", tmp_path / "redis").start()

@@ -15,9 +15,9 @@ import numpy as np
 
 from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
+from engine.coord.routes import Route, RouteTable, publish_route
 from engine.store import JobStore, keys
 from engine.transport.ring import RingConfig, RingConsumer, attach_producer
-from engine.worker.routes import Route, RouteTable, publish_route
 from engine.worker.stretch import stretched
 from engine.worker.taskworker import TaskWorker, WorkerConfig
 from engine.workflow import get_workflow

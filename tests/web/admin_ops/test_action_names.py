@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.manager.actions import ACTIONS
+from engine.coord.actions import ACTIONS
 from onepiece_platform.engine_link.models import OperatorAction
 
 

@@ -90,7 +90,7 @@ def test_engine_down_is_503_not_500(alice, settings) -> None:
 
 def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, etcd_server, alice,
                                                                     settings) -> None:
-    """PROXY_URL = "etcd": the platform asks which Proxy to use (engine.manager.sets.which_proxy): of two
+    """PROXY_URL = "etcd": the platform asks which Proxy to use (engine.coord.proxies.which_proxy): of two
     sets, the one whose arrival / capacity is lower; a set with no capacity for the workflow never."""
     import json
 

@@ -1,9 +1,9 @@
 """The platform's job states and operator actions are the engine's names: generated from, or checked against,
-engine.store.keys.JobState and engine.manager.actions.Action."""
+engine.store.keys.JobState and engine.coord.actions.Action."""
 
 from __future__ import annotations
 
-from engine.manager.actions import ACTIONS, Action
+from engine.coord.actions import ACTIONS, Action
 from engine.store import keys
 from onepiece_platform.engine_link.models import OperatorAction
 from onepiece_platform.jobs import models as jobs

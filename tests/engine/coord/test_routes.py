@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from engine.coord import etcd_client
+from engine.coord.routes import Route, RouteTable, publish_route, withdraw_route
 from engine.worker.config import Assignment, InstanceSpec, default_assignment
-from engine.worker.routes import Route, RouteTable, publish_route, withdraw_route
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_a_broken_watch_falls_back_to_polling_with_a_warning_then_watches_again(
     table = RouteTable(client, refresh_s=0.1, full_read_s=1.0).start()
     try:
         _until("the table watches", lambda: table.watching)
-        with caplog.at_level(logging.WARNING, logger="engine.worker.routes"):
+        with caplog.at_level(logging.WARNING, logger="engine.coord.routes"):
             server.stop()  # the watches' streams end with the member
             _until("the table stops watching", lambda: not table.watching)
             _until("a warning says it polls", lambda: "polling every 0.1s" in caplog.text)
