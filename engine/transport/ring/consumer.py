@@ -185,6 +185,7 @@ class RingConsumer(_RingBase):
         region.store(L.C_CONSUMER_START, process_start_time(os.getpid()))
         region.store(L.C_CLOSED, 0)
         self._stop = threading.Event()
+        self._closed = False
         self._hb = threading.Thread(target=self._heartbeat, name=f"onepiece-ring-hb-{region.name}", daemon=True)
         self._hb.start()
 
@@ -312,6 +313,11 @@ class RingConsumer(_RingBase):
             return d.producer, d.seq, bytes(d.view)
 
     def close(self) -> None:
+        """Idempotent: a second call does nothing (it used to write into the region the first had unmapped,
+        a segfault)."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._hb.is_alive():
             self._hb.join()

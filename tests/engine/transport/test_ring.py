@@ -396,3 +396,17 @@ def test_local_backlog_reads_a_rings_fill_from_its_memory(ring_name) -> None:
         assert local_backlog(f"shm://{ring_name}") == {"bytes": 0.0, "messages": 0.0}
         p.close()
         p.region.close()
+
+
+def test_closing_a_consumer_twice_is_harmless(ring_name) -> None:
+    """A second close (a worker's shutdown after a test's, or a finally after an explicit close) used to
+    write into the region the first had unmapped: a segfault. In a child, so that a crash fails this test
+    and not the run."""
+    import subprocess
+    import sys
+
+    code = ("from engine.transport.ring import RingConfig, RingConsumer\n"
+            f"c = RingConsumer.create('shm://{ring_name}', RingConfig(slots=16, buffer_bytes=1 << 14))\n"
+            "c.close()\nc.close()\nprint('closed twice')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "closed twice" in done.stdout, (done.returncode, done.stderr[-2000:])
