@@ -18,9 +18,9 @@ import statistics
 import time
 from typing import Any
 
+from engine.bench.queueing import simulate
 from engine.manager.overrides import Overrides
 from engine.manager.planner import ManagerConfig, Observation, Plan, plan
-from engine.manager.simulate import simulate
 from engine.workflow.pools import Pool
 
 MIXES = {

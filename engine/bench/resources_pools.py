@@ -25,10 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from engine.bench.queueing import poisson_arrivals, stats
 from engine.bench.resources_profile import Profile, Request
-from engine.bench.resources_sim import Point, _min_meeting, draw, simulate_monolithic, size, stats
+from engine.bench.resources_sim import Point, _min_meeting, draw, simulate_monolithic, size
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, for_rate
-from engine.manager.simulate import poisson_arrivals
 
 
 @dataclass(frozen=True)

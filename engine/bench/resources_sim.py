@@ -25,16 +25,14 @@ queues with common arrivals are monotone in the number of servers).
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from engine.bench.queueing import poisson_arrivals, run_batched, simulate, stats
 from engine.bench.resources_profile import Profile, Request, Stage
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, for_rate
-from engine.manager.simulate import poisson_arrivals, simulate
 
 Mix = Sequence[tuple[float, Request]]
 
@@ -63,19 +61,6 @@ class Point:
                 "latency_p99_s": self.latency_p99, **self.detail}
 
 
-def stats(arrivals: Sequence[float], finishes: Sequence[float], warmup: float = 0.1
-          ) -> tuple[int, float, float, float]:
-    """(completed, throughput, p50, p99) over the measured window, computed as
-    ``engine.manager.simulate.simulate`` does (the first ``warmup`` fraction of completions left out)."""
-    done = sorted((f, f - a) for a, f in zip(arrivals, finishes, strict=True))
-    skip = int(len(done) * warmup)
-    window = done[skip:] if len(done) - skip >= 2 else done
-    span = window[-1][0] - (done[skip - 1][0] if skip and len(done) - skip >= 2 else min(arrivals))
-    lat = sorted(x[1] for x in window)
-    return (len(window), len(window) / span if span > 0 else math.inf, statistics.median(lat),
-            lat[min(len(lat) - 1, int(len(lat) * 0.99))])
-
-
 def draw(mix: Mix, n: int, seed: int = 0) -> list[Request]:
     rng = random.Random(seed + 7919)
     weights = [w for w, _ in mix]
@@ -91,30 +76,6 @@ def mean_seconds(profile: Profile, mix: Mix) -> dict[str, float]:
 def slo_seconds(profile: Profile, mix: Mix, slo_x: float) -> float:
     """The latency objective: ``slo_x`` times the idle end-to-end time of the mix's longest request."""
     return slo_x * max(profile.total_seconds(r) for _, r in mix)
-
-
-def run_batched(ready: Sequence[float], servers: int, batch: int, duration: Callable[[list[int]], float]
-                ) -> tuple[list[float], float]:
-    """A FCFS multi-server queue whose free server takes up to ``batch`` waiting requests at once
-    (never waiting to fill a batch). Returns (finish time of each request, busy server-seconds)."""
-    order = sorted(range(len(ready)), key=lambda i: ready[i])
-    free = [0.0] * servers
-    finish = [0.0] * len(ready)
-    busy = 0.0
-    k = 0
-    while k < len(order):
-        start = max(heapq.heappop(free), ready[order[k]])
-        members = [order[k]]
-        k += 1
-        while k < len(order) and len(members) < batch and ready[order[k]] <= start:
-            members.append(order[k])
-            k += 1
-        d = duration(members)
-        busy += d
-        heapq.heappush(free, start + d)
-        for i in members:
-            finish[i] = start + d
-    return finish, busy
 
 
 # -- batching: published gains -----------------------------------------------------------------------
@@ -256,7 +217,7 @@ def simulate_onepiece(profile: Profile, reqs: Sequence[Request], arrivals: Seque
                       published: bool = False) -> Point:
     """The staged deployment. With ``batch`` > 1, stages with a batch gain take up to ``batch``
     waiting requests at once (a what-if: the engine's TaskWorkers run one request at a time);
-    otherwise this is ``engine.manager.simulate.simulate``."""
+    otherwise this is ``engine.bench.queueing.simulate``."""
     names = profile.names
     gpu = {s.name for s in profile.stages if s.device == "gpu"}
     span = max(arrivals) - min(arrivals)

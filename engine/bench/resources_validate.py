@@ -17,7 +17,7 @@ without taking a CPU core). Then:
    (accepted -> completed, both stamped by the engine, so client polling adds
    nothing);
 3. the same arrivals (the engine's own intake times) replayed through
-   ``engine.manager.simulate.simulate`` with the same instance counts, the
+   ``engine.bench.queueing.simulate`` with the same instance counts, the
    calibrated service times and hop transits; throughput and p50 compared.
 """
 
@@ -43,8 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import procs
-from engine.bench.resources_sim import stats
-from engine.manager.simulate import simulate
+from engine.bench.queueing import simulate, stats
 from engine.store import keys
 
 PARAMS = {"sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3}}

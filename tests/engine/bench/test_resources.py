@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from engine.bench.queueing import poisson_arrivals
 from engine.bench.resources_profile import Profile, Request, Stage, from_obj, load, stretched
 from engine.bench.resources_sim import Scenario, simulate_monolithic, size
 from engine.manager.allocator import theorem1
-from engine.manager.simulate import poisson_arrivals
 
 WAN_PROFILE = Path(__file__).resolve().parents[3] / "benchmarks/resources/profiles/wan2.1-i2v-14b-480p-h200-published.json"
 

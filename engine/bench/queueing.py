@@ -1,4 +1,4 @@
-"""A discrete-event simulation of a staged workflow, to see allocation decisions at scale.
+"""The benchmarks' queueing simulation: a staged workflow's FIFO queues, a batched queue, their figures.
 
 Requests arrive (Poisson, or any iterable of arrival times), pass every stage in
 order, and at each stage wait FIFO for one of its ``n_s`` instances, which serves
@@ -8,14 +8,22 @@ throughput and latency percentiles; the same allocator code that drives the
 real engine (engine.manager.allocator) chooses ``n_s``, so its decisions can be
 examined for clusters this machine cannot hold. Pure Python, deterministic for
 a given seed; ``heapq`` keeps one event per instance release.
+
+:func:`run_batched` is one stage's queue whose free server takes several
+waiting requests at once (the monolith's batching, ``resources_sim``), and
+:func:`stats` the same figures for finish times computed elsewhere. The
+deployments built on these (monolithic vs OnePiece, shared pools, the
+experts) are ``engine.bench.resources_sim`` and ``resources_pools``;
+``onepiece bench rebalance`` and ``resources_validate`` run :func:`simulate`.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -94,3 +102,40 @@ def simulate(
         latency_p99=lat[min(len(lat) - 1, int(len(lat) * 0.99))],
         utilisation={s: busy[s] / (instances[s] * horizon) if horizon > 0 else 0.0 for s in stages},
     )
+
+
+def stats(arrivals: Sequence[float], finishes: Sequence[float], warmup: float = 0.1
+          ) -> tuple[int, float, float, float]:
+    """(completed, throughput, p50, p99) over the measured window, computed as
+    :func:`simulate` does (the first ``warmup`` fraction of completions left out)."""
+    done = sorted((f, f - a) for a, f in zip(arrivals, finishes, strict=True))
+    skip = int(len(done) * warmup)
+    window = done[skip:] if len(done) - skip >= 2 else done
+    span = window[-1][0] - (done[skip - 1][0] if skip and len(done) - skip >= 2 else min(arrivals))
+    lat = sorted(x[1] for x in window)
+    return (len(window), len(window) / span if span > 0 else math.inf, statistics.median(lat),
+            lat[min(len(lat) - 1, int(len(lat) * 0.99))])
+
+
+def run_batched(ready: Sequence[float], servers: int, batch: int, duration: Callable[[list[int]], float]
+                ) -> tuple[list[float], float]:
+    """A FCFS multi-server queue whose free server takes up to ``batch`` waiting requests at once
+    (never waiting to fill a batch). Returns (finish time of each request, busy server-seconds)."""
+    order = sorted(range(len(ready)), key=lambda i: ready[i])
+    free = [0.0] * servers
+    finish = [0.0] * len(ready)
+    busy = 0.0
+    k = 0
+    while k < len(order):
+        start = max(heapq.heappop(free), ready[order[k]])
+        members = [order[k]]
+        k += 1
+        while k < len(order) and len(members) < batch and ready[order[k]] <= start:
+            members.append(order[k])
+            k += 1
+        d = duration(members)
+        busy += d
+        heapq.heappush(free, start + d)
+        for i in members:
+            finish[i] = start + d
+    return finish, busy

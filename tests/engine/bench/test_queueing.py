@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine.bench.queueing import poisson_arrivals, simulate
 from engine.manager.allocator import StageProfile, for_budget
-from engine.manager.simulate import poisson_arrivals, simulate
 
 
 def test_light_load_latency_is_the_sum_of_service_times() -> None:
