@@ -12,6 +12,11 @@ from engine.workflow.spec import InvalidRequest, ParamSpec
 MAX_PROMPT_CHARS = 4096
 
 
+# Parameters of the serving, not of the model: a one-call pipeline (the reference the tests compare with)
+# takes every resolved parameter but these and the seed (which becomes its generator).
+SERVING_PARAMS = frozenset({"preview_every"})
+
+
 def preview_every(max_steps: int) -> ParamSpec:
     """The live-preview period of a workflow whose denoise steps (engine.stages.preview): 0 (off, the
     default) or every N steps, N at most the workflow's step limit."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from engine.workflow.specs.common import SERVING_PARAMS
 from tests.fixtures.runtime import Cluster, NodeRun, engine, logs
 from tests.fixtures.web import make_user
 
@@ -52,7 +53,7 @@ def _reference(folder: Path, workflow: str, params: dict[str, Any]) -> bytes:
     torch.set_num_threads(1)
     try:
         pipe = getattr(diffusers, PIPELINES[workflow]).from_pretrained(folder)
-        kwargs = {k: v for k, v in params.items() if k != "seed"}
+        kwargs = {k: v for k, v in params.items() if k != "seed" and k not in SERVING_PARAMS}
         image = pipe(generator=torch.Generator().manual_seed(params["seed"]), **kwargs).images[0]
     finally:
         torch.set_num_threads(threads)

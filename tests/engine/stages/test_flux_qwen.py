@@ -14,6 +14,7 @@ import pytest
 
 from engine.workflow import get_workflow
 from engine.workflow.spec import InvalidRequest
+from engine.workflow.specs.common import SERVING_PARAMS
 
 pytestmark = pytest.mark.models
 
@@ -52,7 +53,7 @@ def _pipeline_png(folder: Path, workflow: str, params: dict[str, Any]) -> bytes:
 
     resolved = _bound(workflow, folder).resolve_params(params)
     pipe = getattr(diffusers, PIPELINES[workflow]).from_pretrained(folder)
-    kwargs = {k: v for k, v in resolved.items() if k != "seed"}
+    kwargs = {k: v for k, v in resolved.items() if k != "seed" and k not in SERVING_PARAMS}
     image = pipe(generator=torch.Generator().manual_seed(resolved["seed"]), **kwargs).images[0]
     buf = io.BytesIO()
     image.save(buf, format="PNG")
