@@ -45,12 +45,14 @@ def check_defaults_and_limits(lines: dict[str, str], client: openai.OpenAI, stat
         with pytest.raises(openai.BadRequestError) as e:
             client.videos.create(prompt="a cat", **kwargs)
         assert e.value.body["param"] == param and "rope_max_seq_len" in e.value.body["message"], e.value.body
-    # within the model's limits, but its decoded frames (94 MiB) outgrow the mp4 stage's ring here: refused
-    # at intake, not denoised for minutes and failed at the last hop
+    # within the model's limits, but its hops outgrow the 8 MiB rings here: the denoised latents handed to
+    # vae_decode (16 channels x 32 latent frames x 64 x 64, float32: 8 MiB and a header, now that the model's
+    # dimensions are bound from its folder) and the decoded frames (94 MiB) handed to the mp4 stage. Refused at
+    # intake naming the first hop that does not fit, not denoised for minutes and failed at a later hop
     with pytest.raises(openai.APIStatusError) as e:
         client.videos.create(prompt="a cat", size="512x512", extra_body={"num_frames": 125})
     assert e.value.status_code == 413 and e.value.body["param"] == "num_frames", e.value.body
-    assert "video_encode" in e.value.body["message"], e.value.body
+    assert "what vae_decode is handed" in e.value.body["message"], e.value.body
 
 
 def check_other_clients(lines: dict[str, str], client: openai.OpenAI, png: bytes) -> None:
