@@ -18,7 +18,11 @@ _IGNORES = "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); p
 
 
 def test_a_child_that_honours_the_signal_exits_by_it() -> None:
-    with subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+    # the child restores Python's SIGINT handler itself: a test run started in the background (CI under
+    # nohup, `&` in a script) hands its children SIGINT ignored, and Python then installs no handler
+    honours = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "print('ready', flush=True); sys.stdin.read()")
+    with subprocess.Popen([sys.executable, "-c", honours],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as p:
         assert p.stdout is not None and p.stdout.readline() == "ready\n"
         procs.stop(p, signal.SIGINT, timeout=30)
