@@ -199,7 +199,8 @@ class Book:
     def counts(self, workflow: str) -> dict[int, int]:
         """Unfinished jobs of ``workflow`` per priority level."""
         out = dict.fromkeys(order.NAMES, 0)
-        for e in self.entries.values():
+        # a snapshot: admission calls this off the event loop while the loop books and ends entries
+        for e in list(self.entries.values()):
             if e.workflow == workflow:
                 out[e.priority] = out.get(e.priority, 0) + 1
         return out
@@ -209,7 +210,7 @@ class Book:
         higher effective priority first, then acceptance order; ages counted from acceptance)."""
         mine = order.effective(job.priority, now - job.accepted, aging_s)
         n = 0
-        for e in self.entries.values():
+        for e in list(self.entries.values()):
             if e.workflow != job.workflow or e.seq == job.seq:
                 continue
             theirs = order.effective(e.priority, now - e.accepted, aging_s)

@@ -405,8 +405,9 @@ class Intake:
             decision = self.decide(ticket, ports.load(name), time.time(), ports.by_priority(name))
             if not decision.admit:
                 raise Overloaded(decision)
+            stage_s = ports.stage_seconds(ticket)  # before the acceptance: nothing may fail after it but Redis
             self.accept(ports.store, ticket)
-            return decision, ports.stage_seconds(ticket)
+            return decision, stage_s
         except (BadRequest, Overloaded):
             raise
         except Exception as exc:  # Redis unreachable: an overload answer, never a 500
@@ -430,9 +431,14 @@ class Intake:
 
     @staticmethod
     async def _failed(ticket: Ticket, ports: AdmissionPorts, detail: str) -> None:
+        """The accepted job that could not enter its first stage, failed; a store that cannot record it is
+        logged, and the caller's 413/503 still answers (never a 500)."""
         ports.withdrawn(ticket)
-        await ports.off_loop(functools.partial(ports.store.finish, ticket.uid, ticket.sub.spec.name, keys.FAILED,
-                                               ticket.entry, detail))
+        try:
+            await ports.off_loop(functools.partial(ports.store.finish, ticket.uid, ticket.sub.spec.name,
+                                                   keys.FAILED, ticket.entry, detail))
+        except Exception as exc:
+            log.warning("%s could not be failed after its send failed (%s): %s", ticket.uid, detail, exc)
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:

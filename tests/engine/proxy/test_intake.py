@@ -117,3 +117,21 @@ def test_admit_refuses_when_there_is_no_room(job_store: JobStore) -> None:
                           InProcessPorts(job_store, load=lambda wf: _load(10)))
     assert exc.value.decision.retry_after >= 1
     assert job_store.inflight("sd-t2i") == (0, 0.0) and job_store.events() == []
+
+
+def test_a_failure_before_the_acceptance_leaves_nothing_accepted(job_store: JobStore) -> None:
+    """Whatever the admission computes for an accepted request (its ETA's stage seconds) is computed before the
+    acceptance: when it fails, the client's 503 means what it says (nothing queued, no in-flight count, a retry
+    with the same UID is not a 409)."""
+    class Broken(InProcessPorts):
+        def stage_seconds(self, ticket: Ticket) -> list[float]:
+            raise RuntimeError("pricing failed")
+
+    intake, injected = Intake(), []
+    uid = uuid.uuid4().hex
+    with pytest.raises(Overloaded):
+        intake.admit_sync(intake.ticket(intake.submission("sd-t2i", SD, {}, uid=uid)), Broken(job_store))
+    assert job_store.status(uid) is None and job_store.inflight("sd-t2i") == (0, 0.0)
+    admitted = intake.admit_sync(intake.ticket(intake.submission("sd-t2i", SD, {}, uid=uid)),
+                                 InProcessPorts(job_store, inject=injected.append))
+    assert admitted.ticket.uid == uid and injected == [admitted.ticket]
