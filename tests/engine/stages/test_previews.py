@@ -67,7 +67,12 @@ def _run(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], store:
 
         def attached(i: Any, p: Any, ctx: Any, _run: Any = run, _pub: Any = pub, _name: str = name) -> Any:
             _pub.attach(ctx, uid, _name, p)
-            return _run(i, p, ctx)
+            try:
+                return _run(i, p, ctx)
+            finally:
+                # this stage's previews written before the next stage runs: the store keeps only newer steps,
+                # so A14B's low expert could otherwise overtake the high one's first previews (seen in CI)
+                _pub.close()
 
         ex.run = attached  # type: ignore[method-assign]
     try:
