@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 # name -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("engine.launcher", "run everything on this machine with embedded defaults"),
+    "up": ("onepiece_launcher.up", "run everything on this machine with embedded defaults"),
     "node": ("engine.worker.node_cli", "run this machine's TaskManager (stage instances and their rings)"),
     "proxy": ("engine.proxy.cli", "serve the request intake (UIDs, admission control, status, cancel)"),
     "manager": ("engine.manager.cli", "run a Node Manager replica (leader-elected through etcd)"),

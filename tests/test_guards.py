@@ -57,6 +57,16 @@ def test_engine_never_imports_django() -> None:
     assert offenders == []
 
 
+def test_engine_never_starts_django() -> None:
+    """The launcher (which starts the platform's processes) lives outside engine/ (onepiece_launcher): no
+    engine module names the platform's settings variable or its manage.py."""
+    offenders = [f"{path.relative_to(REPO_ROOT)}:{n}" for path in (REPO_ROOT / "engine").rglob("*.py")
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if "DJANGO_SETTINGS_MODULE" in line or "manage.py" in line]
+    assert offenders == []
+    assert (REPO_ROOT / "onepiece_launcher" / "up.py").is_file()
+
+
 def test_manage_py_check_passes() -> None:
     r = subprocess.run(
         [sys.executable, "manage.py", "check", "--fail-level", "WARNING"],

@@ -301,8 +301,8 @@ def _web_server_commands() -> list[tuple[str, list[str]]]:
 def test_every_web_server_runs_with_onepiece_ups_flags() -> None:
     """uvicorn trusts X-Forwarded-For from 127.0.0.1 unless told not to, and a sidecar or local reverse
     proxy makes every client 127.0.0.1: the lockout of guessers would then follow the client's own claim.
-    Every deployment runs the web server with the launcher's flags (engine.launcher.WEB_SERVER_FLAGS)."""
-    from engine.launcher import WEB_APP, WEB_SERVER_FLAGS
+    Every deployment runs the web server with the launcher's flags (onepiece_launcher.up.WEB_SERVER_FLAGS)."""
+    from onepiece_launcher.up import WEB_APP, WEB_SERVER_FLAGS
 
     flags = list(WEB_SERVER_FLAGS)
     for where, argv in _web_server_commands():

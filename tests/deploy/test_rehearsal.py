@@ -45,7 +45,7 @@ import pytest
 from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
 from engine.embedded.services import free_port
-from engine.launcher import WEB_SERVER_FLAGS
+from onepiece_launcher.up import WEB_SERVER_FLAGS
 from tests.deploy.etcdcluster import etcd_cluster
 from tests.netns import Hosts, hosts
 

@@ -38,8 +38,8 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
             assert json.loads(r.read()) == {"status": "ok"}
         with urllib.request.urlopen(lines["proxy"] + "/readyz", timeout=10) as r:
             checks = json.loads(r.read())["checks"]
-        from engine.launcher import DEFAULT_WORKFLOWS
         from engine.workflow import workflows
+        from onepiece_launcher.up import DEFAULT_WORKFLOWS
 
         # the default three are served; every other workflow the engine knows has no route (one flag away)
         assert checks == {"redis": "ok", **{f"routes:{w}": "ok" if w in DEFAULT_WORKFLOWS else "none" for w in workflows()}}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.embedded import ServiceError
-from engine.launcher import _ensure_models, add_arguments
+from onepiece_launcher.up import _ensure_models, add_arguments
 
 
 def _args(models: Path, *extra: str) -> argparse.Namespace:
@@ -30,8 +30,8 @@ def test_workflows_picks_a_subset_and_refuses_one_without_a_model(tmp_path: Path
 
 
 def test_tiny_models_serve_the_first_workflows_unless_asked_and_all_names_every_one(tmp_path: Path) -> None:
-    from engine.launcher import DEFAULT_WORKFLOWS
     from engine.workflow import workflows
+    from onepiece_launcher.up import DEFAULT_WORKFLOWS
 
     models = tmp_path / "models"
     for name in workflows():  # as if make-tiny had built every one already (nothing is built here)
@@ -46,8 +46,8 @@ def test_tiny_models_serve_the_first_workflows_unless_asked_and_all_names_every_
 
 
 def test_spare_slots_default_to_the_cores_a_bottleneck_could_use_on_a_host_without_a_gpu(tmp_path: Path) -> None:
-    from engine.launcher import spare_slots
     from engine.worker.threads import is_cuda, usable_cores
+    from onepiece_launcher.up import spare_slots
 
     args = _args(tmp_path)
     assert args.spare_slots is None  # unset: decided from the host

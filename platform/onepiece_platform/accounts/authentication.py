@@ -33,7 +33,7 @@ def client_address(request: Request) -> str:
     """The client's address: REMOTE_ADDR, or the entry that the nearest trusted proxy appended.
 
     The one reader of X-Forwarded-For: the web server runs with ``--no-proxy-headers``
-    (engine.launcher.WEB_SERVER_FLAGS), so REMOTE_ADDR is the socket's peer and no hop is believed
+    (onepiece_launcher.up.WEB_SERVER_FLAGS), so REMOTE_ADDR is the socket's peer and no hop is believed
     unless TRUSTED_PROXY_HOPS says a reverse proxy is in front."""
     hops = int(conf.get("TRUSTED_PROXY_HOPS"))
     forwarded = [a.strip() for a in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",") if a.strip()]

@@ -14,7 +14,7 @@ library's parser failed inside uvicorn without answering or closing (a path over
 70 s).
 
 Used by every web server: ``uvicorn --http onepiece_platform.ops.httpguard:GuardedHttpToolsProtocol``
-(engine.launcher.WEB_SERVER_FLAGS). Imports no Django: uvicorn loads it before the application.
+(onepiece_launcher.up.WEB_SERVER_FLAGS). Imports no Django: uvicorn loads it before the application.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
     store.r.flushdb()
     store.close()
     etcd_client(etcd_server.url).delete_prefix("/onepiece/")
-    from engine.launcher import DEFAULT_WORKFLOWS
+    from onepiece_launcher.up import DEFAULT_WORKFLOWS
 
     # the first three workflows, as `onepiece up` serves them: the Wan2.1 pair's umT5, VAE and mp4 stages are
     # stage pools shared by both (engine.workflow.pools), so every Wan test here runs through them

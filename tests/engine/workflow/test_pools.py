@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from engine.launcher import DEFAULT_WORKFLOWS
 from engine.worker.config import Assignment, default_assignment
 from engine.workflow.pools import folder_digest, link_identical, pools
+from onepiece_launcher.up import DEFAULT_WORKFLOWS
 
 WAN = ("wan2.1-i2v", "wan2.1-t2v")
 

@@ -92,7 +92,7 @@ def stack(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     s = Stack(RedisServer("redis-server", tmp / "redis").start(), EtcdServer("etcd", tmp / "etcd").start(),
               None)  # type: ignore[arg-type]
     try:
-        from engine.launcher import DEFAULT_WORKFLOWS
+        from onepiece_launcher.up import DEFAULT_WORKFLOWS
 
         assignment = default_assignment({k: str(tiny_models[k]) for k in DEFAULT_WORKFLOWS}, device="cpu")
         with engine(s.redis.url, s.etcd.url, [NodeRun("ledger-node", assignment)], tmp / "engine",

@@ -1,5 +1,5 @@
 """The web port as ``onepiece up`` serves it: a real uvicorn process started with the launcher's own
-command line (``engine.launcher.web_command``), against the real Redis, on SQLite.
+command line (``onepiece_launcher.up.web_command``), against the real Redis, on SQLite.
 
 What only the server process can get wrong: which address a request comes from (uvicorn rewrites the
 client address from X-Forwarded-For when told to trust it), and how long a connection that never
@@ -26,7 +26,7 @@ import requests
 
 from engine import procs
 from engine.embedded import free_port
-from engine.launcher import web_command
+from onepiece_launcher.up import web_command
 from tests.fixtures import REPO_ROOT
 from tests.slowclient import read_response, trickle
 
