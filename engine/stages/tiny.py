@@ -23,6 +23,14 @@ def _progress(total: int, desc: str) -> Any:
     return tqdm(total=total, desc=desc, unit="component", leave=False)
 
 
+def _saved(pipe: Any, out: Path, bar: Any) -> Path:
+    """Write ``pipe``'s folder layout to ``out`` and close its progress bar (every builder's last step)."""
+    pipe.save_pretrained(out)
+    bar.update()
+    bar.close()
+    return out
+
+
 def _seed(seed: int) -> None:
     import torch
 
@@ -97,10 +105,7 @@ def build_wan_i2v(out: Path, seed: int = 0) -> Path:
         tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_wan_scheduler(),
         image_processor=image_processor, image_encoder=image_encoder, transformer=transformer,
     )
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    return _saved(pipe, out, bar)
 
 
 def build_wan_t2v(out: Path, seed: int = 0) -> Path:
@@ -118,10 +123,7 @@ def build_wan_t2v(out: Path, seed: int = 0) -> Path:
     bar.update()
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_wan_scheduler(),
                        transformer=transformer)
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    return _saved(pipe, out, bar)
 
 
 def build_sd_t2i(out: Path, seed: int = 0) -> Path:
@@ -161,10 +163,7 @@ def build_sd_t2i(out: Path, seed: int = 0) -> Path:
         vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    return _saved(pipe, out, bar)
 
 
 # The default request of a tiny Wan model: a 5 s clip (81 frames at 16 fps, as the pipeline's default) at

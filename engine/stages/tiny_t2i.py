@@ -104,10 +104,7 @@ def _flux(out: Path, seed: int, dev: bool, desc: str) -> Path:
     )
     pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    return _tiny()._saved(pipe, out, bar)
 
 
 def build_flux_schnell(out: Path, seed: int = 0) -> Path:
@@ -189,10 +186,7 @@ def build_qwen_image(out: Path, seed: int = 0) -> Path:
     )
     pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                              transformer=transformer)
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    return _tiny()._saved(pipe, out, bar)
 
 
 # What a tiny model serves by default where the pipeline's default would take minutes on a CPU: dev's 28

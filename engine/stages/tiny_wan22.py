@@ -59,10 +59,7 @@ def _a14b(out: Path, seed: int, desc: str, pipeline: str, in_channels: int, shif
     pipe = getattr(diffusers, pipeline)(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
                                         scheduler=_scheduler(shift), transformer=high, transformer_2=low,
                                         boundary_ratio=boundary)
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    return tiny._saved(pipe, out, bar)
 
 
 def build_wan22_t2v_a14b(out: Path, seed: int = 0) -> Path:
@@ -108,10 +105,7 @@ def build_wan22_ti2v_5b(out: Path, seed: int = 0) -> Path:
     bar.update()
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(5.0),
                        transformer=transformer, expand_timesteps=True)
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
+    return _tiny()._saved(pipe, out, bar)
 
 
 def _with_out_channels(transformer: Any, seed: int, channels: int) -> Any:

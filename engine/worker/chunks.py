@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.stages.base import Cancelled, DeadlineExceeded
 from engine.store import keys
 from engine.store.fragments import Fragments
 from engine.transport.ring import Delivery
@@ -52,11 +51,13 @@ def run_chunked(w: Any, h: wm.Header, msg: wm.Message) -> bool:
     values = w.values_of(msg)
     carried = chain.spec.carried_after(chain.stage)
     t0 = time.perf_counter()
-    route, index = None, 0
     inputs = w.inputs_of(h, values)
     # with the count known, each chunk goes out as soon as it exists; else one behind (to know the last)
     count = getattr(w.executor, "chunk_count", lambda *_: None)(inputs, h.params)
-    try:
+
+    def send_all() -> tuple[dict[str, Any], Any, int]:
+        """Every chunk but the last sent; the last, the route the chunks went to and their count."""
+        route, index = None, 0
         chunks = w.executor.run_chunks(inputs, h.params, run.ctx)
         last = next(chunks)
         for out in _ahead(chunks, last, count):
@@ -67,12 +68,12 @@ def run_chunked(w: Any, h: wm.Header, msg: wm.Message) -> bool:
             index += 1
             run.ctx.check()  # a cancel or the deadline, between chunks
             last = out if out is not None else next(chunks)
-    except (Cancelled, DeadlineExceeded) as exc:
-        w.stopped(h, run, exc)
+        return last, route, index
+
+    ok, sent_all = w.attempt(h, run, send_all)
+    if not ok:
         return False
-    except Exception as exc:
-        w.errored(h, exc)
-        raise
+    last, route, index = sent_all
     h.chunk, h.final = index, True
     w.close_run(h, run, values, last, time.perf_counter() - t0, pinned=route)
     return True

@@ -340,16 +340,22 @@ class TaskWorker:
         if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
             run.ctx.cfg_parallel = self.collab.remote_for(h, self.routes)
         t0 = time.perf_counter()
+        ok, out = self.attempt(h, run, lambda: self.executor.run(self.inputs_of(h, values), h.params, run.ctx))
+        if ok:
+            self.close_run(h, run, values, out, time.perf_counter() - t0)
+        return ok
+
+    def attempt(self, h: wm.Header, run: Run, work: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run ``work`` (the stage's computation for ``h``): ``(True, its result)``, or ``(False, None)`` when
+        it stopped (a cancel or the deadline, recorded as stopped); any other error is recorded and raised."""
         try:
-            out = self.executor.run(self.inputs_of(h, values), h.params, run.ctx)
+            return True, work()
         except (Cancelled, DeadlineExceeded) as exc:
             self.stopped(h, run, exc)
-            return False
+            return False, None
         except Exception as exc:
             self.errored(h, exc)
             raise
-        self.close_run(h, run, values, out, time.perf_counter() - t0)
-        return True
 
     def open_run(self, h: wm.Header) -> Run:
         """The stage starts on ``h``: its ``stage_started`` event, and the context its steps report to."""
