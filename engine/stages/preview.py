@@ -1,11 +1,13 @@
-"""Live previews of a denoise stage (issue 28, item 2): the current latents -> a small PNG in the job store.
+"""Live previews of a denoise stage (issue 28, item 2): the current latents -> a small JPEG in the job store.
 
 A request with ``preview_every`` = N > 0 gets, after every N-th denoising step, a picture of its current
 latents, published to the job store (``JobStore.add_preview``, a Redis stream per job, never the ring) for
-the job's websocket and ``GET .../preview``. The denoise loop only hands the latents over
-(:meth:`Previews.offer`: a reference put on a bounded queue, no copy, no torch call): the picture is made
-and written by one thread per worker (``onepiece-preview``), in the order offered, so a preview never
-waits on Redis inside the loop and a job's previews arrive in step order.
+the job's websocket and ``GET .../preview``. The denoise loop only hands a copy of the latents over
+(:meth:`Previews.offer`: :func:`snapshot`, the first item's latents, copied on their device, then put in the
+job's slot; no host copy, no wait): the picture is made and written by one thread per worker
+(``onepiece-preview``), jobs in the order offered and each job's previews in step order, so a preview never
+waits on Redis inside the loop. A job holds at most :data:`PER_JOB` previews not yet made; a newer one
+then replaces its oldest (the user sees the latest), and no job's backlog costs another job its previews.
 
 Two ways to make the picture (``METHODS``), measured in ``benchmarks/previews.md``:
 
@@ -16,6 +18,10 @@ Two ways to make the picture (``METHODS``), measured in ``benchmarks/previews.md
   (the tiny random-weight VAEs included). The VAE is then dropped.
 * ``vae``: the model's VAE decoding the latents shrunk to at most :data:`MAX_SIDE` pixels.
 
+The picture is encoded as JPEG (:data:`FORMATS`; PNG is the other choice): a PNG's per-row filter search
+was three quarters of a preview's CPU (``benchmarks/previews.md``), a JPEG of the same size costs 15-25x
+less and is a quarter of the bytes; the store carries the mime type to both routes and the websocket.
+
 Families (``preview_family`` on a denoise executor) say how the loop's latents reach the VAE: SD
 (``/ scaling_factor``), FLUX (packed 2x2 tokens; ``/ scaling_factor + shift_factor``), Wan and Qwen-Image
 (5-D, normalised by ``latents_mean`` / ``latents_std``; a video previews its middle latent frame).
@@ -25,10 +31,10 @@ from __future__ import annotations
 
 import io
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +43,10 @@ log = logging.getLogger(__name__)
 #: the longest side of a preview, pixels
 MAX_SIDE = 256
 METHODS = ("linear", "vae")
-#: previews waiting for the thread; one more is skipped (and logged): the loop never waits for a preview
-QUEUE = 4
+#: one job's previews waiting for the thread; a newer one replaces the oldest (logged): the loop never waits
+PER_JOB = 4
+#: encodings: Pillow format, its save options, mime type
+FORMATS = {"jpeg": ("JPEG", {"quality": 85}, "image/jpeg"), "png": ("PNG", {"compress_level": 1}, "image/png")}
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,15 @@ def unpack(latents: Any, height: int, width: int) -> Any:
     c = c4 // 4
     return (latents.view(b, height // 2, width // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5)
             .reshape(b, c, height, width))
+
+
+def snapshot(latents: Any) -> Any:
+    """What a preview keeps of the loop's latents, on the loop's thread: the first item (a video's middle
+    latent frame), copied where it lies (the next step may write the loop's tensor in place; no host sync)."""
+    z = latents.detach()[:1]
+    if z.ndim == 5:
+        z = z[:, :, z.shape[2] // 2]
+    return z.clone()
 
 
 def plane(latents: Any, grid: tuple[int, int] | None = None) -> Any:
@@ -143,8 +160,9 @@ def fit_projection(vae: Any, family: Family, channels: int, samples: int = 4, si
     return Projection(sol[:channels], sol[channels], r2, max(scale, 1))
 
 
-def png(rgb: Any, side: int) -> bytes:
-    """(3, h, w) in [-1, 1] -> PNG bytes, resized so its longest side is ``side`` (at most MAX_SIDE)."""
+def encode(rgb: Any, side: int, fmt: str = "jpeg") -> bytes:
+    """(3, h, w) in [-1, 1] -> image bytes in ``fmt`` (:data:`FORMATS`), resized so its longest side is
+    ``side`` (at most MAX_SIDE)."""
     import torch
     from PIL import Image
 
@@ -156,17 +174,22 @@ def png(rgb: Any, side: int) -> bytes:
         k = side / max(h, w)
         img = img.resize((max(1, round(w * k)), max(1, round(h * k))), Image.BILINEAR)
     out = io.BytesIO()
-    img.save(out, format="PNG", compress_level=1)  # fast: a preview lives seconds
+    name, options, _mime = FORMATS[fmt]
+    img.save(out, format=name, **options)
     return out.getvalue()
 
 
 class Renderer:
-    """Makes one executor's previews (its family, its model folder's VAE), by ``method``."""
+    """Makes one executor's previews (its family, its model folder's VAE), by ``method``, encoded as ``fmt``."""
 
-    def __init__(self, model_dir: Path, family: str, device: str = "cpu", method: str = "linear") -> None:
+    def __init__(self, model_dir: Path, family: str, device: str = "cpu", method: str = "linear",
+                 fmt: str = "jpeg") -> None:
         if method not in METHODS:
             raise ValueError(f"preview method must be one of {METHODS}, got {method!r}")
+        if fmt not in FORMATS:
+            raise ValueError(f"preview format must be one of {tuple(FORMATS)}, got {fmt!r}")
         self.model_dir, self.family, self.device, self.method = Path(model_dir), FAMILIES[family], device, method
+        self.fmt, self.mime = fmt, FORMATS[fmt][2]
         self.vae: Any = None
         self.projection: Projection | None = None
 
@@ -187,13 +210,14 @@ class Renderer:
             self.vae = self._vae()
 
     def render(self, z: Any) -> bytes:
-        """(1, C, h, w) loop latents -> PNG bytes of at most MAX_SIDE a side."""
+        """(1, C, h, w) loop latents -> image bytes (:attr:`mime`) of at most MAX_SIDE a side; the linear
+        map runs on the latent grid, the picture is resized to the VAE's pixels (capped) once in uint8."""
         import torch.nn.functional as F
 
         self.ready(z.shape[1])
         if self.method == "linear":
             assert self.projection is not None
-            return png(self.projection.rgb(z), z.shape[-1] * self.projection.scale)
+            return encode(self.projection.rgb(z), z.shape[-1] * self.projection.scale, self.fmt)
         config = self.vae.config
         scale = 2 ** (len(config["temperal_downsample"]) if self.family.five_d else len(config["block_out_channels"]) - 1)
         h, w = z.shape[-2:]
@@ -201,7 +225,7 @@ class Renderer:
         if k < 1.0:  # the VAE at reduced size: shrink the latents first
             z = F.interpolate(z, size=(max(1, round(h * k)), max(1, round(w * k))), mode="bilinear")
         img = decode(self.vae, z, self.family)[0]
-        return png(img, max(img.shape[-2:]))
+        return encode(img, max(img.shape[-2:]), self.fmt)
 
 
 @dataclass
@@ -210,20 +234,26 @@ class _Item:
     stage: str
     step: int
     total: int
-    estimate: Any
+    estimate: Any  # snapshot(): the loop's latents copied at the step
     grid: tuple[int, int] | None
+    dropped: bool = field(default=False, compare=False)
 
 
 class Previews:
     """A worker's preview publisher: :meth:`attach` turns a request's ``preview_every`` into its context's
-    hook; one thread renders and writes (``store.add_preview``) in the order offered."""
+    hook; one thread renders and writes (``store.add_preview``), jobs in the order offered, each job's
+    previews in step order, at most :data:`PER_JOB` of a job waiting (a newer one replaces its oldest)."""
 
-    def __init__(self, store: Any, executor: Any, method: str = "linear") -> None:
-        self.store, self.executor, self.method = store, executor, method
+    def __init__(self, store: Any, executor: Any, method: str = "linear", fmt: str = "jpeg") -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"preview format must be one of {tuple(FORMATS)}, got {fmt!r}")
+        self.store, self.executor, self.method, self.fmt = store, executor, method, fmt
         self.renderer: Renderer | None = None
-        self.queue: queue.Queue[_Item | None] = queue.Queue(QUEUE)
+        self.order: deque[_Item | None] = deque()  # every waiting item, as offered (None: stop)
+        self.waiting: dict[str, deque[_Item]] = {}  # job -> its waiting items, oldest first
+        self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
-        self.skipped = 0  # previews not made because the thread was behind (logged)
+        self.skipped = 0  # previews replaced by a newer one of their job before the thread made them (logged)
 
     def attach(self, ctx: Any, uid: str, stage: str, params: Mapping[str, Any]) -> None:
         """Give ``ctx`` the hook when the request asks for previews and this executor can make them."""
@@ -239,45 +269,67 @@ class Previews:
             if step <= last[0]:  # a step that did not advance (a batch member waiting for its adapter)
                 return
             last[0] = step
-            self.offer(_Item(uid, stage, step, total, estimate, grid))
+            self.offer(_Item(uid, stage, step, total, snapshot(estimate), grid))
 
         ctx.preview_every, ctx.preview = every, hook
 
     def offer(self, item: _Item) -> None:
-        """Queue ``item`` for the thread (started on first use); skip it, logged, when the queue is full."""
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, name="onepiece-preview", daemon=True)
-            self.thread.start()
-        try:
-            self.queue.put_nowait(item)
-        except queue.Full:
-            self.skipped += 1
-            log.info("preview of %s step %d skipped: the previews before it are still being made", item.uid,
-                     item.step)
+        """Queue ``item`` for the thread (started on first use); when its job already has PER_JOB waiting,
+        the oldest of them is dropped (logged): the loop never waits, the user gets the latest."""
+        with self.cond:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._serve, name="onepiece-preview", daemon=True)
+                self.thread.start()
+            mine = self.waiting.setdefault(item.uid, deque())
+            if len(mine) >= PER_JOB:
+                old = mine.popleft()
+                old.dropped, old.estimate = True, None
+                self.skipped += 1
+                log.info("preview of %s step %d dropped for step %d: the thread is behind", old.uid, old.step,
+                         item.step)
+            mine.append(item)
+            self.order.append(item)
+            self.cond.notify()
+
+    def _next(self) -> _Item | None:
+        """The next item to make (None: stop), waiting for one."""
+        with self.cond:
+            while True:
+                while not self.order:
+                    self.cond.wait()
+                item = self.order.popleft()
+                if item is None or not item.dropped:
+                    break
+            if item is not None:
+                mine = self.waiting[item.uid]
+                mine.popleft()  # the job's oldest waiting item is this one: both queues keep offer order
+                if not mine:
+                    del self.waiting[item.uid]
+            return item
 
     def _serve(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
+        while (item := self._next()) is not None:
             try:
                 image = self._render(item)
-                self.store.add_preview(item.uid, item.stage, item.step, item.total, image)
+                self.store.add_preview(item.uid, item.stage, item.step, item.total, image, FORMATS[self.fmt][2])
             except Exception:  # a preview is never worth a job: log it and go on with the next
                 log.exception("preview of %s step %d failed", item.uid, item.step)
 
     def _render(self, item: _Item) -> bytes:
         if self.renderer is None:
             ex = self.executor
-            self.renderer = Renderer(ex.model_dir, ex.preview_family, getattr(ex, "device", "cpu"), self.method)
+            self.renderer = Renderer(ex.model_dir, ex.preview_family, getattr(ex, "device", "cpu"), self.method,
+                                     self.fmt)
         return self.renderer.render(plane(item.estimate, item.grid))
 
     def close(self, timeout: float = 5.0) -> None:
-        """Let the thread write what is queued, then stop it."""
-        if self.thread is not None:
-            try:
-                self.queue.put(None, timeout=timeout)
-            except queue.Full:
+        """Let the thread write what is waiting, then stop it."""
+        with self.cond:
+            thread, self.thread = self.thread, None
+            if thread is not None:
+                self.order.append(None)
+                self.cond.notify()
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
                 log.warning("preview thread still busy after %.0f s at close; leaving it (a daemon)", timeout)
-            self.thread.join(timeout)
-            self.thread = None

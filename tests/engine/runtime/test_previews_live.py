@@ -29,7 +29,7 @@ def test_previews_come_in_order_per_request_and_the_route_serves_the_latest(clus
         assert [(p.stage, p.step, p.total) for p in got] == [("denoise", 2, 6), ("denoise", 4, 6), ("denoise", 6, 6)]
         status, body, headers = cluster.call("GET", f"/v1/requests/{uid}/preview")
         assert status == 200 and headers["OnePiece-Preview-Step"] == "6" and body == got[-1].image
-        assert Image.open(io.BytesIO(body)).format == "PNG"
+        assert Image.open(io.BytesIO(body)).format == "JPEG" and headers["Content-Type"] == "image/jpeg"
     # each request's previews are its own latents (different seeds: different pictures)
     assert len({cluster.store.latest_preview(u).image for u in uids}) == len(uids)
     assert [p.step for p in cluster.store.previews(wan)] == [2, 4]

@@ -97,7 +97,7 @@ def test_every_stepped_denoise_publishes_its_previews(workflow: str, stages: set
     assert {p.stage for p in got} == stages
     for p in got:
         img = Image.open(io.BytesIO(p.image))
-        assert img.format == "PNG" and max(img.size) <= 256
+        assert img.format == "JPEG" and p.mime == "image/jpeg" and max(img.size) <= 256
 
 
 def test_no_preview_key_without_preview_every(job_store: JobStore) -> None:

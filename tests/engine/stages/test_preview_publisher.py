@@ -1,0 +1,107 @@
+"""The worker's preview publisher (engine.stages.preview.Previews) on the tiny SD model and a real redis-server:
+a preview is the picture of the latents at its step even when the loop writes them in place afterwards, and a
+job whose previews pile up behind a busy thread keeps its latest ones, in step order, without costing another
+job any. The thread is held inside its first store write by an event, so what is waiting is known."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.stages.base import StageContext
+from engine.stages.preview import PER_JOB, Previews, plane, snapshot
+from engine.store import JobStore
+
+TINY = Path("/tmp/tiny")
+
+
+@dataclass
+class _Denoise:
+    """What the publisher reads of a denoise executor: its model folder and preview family."""
+
+    model_dir: Path = TINY / "sd-t2i"
+    preview_family: str = "sd"
+
+
+class _HeldStore:
+    """The real job store, whose first ``add_preview`` waits until the test releases it."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store, self.entered, self.release = store, threading.Event(), threading.Event()
+
+    def add_preview(self, *args: Any) -> Any:
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the preview thread"
+        return self.store.add_preview(*args)
+
+
+def _latents(seed: int) -> torch.Tensor:
+    return torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def _ctx(pub: Previews, uid: str) -> StageContext:
+    ctx = StageContext()
+    pub.attach(ctx, uid, "denoise", {"preview_every": 1})
+    assert ctx.preview is not None
+    return ctx
+
+
+def test_a_preview_shows_the_latents_of_its_step_not_what_the_loop_writes_later(job_store: JobStore) -> None:
+    held = _HeldStore(job_store)
+    pub, uid = Previews(held, _Denoise()), uuid.uuid4().hex
+    ctx = _ctx(pub, uid)
+    try:
+        ctx.step_done(1, 3, _latents(1))
+        assert held.entered.wait(60)  # the thread is inside step 1's write: step 2 waits for it
+        z = _latents(2)
+        at_step = z.clone()
+        ctx.step_done(2, 3, z)
+        z.mul_(-3.0).add_(1.0)  # the next step writes the loop's tensor in place
+    finally:
+        held.release.set()
+        pub.close()
+    got = job_store.previews(uid)
+    assert [p.step for p in got] == [1, 2]
+    renderer = pub.renderer
+    assert renderer is not None
+    assert got[1].image == renderer.render(plane(at_step)) != renderer.render(plane(z))
+    assert got[1].mime == "image/jpeg"
+
+
+def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobStore) -> None:
+    held = _HeldStore(job_store)
+    pub = Previews(held, _Denoise())
+    a, b = uuid.uuid4().hex, uuid.uuid4().hex
+    ctx_a, ctx_b = _ctx(pub, a), _ctx(pub, b)
+    extra = 2
+    n = 1 + PER_JOB + extra
+    try:
+        ctx_a.step_done(1, n, _latents(0))
+        assert held.entered.wait(60)
+        for step in range(2, n + 1):  # PER_JOB + extra previews of a wait: its oldest `extra` give way
+            ctx_a.step_done(step, n, _latents(step))
+        ctx_b.step_done(1, 2, _latents(100))
+        ctx_b.step_done(2, 2, _latents(101))
+    finally:
+        held.release.set()
+        pub.close()
+    assert [p.step for p in job_store.previews(a)] == [1, *range(2 + extra, n + 1)]
+    assert [p.step for p in job_store.previews(b)] == [1, 2]  # a's backlog cost b nothing
+    assert pub.skipped == extra
+    assert pub.waiting == {} and not pub.order
+
+
+@pytest.mark.parametrize("shape,grid", [((2, 4, 5, 8, 6), None), ((2, 12, 16), (6, 8)), ((3, 4, 8, 8), None)])
+def test_the_snapshot_is_a_copy_of_what_the_preview_draws(shape: tuple[int, ...], grid: Any) -> None:
+    """SD (4-D), Wan / Qwen-Image (5-D: the middle frame) and FLUX / Qwen-Image packed tokens (3-D)."""
+    z = torch.randn(*shape)
+    s = snapshot(z)
+    assert s.shape[0] == 1 and s.ndim == min(z.ndim, 4) and s.untyped_storage().data_ptr() != z.untyped_storage().data_ptr()
+    assert torch.equal(plane(s, grid), plane(z, grid))
