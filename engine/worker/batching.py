@@ -1,14 +1,15 @@
 """Step-level batching: the requests a stage instance holds share one model call per step.
 
 A :class:`engine.stages.base.SteppedStage` (SD's denoise) advances requests one
-step at a time. This loop keeps up to ``max_batch`` of them active: between two
-steps it takes what the inbox ring has, lets compatible requests (the stage's
-``batch_key``) join, steps every active request in one call, and hands on each
-request as soon as its own steps are done. So requests with different step
-counts share a batch, a late arrival waits at most one step, and each request
-keeps its own seed, scheduler, progress, cancel, deadline and error:
+step at a time. This loop holds a set of active requests: between two steps it
+takes what the inbox ring has, lets compatible requests (the stage's
+``batch_key``) join, steps a group of the active requests in one call, and hands
+on each request as soon as its own steps are done. So requests with different
+step counts share a batch, a late arrival waits at most one step, and each
+request keeps its own seed, scheduler, progress, cancel, deadline and error:
 
-* a cancelled or expired request leaves the batch at the next step boundary;
+* a cancelled or expired request leaves the active set at the next step
+  boundary (paused ones included);
 * a batched step that raises starts every request of the batch again from its
   first step (a request's output depends only on its own inputs), and each
   steps alone to its end (an error that only a batch meets, such as running out
@@ -19,14 +20,33 @@ keeps its own seed, scheduler, progress, cancel, deadline and error:
   so it starts when the current batch's longest request ends (its bound);
 * the line is ordered by priority with aging (:mod:`engine.worker.order`):
   a higher-priority arrival goes ahead of waiting lower ones, so it joins at
-  the next step boundary (or takes the next free slot of a full batch) before
-  them, and a batch still forming (``wait_s``) starts at once when one comes; a
-  request that waited ``order.AGING_S`` counts as high, and ties go to the one
-  taken first, so no later arrival passes it after that.
+  the next step boundary before them, and a batch still forming (``wait_s``)
+  starts at once when one comes.
+
+Priorities inside the active set. Each step runs only the group of the highest
+effective priority present (:func:`engine.worker.order.effective`), at most
+``max_batch`` of it in the order taken; the lower ones pause between steps,
+keeping their state (nothing restarts: a request's output depends only on its
+own inputs and step count, so a paused one ends with the bytes of an unpaused
+run). So a high request no longer pays for a batch of lower ones: it steps in a
+group of its own level. A joiner fills a free slot (fewer than ``max_batch``
+active) as before, and one of a level that has fewer than ``max_batch`` active
+requests at or above it joins even when the set is full, up to ``max_held``
+active requests in all (default ``2 * max_batch``: the hard cap on what the
+set holds, paused ones holding only their state and their input's ring slot).
+
+The starvation bound: a request's wait at this stage counts toward aging,
+its time in line plus its time paused in the active set (not the steps it takes
+part in). Once that reaches ``order.AGING_S`` it counts as high for good, and
+ties go to the one taken first, so from then on it is passed over only by
+requests taken before it (fewer than ``max_held`` active ones, each stepping to
+its end): no later arrival pauses it again, and a paused low request steps
+again within ``order.AGING_S`` of waiting plus one step.
 
 Every delivery is released last, after its request was handed on or ended, as
 :meth:`engine.worker.taskworker.TaskWorker.handle` does. A request's service
-time (what the Node Manager and pricing see) is its share of each step's time.
+time (what the Node Manager and pricing see) is its share of the time of each
+step it took part in (paused, it costs nothing).
 
 :func:`joiners` is the batch-forming decision, pure.
 """
@@ -73,6 +93,17 @@ class Active:
     share_s: float = 0.0  # this request's share of the steps' time
     widest: int = 1  # the largest batch it stepped in
     alone: bool = False  # a batch it was in failed: it starts again and steps alone to its end
+    queued_s: float = 0.0  # how long it waited in line before it began
+    paused_s: float = 0.0  # how long it sat paused in the active set, up to its last step
+    paused_at: float | None = None  # paused since (time.monotonic); None: it took part in the last step
+
+    def waited(self, now: float) -> float:
+        """Its wait at this stage (what aging counts): in line, then paused."""
+        return self.queued_s + self.paused_s + (now - self.paused_at if self.paused_at is not None else 0.0)
+
+    def level(self, now: float) -> int:
+        """Its effective priority now (``order.AGING_S`` read at the call)."""
+        return order.effective(self.w.priority, self.waited(now))
 
 
 def joiners(active_key: Hashable | None, active: int, waiting: list[Hashable | None], max_batch: int) -> int:
@@ -100,9 +131,11 @@ class StepBatcher:
     """Serves a TaskWorker whose executor is a :class:`SteppedStage` (see the module docstring)."""
 
     def __init__(self, worker: Any, executor: SteppedStage, max_batch: int, wait_s: float = 0.0,
-                 recv_batch: int = 8) -> None:
+                 recv_batch: int = 8, max_held: int | None = None) -> None:
         self.w, self.ex = worker, executor
         self.max_batch, self.wait_s, self.recv_batch = max(1, max_batch), max(0.0, wait_s), recv_batch
+        # the hard cap on active requests, paused ones included (a higher level joins a full batch of lower)
+        self.max_held = max(self.max_batch, 2 * self.max_batch if max_held is None else max_held)
         self.waiting: deque[Waiting] = deque()
         self.active: list[Active] = []
         self.sizes: deque[int] = deque(maxlen=1024)  # the batch sizes of the last steps taken (tests, debugging)
@@ -169,6 +202,21 @@ class StepBatcher:
             n = self._wait_for_more(n)
         for _ in range(n):
             self._begin(self.waiting.popleft())
+        self._admit_above()
+
+    def _admit_above(self) -> None:
+        """Beyond ``max_batch``: the head of the line joins a full set while fewer than ``max_batch`` active
+        requests are at or above its effective level (it steps in their group; lower ones pause), up to
+        ``max_held`` in all. It must share the set's key, as any joiner."""
+        now = time.monotonic()
+        while self.waiting and self.active and len(self.active) < self.max_held:
+            w = self.waiting[0]
+            if w.key is None or w.key != self.active[0].w.key:
+                return
+            lvl = order.effective(w.priority, now - w.arrived)
+            if sum(1 for a in self.active if a.level(now) >= lvl) >= self.max_batch:
+                return
+            self._begin(self.waiting.popleft())
 
     def _wait_for_more(self, n: int) -> int:
         """A batch about to start with room left waits up to ``wait_s`` after its oldest request arrived
@@ -192,7 +240,9 @@ class StepBatcher:
             run = self.w.open_run(h)
             values = self.w.values_of(w.msg)
             inputs = self.w.inputs_of(h, values)
-            self.active.append(Active(w, run, values, self.ex.begin(inputs, h.params), time.perf_counter()))
+            state = self.ex.begin(inputs, h.params)
+            self.active.append(Active(w, run, values, state, time.perf_counter(),
+                                      queued_s=max(0.0, time.monotonic() - w.arrived)))
         except Exception as exc:
             self.w.errored(h, exc)
             self._fail(w, exc)
@@ -232,9 +282,10 @@ class StepBatcher:
             except (Cancelled, DeadlineExceeded) as exc:
                 self.w.stopped(a.w.msg.header, a.run, exc)
                 self._leave(a)
-        group = self._group()
+        group = self._group(time.monotonic())
         if not group:
             return
+        self._pause_others(group)
         t0 = time.perf_counter()
         try:
             self.ex.step([a.state for a in group])
@@ -252,10 +303,27 @@ class StepBatcher:
             if done >= total:
                 self._finish(a)
 
-    def _group(self) -> list[Active]:
-        """Who steps now: a request that must step alone (oldest first) or every sharing one."""
-        alone = [a for a in self.active if a.alone]
-        return alone[:1] if alone else list(self.active)
+    def _group(self, now: float) -> list[Active]:
+        """Who steps now: the active requests of the highest effective level, in the order taken; of them a
+        request that must step alone (the first) or up to ``max_batch`` sharing ones."""
+        if not self.active:
+            return []
+        levels = {id(a): a.level(now) for a in self.active}
+        top = max(levels.values())
+        group = sorted((a for a in self.active if levels[id(a)] == top), key=lambda a: a.w.seq)
+        alone = [a for a in group if a.alone]
+        return alone[:1] if alone else group[:self.max_batch]
+
+    def _pause_others(self, group: list[Active]) -> None:
+        """The requests left out of this step are paused from now (their wait counts toward aging); those in
+        it end their pause."""
+        now, stepping = time.monotonic(), {id(a) for a in group}
+        for a in self.active:
+            if id(a) not in stepping:
+                a.paused_at = now if a.paused_at is None else a.paused_at
+            elif a.paused_at is not None:
+                a.paused_s += now - a.paused_at
+                a.paused_at = None
 
     def _step_failed(self, group: list[Active], exc: Exception) -> None:
         if len(group) > 1:  # which request broke it is unknown: each starts again, alone

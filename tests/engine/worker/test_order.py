@@ -211,11 +211,11 @@ def test_a_high_priority_arrival_takes_the_next_free_slot_before_waiting_low_one
     batcher.take(0.0)
     batcher.admit_joiners()
     batcher.step()
-    assert steps.batches[:2] == [["low0", "low1"], ["low1", "high"]]
+    assert steps.batches[:2] == [["low0", "low1"], ["high"]]  # low1 pauses while the high one steps
     while batcher.active or batcher.waiting:
         batcher.admit_joiners()
         batcher.step()
-    assert worker.done == ["low0", "low1", "high", "low2", "low3"] and sorted(released) == sorted(worker.done)
+    assert worker.done == ["low0", "high", "low1", "low2", "low3"] and sorted(released) == sorted(worker.done)
 
 
 def test_a_high_priority_arrival_does_not_wait_for_a_forming_batch_of_low_ones() -> None:
