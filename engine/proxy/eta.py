@@ -15,8 +15,21 @@ order (engine.worker.order): every unfinished job of a higher priority, and thos
 accepted earlier, and lower ones accepted earlier that waited past the aging bound.
 
 Calibration: the raw model ignores hop costs, the cores the stages share, batching. Each finished job
-records ``actual / raw`` (the raw model at its submit); the p50 is the raw model times the median of the
-recent ratios, the p90 times their 90th percentile (:data:`PRIOR_P50`, :data:`PRIOR_P90` before any).
+records ``actual / raw`` (the raw model at its submit) under its regime (:func:`regime`: how many jobs were
+ahead of it, in powers of two). The two regimes err differently: on an idle engine (nobody ahead) the raw
+model is the stage work alone and the ratio carries the service's whole noise and the hop costs; in a long
+line the ``(ahead + 1) / rate`` term dominates, the noise of many jobs averages out and the ratio sits
+tight, near or below 1 (the job in service is partly done). One distribution for both told the jobs of a
+quiet engine the tight p90 a saturated run had left (coverage 55-68% at 0.5x load in ``bench e2e``) and
+those of a busy one the wide p90 of the quiet run (92-98% at 1x). So the p50 is the raw model times the
+median of the last :data:`RECENT` ratios of the job's own regime, the p90 times their conformal 90th
+percentile (the ``ceil((n + 1) * 0.9)``-th smallest: covers a new job of that regime with probability at
+least 90% where its ratios are exchangeable). They are not quite: a line's jobs are late together, and the
+ratios of those still in it are not known yet; so each regime's quantile level adapts as in adaptive
+conformal inference (Gibbs and Candes, 2021): up :data:`ADAPT` times 0.9 after a job it missed, down
+:data:`ADAPT` times 0.1 after one it covered. A regime with fewer than :data:`MIN_REGIME` ratios borrows the adjacent regimes' (the nearest
+first, up to :data:`RECENT`), its p90 never below :data:`PRIOR_P90` times their median (a safe margin
+while it fills); with nothing finished at all, :data:`PRIOR_P50`, :data:`PRIOR_P90`.
 The gate (as AI Horde gates its forecast): among the last :data:`WINDOW` finished jobs, at least
 :data:`MIN_JOBS`, the share that finished within max(1 s, 50%) of the p50 they were told at submit is at
 least :data:`WITHIN_GOAL` and the share within the p90 they were told lies in :data:`COVERAGE_GOAL`.
@@ -25,6 +38,7 @@ Until then every estimate says ``provisional: true``.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +46,12 @@ from typing import Any
 
 from engine.worker import order
 
-WINDOW = 200  # finished jobs a History keeps
+WINDOW = 200  # finished jobs a History keeps (the gate's window)
+RECENT = 40  # ratios each regime's calibration keeps (a small window: load changes are followed within it)
+MIN_REGIME = 10  # a regime's own ratios needed before it stops borrowing its neighbours'
+P90_LEVEL = 0.9  # the coverage a regime's p90 aims at (its quantile of the ratios starts there)
+ADAPT = 0.01  # how far one miss (up) or hit (down) moves a regime's quantile level
+LEVEL_BOUNDS = (0.8, 0.99)
 MIN_JOBS = 20  # finished jobs the gate needs before it can pass
 WITHIN_GOAL = 0.80  # share within max(1 s, 50%) of their p50
 COVERAGE_GOAL = (0.85, 0.95)  # share within their p90
@@ -110,35 +129,66 @@ def raw(own_remaining_s: float, ahead: int, rate_rps: float | None, bottleneck_s
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
+    """The conformal ``q`` quantile: the ``ceil((n + 1) q)``-th smallest (the largest when that is past n)."""
     s = sorted(values)
-    return s[min(len(s) - 1, int(len(s) * q))]
+    return s[max(0, min(len(s), math.ceil((len(s) + 1) * q)) - 1)]
+
+
+REGIMES = 6  # 0: nobody ahead; r >= 1: 2**(r-1) <= ahead < 2**r; the last: that many or more
+
+
+def regime(ahead: int) -> int:
+    """The calibration's regime of a job with ``ahead`` jobs served before it: 0 when none (an idle
+    engine: the raw model is the stage work), else ``1 + floor(log2(ahead))``, at most ``REGIMES - 1``."""
+    return 0 if ahead <= 0 else min(REGIMES - 1, int(ahead).bit_length())
 
 
 @dataclass
 class History:
-    """This deployment's recent finished jobs: ``(raw at submit, p50 told, p90 told, actual)``."""
+    """This deployment's recent finished jobs: ``(raw at submit, p50 told, p90 told, actual)`` (the gate's
+    window), and each regime's last :data:`RECENT` ``actual / raw`` ratios (the calibration)."""
 
     window: int = WINDOW
     jobs: deque[tuple[float, float, float, float]] = field(default_factory=deque)
+    ratios: list[deque[float]] = field(default_factory=lambda: [deque(maxlen=RECENT) for _ in range(REGIMES)])
+    levels: list[float] = field(default_factory=lambda: [P90_LEVEL] * REGIMES)  # each regime's p90 quantile
 
-    def record(self, raw_s: float, p50_s: float, p90_s: float, actual_s: float) -> None:
+    def record(self, raw_s: float, p50_s: float, p90_s: float, actual_s: float, ahead: int = 0) -> None:
+        """A finished job: the raw model, p50 and p90 at its submit, its seconds, who was ahead of it then."""
         self.jobs.append((raw_s, p50_s, p90_s, actual_s))
         while len(self.jobs) > self.window:
             self.jobs.popleft()
+        if raw_s > 0:
+            r = regime(ahead)
+            self.ratios[r].append(actual_s / raw_s)
+            # adaptive conformal: a miss raises the regime's level, a hit lowers it, so that its coverage
+            # holds at P90_LEVEL where the ratios drift (a growing line) or come in correlated runs
+            level = self.levels[r] + ADAPT * ((actual_s > p90_s) - (1 - P90_LEVEL))
+            self.levels[r] = min(LEVEL_BOUNDS[1], max(LEVEL_BOUNDS[0], level))
 
-    def factors(self) -> tuple[float, float]:
-        """(p50, p90) multipliers of the raw model: quantiles of ``actual / raw`` over the window."""
-        ratios = [a / r for r, _, _, a in self.jobs if r > 0]
-        if len(ratios) < 5:
+    def factors(self, ahead: int = 0) -> tuple[float, float]:
+        """(p50, p90) multipliers of the raw model for a job with ``ahead`` jobs before it: quantiles of its
+        regime's recent ``actual / raw``, borrowing the nearest regimes' while it has too few."""
+        r = regime(ahead)
+        own = list(self.ratios[r])
+        if len(own) >= MIN_REGIME:
+            return _quantile(own, 0.5), max(_quantile(own, self.levels[r]), _quantile(own, 0.5))
+        pool = own
+        for d in range(1, REGIMES):
+            for near in (r - d, r + d):
+                if 0 <= near < REGIMES and len(pool) < RECENT:
+                    pool = pool + list(self.ratios[near])[-(RECENT - len(pool)):]
+        if len(pool) < 5:
             return PRIOR_P50, PRIOR_P90
-        return _quantile(ratios, 0.5), max(_quantile(ratios, 0.9), _quantile(ratios, 0.5))
+        f50 = _quantile(pool, 0.5)
+        return f50, max(_quantile(pool, self.levels[r]), PRIOR_P90 * f50)
 
     def gate(self) -> dict[str, float | int | bool]:
         """The calibration over the window: ``within_p50_share``, ``p90_coverage``, ``jobs``, ``passed``."""
         return calibration((p50, p90, a) for _, p50, p90, a in self.jobs)
 
     def estimate(self, raw_s: float, ahead: int, rate_rps: float | None) -> Estimate:
-        f50, f90 = self.factors()
+        f50, f90 = self.factors(ahead)
         return Estimate(raw_s * f50, raw_s * f90, not self.gate()["passed"], ahead, rate_rps)
 
 
@@ -168,6 +218,7 @@ class Entry:
     accepted: float  # monotonic
     stage_s: tuple[float, ...]  # its seconds at each stage of its route
     raw_s: float = 0.0  # the raw model at submit
+    ahead: int = 0  # jobs served before it at submit (its calibration regime)
     p50_s: float = 0.0  # what it was told at submit
     p90_s: float = 0.0
 

@@ -132,7 +132,7 @@ class ProxyState:
         job = self.book.end(uid)
         if job is not None and state == keys.COMPLETED:
             self.histories.setdefault((job.workflow, job.priority), eta.History()).record(
-                job.raw_s, job.p50_s, job.p90_s, now - job.accepted)
+                job.raw_s, job.p50_s, job.p90_s, now - job.accepted, job.ahead)
 
     # -- the admission ports (engine.proxy.intake.AdmissionPorts) ------------------------------
     async def ring_limit(self, ticket: Ticket) -> int | None:
@@ -163,7 +163,7 @@ class ProxyState:
         self.drain.note_accepted(ticket.sub.spec.name)
         job = self.book.add(ticket.uid, ticket.sub.spec.name, ticket.sub.priority, time.monotonic(), stage_s)
         estimate, job.raw_s = self.estimate(job, None, 0, job.accepted)
-        job.p50_s, job.p90_s = estimate.eta_s, estimate.eta_p90_s
+        job.p50_s, job.p90_s, job.ahead = estimate.eta_s, estimate.eta_p90_s, estimate.ahead
         return estimate
 
     async def inject(self, ticket: Ticket) -> str:

@@ -119,3 +119,97 @@ def test_high_with_a_deadline_is_admitted_where_low_fills_the_line() -> None:
     assert not monitor.decide(as_seen_by(NORMAL, load, by_priority), 1.0, 0.0, 10.0).admit
     assert monitor.decide(as_seen_by(HIGH, load, by_priority), 1.0, 0.0, 10.0).admit
     assert as_seen_by(HIGH, load, by_priority).inflight == 4  # never below the jobs being served
+
+
+def _bench_replica(seed: int, stages: tuple[float, ...] = (0.02, 0.035, 0.015), sigma: float = 0.3,
+                   hop_s: float = 0.004, seconds: float = 15.0) -> dict[str, list[tuple[int, float, float, float]]]:
+    """``bench e2e``'s sequence on a simulated engine, told and judged through the Proxy's Book and History
+    as engine.proxy.state does: 10 sequential jobs, a saturation run (16 in flight, closed loop), then Poisson
+    arrivals at 0.5x and 1x the capacity. The engine: a FIFO server per stage, each job's time at a stage
+    lognormal around its mean (what the estimator is told) plus a hop. Per phase: (ahead, p50, p90, actual)."""
+    rng = random.Random(seed)
+    capacity = 1.0 / (max(stages) + hop_s)
+    book, history = eta.Book(), eta.History()
+    free = [0.0] * len(stages)  # when each stage's server is next free
+    line: list[tuple[float, str, str]] = []  # (finish, uid, phase): a FIFO tandem ends in acceptance order
+    told: dict[str, list[tuple[int, float, float, float]]] = {}
+
+    def finish_until(t: float) -> None:
+        while line and line[0][0] <= t:
+            end, uid, phase = line.pop(0)
+            job = book.end(uid)
+            assert job is not None
+            history.record(job.raw_s, job.p50_s, job.p90_s, end - job.accepted, job.ahead)
+            told.setdefault(phase, []).append((job.ahead, job.p50_s, job.p90_s, end - job.accepted))
+
+    def submit(t: float, phase: str) -> None:
+        job = book.add(f"{phase}-{len(book.entries)}-{t}", "sd-t2i", NORMAL, t, stages)
+        ahead = book.ahead(job, t)
+        job.raw_s = eta.raw(eta.remaining_work(stages, None, 0), ahead, capacity, max(stages))
+        est = history.estimate(job.raw_s, ahead, capacity)
+        job.p50_s, job.p90_s, job.ahead = est.eta_s, est.eta_p90_s, est.ahead
+        done = t
+        for i, s in enumerate(stages):
+            done = free[i] = max(done, free[i]) + s * rng.lognormvariate(-sigma * sigma / 2, sigma) + hop_s
+        line.append((done, job.uid, phase))
+
+    t = 0.0
+    for _ in range(10):
+        submit(t, "sequential")
+        t = line[-1][0]
+        finish_until(t)
+    start = t
+    for _ in range(16):
+        submit(t, "saturate")
+    while t < start + seconds:
+        t = line[0][0]
+        finish_until(t)
+        submit(t, "saturate")
+    for load in (0.5, 1.0):
+        finish_until(float("inf"))
+        t = end = max(free) + 0.5
+        end += seconds
+        while (t := t + rng.expovariate(load * capacity)) < end:
+            finish_until(t)
+            submit(t, f"{load}x")
+    finish_until(float("inf"))
+    return told
+
+
+def _coverage(rows: list[tuple[int, float, float, float]]) -> float:
+    return sum(actual <= p90 for _, _, p90, actual in rows) / len(rows)
+
+
+def test_p90_coverage_in_the_goal_band_on_a_quiet_and_on_a_busy_engine() -> None:
+    # the regimes err differently: alone (nobody ahead) the raw model is the stage work and the ratio carries
+    # the service's noise; in a line it is the line's drain, tight. One calibration for both (the saturation
+    # run's tight ratios told to the quiet 0.5x run) covered 64% of the jobs that found the engine idle and
+    # 77% of the 0.5x run's (and 97% of the 1x run's long-line jobs); per regime both land in the goal band
+    runs = [_bench_replica(seed) for seed in range(4)]
+    low, high = eta.COVERAGE_GOAL
+    for phase in ("0.5x", "1.0x"):
+        rows = [row for run in runs for row in run[phase]]
+        assert len(rows) > 400
+        assert low <= _coverage(rows) <= high, (phase, _coverage(rows))
+        assert eta.calibration([(p50, p90, a) for _, p50, p90, a in rows])["within_p50_share"] >= eta.WITHIN_GOAL
+        for run in runs:
+            assert low - 0.05 <= _coverage(run[phase]) <= high + 0.02, (phase, _coverage(run[phase]))
+    idle = [row for run in runs for row in run["0.5x"] if row[0] == 0]
+    queued = [row for run in runs for row in run["1.0x"] if row[0] >= 8]
+    assert len(idle) > 100 and len(queued) > 100
+    assert low <= _coverage(idle) <= high and low <= _coverage(queued) <= high
+
+
+def test_a_regime_without_history_borrows_its_neighbours_with_a_margin() -> None:
+    history = eta.History()
+    assert history.factors(3) == (eta.PRIOR_P50, eta.PRIOR_P90)
+    for i in range(30):  # only idle jobs finished so far, 1.0x to 1.29x their raw model
+        history.record(1.0, 1.0, 1.5, 1.0 + i / 100, ahead=0)
+    f50, f90 = history.factors(0)
+    assert 1.1 < f50 < 1.2 and 1.25 < f90 < 1.3
+    b50, b90 = history.factors(12)  # a queued job: nothing of its own regime yet
+    assert b50 == f50 and b90 >= eta.PRIOR_P90 * b50
+    for _ in range(eta.MIN_REGIME):
+        history.record(4.0, 4.0, 4.4, 3.6, ahead=12)
+    assert history.factors(12) == (0.9, 0.9)  # its own ratios, once it has enough
+    assert history.factors(0) == (f50, f90)  # and they do not move the idle regime's
