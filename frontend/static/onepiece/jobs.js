@@ -1,6 +1,8 @@
 // The Jobs view: the 1,000 newest jobs (/dashboard/api/jobs), polled; a click opens a job's detail
-// (/dashboard/api/jobs/<uid>): a Gantt bar per stage and the result in <img> or <video controls>.
+// (/dashboard/api/jobs/<uid>): a Gantt bar per stage, the engine's ETA while it is unfinished, and the
+// result in <img> or <video controls>.
 import { el, esc, getJSON, timed } from "./common.js";
+import { showEta } from "./eta.js";
 
 export const JOBS_POLL_MS = 1000;  // the jobs list has no push channel of its own: polled while shown
 export const JOBS_IDLE_POLL_MS = 5000;  // ...and slower behind another view (its counts stay fresh)
@@ -67,6 +69,7 @@ function renderDetail(job) {
     `${esc(job.workflow)} · owner ${esc(job.owner)} · <span class="state ${esc(job.state)}">${esc(job.state)}</span> · ` +
     `${+job.progress}%${job.stage ? ` · stage ${esc(job.stage)}` : ""}${job.detail ? ` · ${esc(job.detail)}` : ""}` +
     `${job.cost_measured_gpu_s != null ? ` · ${(+job.cost_measured_gpu_s).toFixed(3)} GPU·s measured` : ""}`;
+  showEta(document.getElementById("job-detail-eta"), job.eta);  // refreshed with the panel (polled)
   document.getElementById("job-gantt").innerHTML = gantt(job);
   renderPreview(job.preview);
   const box = document.getElementById("job-result");

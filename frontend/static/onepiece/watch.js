@@ -1,5 +1,9 @@
 // The page for one of your own jobs (/jobs/<uid>/watch): its state and live previews over the job's
-// websocket (/ws/jobs/<uid>: "job" updates, and "preview" messages in step order), then its result.
+// websocket (/ws/jobs/<uid>: "job" updates, each unfinished one followed by an "eta" message with the
+// engine's estimate, and "preview" messages in step order), then its result.
+import { showEta } from "./eta.js";
+
+const TERMINAL = ["completed", "failed", "cancelled", "expired"];
 const root = document.getElementById("watch");
 const uid = root.dataset.uid;
 const kind = root.dataset.kind;
@@ -11,6 +15,7 @@ function showState(job) {
   st.className = `state ${job.state}`;
   st.textContent = job.state;
   p.append(`${job.workflow} · `, st, ` · ${+job.progress}%${job.stage ? ` · ${job.stage}` : ""}`);
+  if (TERMINAL.includes(job.state)) showEta(document.getElementById("watch-eta"), null);  // done: no ETA
   if (job.state === "completed") showResult();
 }
 
@@ -38,6 +43,7 @@ function connect() {
   ws.onmessage = (ev) => {
     const msg = JSON.parse(ev.data);
     if (msg.type === "job") showState(msg.job);
+    else if (msg.type === "eta") showEta(document.getElementById("watch-eta"), msg);
     else if (msg.type === "preview") showPreview(msg.preview);
   };
   ws.onclose = (ev) => { if (ev.code !== 4404 && ev.code !== 4401) setTimeout(connect, 2000); };

@@ -112,7 +112,7 @@ def job_detail(request: HttpRequest, uid: str) -> JsonResponse:
                 cost_measured_gpu_s=job.cost_measured_gpu_s,
                 result=({"kind": result_kind(job.workflow), "url": f"/dashboard/api/jobs/{job.uid}/result"}
                         if job.state == COMPLETED else None),
-                preview=_preview(job))
+                preview=_preview(job), eta=getattr(job, "eta", None))  # the engine's, read by refresh
     return JsonResponse({"job": body})
 
 
