@@ -2,7 +2,8 @@
 monolith per adapter and a monolith that loads the adapter each request needs, on the same cores.
 
 1. **pool**: a private engine (:class:`engine.bench.private.PrivateEngine`: its own Redis, etcd,
-   ``onepiece node`` and ``onepiece proxy``; one instance per stage, one thread each) whose adapter store
+   ``onepiece node`` and ``onepiece proxy``; one instance per stage plus ``onepiece up``'s spare slots at the
+   denoise stage (:func:`with_spare_denoise`), one thread each) whose adapter store
    holds N tiny adapters (``onepiece models make-tiny-lora``, seeds 1..N, registered as ``bench-lora-K``);
    a closed loop keeps ``--saturate`` requests in flight, each naming one of the N adapters at random, and
    completions per second are counted over ``--seconds`` (after a run without adapters on the same engine,
@@ -113,6 +114,20 @@ async def _warm(proxy: str, token: str, params: dict[str, Any], names: list[str]
         await client.close()
 
 
+def with_spare_denoise(assignment: Any) -> Any:
+    """The pool's deployment on this host's cores: one instance per stage plus the spare slots ``onepiece up``
+    gives a host without a GPU (its usable cores minus one), placed where its Node Manager puts them, at the
+    bottleneck (denoise). The baselines use every core; a pool left at one instance per stage would use
+    about one (the figure would measure the deployment, not the pool)."""
+    import dataclasses
+
+    from engine.bench.e2e import _cores
+
+    base = next(i for i in assignment.instances if i.stage == "denoise")
+    spare = [dataclasses.replace(base, id=f"{base.workflow}.denoise.{k}") for k in range(1, max(0, _cores() - 1) + 1)]
+    return dataclasses.replace(assignment, instances=(*assignment.instances, *spare))
+
+
 def pool(model_dir: str, adapters: int, seconds: float, in_flight: int, work: Path,
          log: Any = print) -> dict[str, Any]:
     from engine.bench.e2e import PARAMS
@@ -120,7 +135,7 @@ def pool(model_dir: str, adapters: int, seconds: float, in_flight: int, work: Pa
     from engine.store import JobStore
     from engine.worker.config import default_assignment
 
-    assignment = default_assignment({WORKFLOW: model_dir}, device="cpu")
+    assignment = with_spare_denoise(default_assignment({WORKFLOW: model_dir}, device="cpu"))
     store_root = work / "state" / "adapters"  # the private engine's ONEPIECE_STATE_DIR/adapters
     names = [n for n, _f in make_adapters(store_root, model_dir, adapters, work / "lora")]
     with PrivateEngine(assignment.to_json(), work, f"bench-{os.getpid()}-lora-", threads_per_instance=1,
