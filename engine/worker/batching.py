@@ -5,8 +5,9 @@ step at a time. This loop holds a set of active requests: between two steps it
 takes what the inbox ring has, lets compatible requests (the stage's
 ``batch_key``) join, steps a group of the active requests in one call, and hands
 on each request as soon as its own steps are done. So requests with different
-step counts share a batch, a late arrival waits at most one step, and each
-request keeps its own seed, scheduler, progress, cancel, deadline and error:
+step counts share a batch, a late arrival joins at the next step boundary (then
+steps, or pauses behind a higher level: below), and each request keeps its own
+seed, scheduler, progress, cancel, deadline and error:
 
 * a cancelled or expired request leaves the active set at the next step
   boundary (paused ones included);
@@ -17,7 +18,8 @@ request keeps its own seed, scheduler, progress, cancel, deadline and error:
   others complete, none lost or repeated;
 * a request that cannot share (``batch_key`` None, or another key while a
   batch runs) waits in line; while one waits no request behind it joins,
-  so it starts when the current batch's longest request ends (its bound);
+  so it starts when the active set, at most ``max_held`` requests, has
+  ended (its bound);
 * the line is ordered by priority with aging (:mod:`engine.worker.order`):
   a higher-priority arrival goes ahead of waiting lower ones, so it joins at
   the next step boundary before them, and a batch still forming (``wait_s``)
@@ -33,15 +35,17 @@ group of its own level. A joiner fills a free slot (fewer than ``max_batch``
 active) as before, and one of a level that has fewer than ``max_batch`` active
 requests at or above it joins even when the set is full, up to ``max_held``
 active requests in all (default ``2 * max_batch``: the hard cap on what the
-set holds, paused ones holding only their state and their input's ring slot).
+set holds, paused ones holding only their state and their input's ring slot);
+at the cap a higher arrival waits for the next request to leave.
 
 The starvation bound: a request's wait at this stage counts toward aging,
 its time in line plus its time paused in the active set (not the steps it takes
 part in). Once that reaches ``order.AGING_S`` it counts as high for good, and
-ties go to the one taken first, so from then on it is passed over only by
-requests taken before it (fewer than ``max_held`` active ones, each stepping to
-its end): no later arrival pauses it again, and a paused low request steps
-again within ``order.AGING_S`` of waiting plus one step.
+ties go to the one taken first, so from then on it waits only for requests
+taken before it (fewer than ``max_held`` active ones and those ahead of it in
+line, each stepping to its end): no later arrival pauses it again. With fewer
+than ``max_batch`` top-level requests taken before it active, a paused request
+steps again at the first step after its wait reaches ``order.AGING_S``.
 
 Every delivery is released last, after its request was handed on or ended, as
 :meth:`engine.worker.taskworker.TaskWorker.handle` does. A request's service
