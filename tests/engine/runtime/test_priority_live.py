@@ -58,3 +58,25 @@ def test_under_overload_high_is_admitted_and_served_ahead_of_low_and_low_still_c
     last_high = max(t for _, t in high_ends)
     after = sum(1 for _, t in low_ends if t > last_high)
     assert after >= len(admitted_low) // 2, (after, len(admitted_low))
+
+
+def test_a_cancelled_job_no_longer_counts_ahead_of_the_jobs_behind_it(cluster: Cluster) -> None:
+    """The stage holding a cancelled job drops it only when it reaches it; the ETA's line drops it at the
+    cancel, so the jobs behind it are told they wait for fewer."""
+    slow = dict(SD, num_inference_steps=20)
+    with ThreadPoolExecutor(8) as pool:
+        docs = list(pool.map(lambda _: cluster.call("POST", "/v1/requests?workflow=sd-t2i",
+                                                    {"workflow": "sd-t2i", "params": slow})[1], range(16)))
+    uids = [d["uid"] for d in docs]
+    _, back, _ = cluster.call("GET", f"/v1/requests/{uids[-1]}")
+    before = back["queue_ahead"]
+    cancelled = uids[-9:-1]  # the eight just ahead of the last one: still queued behind the others
+    for uid in cancelled:
+        status, _, _ = cluster.call("DELETE", f"/v1/requests/{uid}")
+        assert status in (202, 409)
+    _, back, _ = cluster.call("GET", f"/v1/requests/{uids[-1]}")
+    # ahead of it now: at most the uncancelled jobs submitted before it (without the fix, the cancelled
+    # ones still queued counted too)
+    assert back["queue_ahead"] <= len(uids) - 1 - len(cancelled), (before, back)
+    for uid in uids:
+        cluster.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=240)
