@@ -1,8 +1,10 @@
 """Live previews' cost (issue 28 item 2): job time at ``preview_every=5`` against previews off, in the same
-process and run (interleaved, median of ``--runs``), and one preview's cost by each method (the linear
-projection fitted to the loaded VAE, the VAE at reduced size), on the tiny models with one torch thread.
+process and run (interleaved, median of ``--runs``: off, on with each encoding of ``--formats``, in turn),
+one preview's pieces (the snapshot, unpacking, the projection, each encoding), and one preview's cost by each
+method (the linear projection fitted to the loaded VAE, the VAE at reduced size), on the tiny models with
+one torch thread.
 
-    python benchmarks/previews.py --models /tmp/tiny --runs 5
+    OMP_NUM_THREADS=1 python benchmarks/previews.py --models /tmp/tiny --runs 5 --steps 20
 
 Previews go to a real redis-server (started here on a free port) through JobStore.add_preview, as a worker
 writes them. Prints one line per workflow and a JSON summary; figures in benchmarks/previews.md.
@@ -45,9 +47,10 @@ def _job(runner: Any, params: dict[str, Any], store: Any, every: int) -> float:
     return time.perf_counter() - t0
 
 
-#: CPU seconds: of the thread running the stages ("loop"), of the preview thread ("preview": making the
-#: pictures and writing them), and of the loop inside the preview hook ("hook": what a preview blocks it)
-CPU = {"loop": 0.0, "preview": 0.0, "hook": 0.0}
+#: CPU seconds: of the thread running the stages ("loop"), of the preview thread ("render": making the
+#: pictures, "write": the store's add_preview), and of the loop inside the preview hook ("hook": what a
+#: preview blocks it: the snapshot of the latents and the hand-over)
+CPU = {"loop": 0.0, "render": 0.0, "write": 0.0, "hook": 0.0}
 
 
 def _timed(fn: Any, key: str) -> Any:
@@ -68,17 +71,54 @@ def _attach(runner: Any, store: Any) -> list[Any]:
     pubs = []
     for ex in runner.executors.values():
         pub = Previews(_Store(store), ex)
-        pub._render = _timed(pub._render, "preview")
-        pub.offer = _timed(pub.offer, "hook")
+        pub._render = _timed(pub._render, "render")
         pubs.append(pub)
         run = ex.run
 
         def attached(i: Any, p: Any, ctx: Any, _run: Any = run, _pub: Any = pub, _ex: Any = ex) -> Any:
             _pub.attach(ctx, *_ex._preview_uid, p)
+            if ctx.preview is not None:  # the loop's share: the hook, its snapshot of the latents included
+                ctx.preview = _timed(ctx.preview, "hook")
             return _run(i, p, ctx)
 
         ex.run = attached
     return pubs
+
+
+def _use(pubs: list[Any], fmt: str) -> None:
+    """Every publisher encodes as ``fmt`` from its next preview on."""
+    for pub in pubs:
+        pub.fmt = fmt
+        if pub.renderer is not None:
+            pub.renderer.fmt, pub.renderer.mime = fmt, FORMATS_MIME[fmt]
+
+
+FORMATS_MIME = {"jpeg": "image/jpeg", "png": "image/png"}
+
+
+def _ms(fn: Any, n: int = 50) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return round(1000 * statistics.median(times), 3)
+
+
+def _pieces(z: Any, grid: Any, r: Any) -> dict[str, Any]:
+    """One linear preview's pieces, milliseconds (median of 50), from the loop's latents ``z``: the loop's
+    snapshot; the uint8 projection as made now (one product on the packed tokens) and as it was (unpack,
+    einsum, then the float ops to levels); each encoding of the resized picture; the whole picture."""
+    from engine.stages.preview import encode, plane, snapshot, to_levels
+
+    s = snapshot(z)
+    px = r.projection.pixels(s, grid)
+    side = max(px.shape[:2]) * r.projection.scale
+    return {"snapshot": _ms(lambda: snapshot(z)), "project_to_uint8": _ms(lambda: r.projection.pixels(s, grid)),
+            "unpack_einsum_levels_before": _ms(lambda: to_levels(r.projection.rgb(plane(s, grid)))),
+            **{f"encode_{f}": _ms(lambda f=f: encode(px, side, f)) for f in FORMATS_MIME},
+            **{f"bytes_{f}": len(encode(px, side, f)) for f in FORMATS_MIME},
+            "picture_jpeg": _ms(lambda: r.picture(s, grid)), "grid": list(px.shape[:2]), "side": min(side, 256)}
 
 
 class _Store:
@@ -86,7 +126,7 @@ class _Store:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.add_preview = _timed(store.add_preview, "preview")
+        self.add_preview = _timed(store.add_preview, "write")
 
 
 def _method_cost(runner: Any, params: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +147,8 @@ def _method_cost(runner: Any, params: dict[str, Any]) -> dict[str, Any]:
         runner.run({**params, "preview_every": 0}, {}, progress=lambda *a: None)
     finally:
         ex.run = run
-    z = plane(latents[-1], ex.preview_grid(params) if hasattr(ex, "preview_grid") else None)
+    grid = ex.preview_grid(params) if hasattr(ex, "preview_grid") else None
+    z = plane(latents[-1], grid)
     out: dict[str, Any] = {}
     for method in ("linear", "vae"):
         r = Renderer(ex.model_dir, ex.preview_family, "cpu", method)
@@ -122,7 +163,38 @@ def _method_cost(runner: Any, params: dict[str, Any]) -> dict[str, Any]:
         out[method] = {"setup_s": round(setup, 4), "per_preview_ms": round(1000 * statistics.median(times), 3)}
         if r.projection is not None:
             out[method]["fit_r2"] = round(r.projection.r2, 3)
+            out[method]["pieces_ms"] = _pieces(latents[-1], grid, r)
     return out
+
+
+def _measure(runner: Any, params: dict[str, Any], store: Any, args: Any, pubs: list[Any]) -> dict[str, Any]:
+    """The interleaved runs: previews off, then on with each format, ``args.runs`` times; medians."""
+    arms = ["off", *args.formats.split(",")]
+    wall: dict[str, list[float]] = {a: [] for a in arms}
+    cpu: dict[str, list[float]] = {}
+    for _ in range(args.runs):
+        for arm in arms:
+            CPU.update(loop=0.0, render=0.0, write=0.0, hook=0.0)
+            if arm != "off":
+                _use(pubs, arm)
+            wall[arm].append(_job(runner, params, store, 0 if arm == "off" else args.every))
+            for k, v in CPU.items():
+                cpu.setdefault(f"{arm}_{k}", []).append(v)
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    n = args.steps // args.every
+    row: dict[str, Any] = {"off_s": round(statistics.median(wall["off"]), 4)}
+    for arm in arms[1:]:
+        row[arm] = {
+            "on_s": round(statistics.median(wall[arm]), 4),
+            "ratio": round(statistics.median(wall[arm]) / statistics.median(wall["off"]), 4),
+            # CPU: the job's loop-thread CPU with previews plus the preview thread's, over the loop's CPU
+            # without: the added time if the preview thread had no core of its own (load-robust)
+            "cpu_ratio": round((med[f"{arm}_loop"] + med[f"{arm}_render"] + med[f"{arm}_write"]) / med["off_loop"], 4),
+            "hook_us_per_preview": round(1e6 * med[f"{arm}_hook"] / n, 1),
+            "render_cpu_ms_per_preview": round(1e3 * med[f"{arm}_render"] / n, 3),
+            "write_cpu_ms_per_preview": round(1e3 * med[f"{arm}_write"] / n, 3),
+        }
+    return row
 
 
 def main() -> None:
@@ -132,6 +204,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--workflows", default=",".join(SHAPES))
+    ap.add_argument("--formats", default="jpeg,png", help="encodings to measure, each an arm of the A/B")
     args = ap.parse_args()
     import torch
 
@@ -153,34 +226,18 @@ def main() -> None:
             methods = _method_cost(runner, params)
             pubs = _attach(runner, store)
             _job(runner, params, store, args.every)  # warm: the projection fitted, caches filled
-            off, on, cpu = [], [], {}
-            for _ in range(args.runs):
-                CPU.update(loop=0.0, preview=0.0, hook=0.0)
-                off.append(_job(runner, params, store, 0))
-                cpu_off = CPU["loop"]
-                CPU.update(loop=0.0, preview=0.0, hook=0.0)
-                on.append(_job(runner, params, store, args.every))
-                for k, v in {"loop_off": cpu_off, "loop_on": CPU["loop"], "preview": CPU["preview"],
-                             "hook": CPU["hook"]}.items():
-                    cpu.setdefault(k, []).append(v)
-            cpu = {k: statistics.median(v) for k, v in cpu.items()}
+            row = _measure(runner, params, store, args, pubs)
             for p in pubs:
                 p.close()
-            row = {"off_s": round(statistics.median(off), 4), "on_s": round(statistics.median(on), 4),
-                   "ratio": round(statistics.median(on) / statistics.median(off), 4),
-                   "ratio_min": round(min(on) / min(off), 4),
-                   # CPU: the job's loop-thread CPU with previews plus the preview thread's, over the loop's
-                   # CPU without: the added time if the preview thread had no core of its own (load-robust)
-                   "cpu_ratio": round((cpu["loop_on"] + cpu["preview"]) / cpu["loop_off"], 4),
-                   "hook_us_per_preview": round(1e6 * cpu["hook"] / (args.steps // args.every), 1),
-                   "preview_cpu_ms_per_preview": round(1e3 * cpu["preview"] / (args.steps // args.every), 2),
-                   "methods": methods,
-                   "shape": SHAPES[wf], "steps": args.steps, "every": args.every}
+            row.update(methods=methods, shape=SHAPES[wf], steps=args.steps, every=args.every)
             summary[wf] = row
-            print(f"{wf}: off {row['off_s']}s, preview_every={args.every} {row['on_s']}s, ratio {row['ratio']} "
-                  f"(min/min {row['ratio_min']}, CPU {row['cpu_ratio']}, hook {row['hook_us_per_preview']} us); "
-                  f"linear {methods['linear']['per_preview_ms']} ms/preview (fit {methods['linear']['setup_s']}s, "
-                  f"r2 {methods['linear']['fit_r2']}), vae {methods['vae']['per_preview_ms']} ms/preview", flush=True)
+            arms = "; ".join(f"{a}: ratio {row[a]['ratio']}, CPU {row[a]['cpu_ratio']}, hook "
+                             f"{row[a]['hook_us_per_preview']} us, render {row[a]['render_cpu_ms_per_preview']} ms, "
+                             f"write {row[a]['write_cpu_ms_per_preview']} ms"
+                             for a in args.formats.split(","))
+            print(f"{wf}: off {row['off_s']}s; {arms}; linear {methods['linear']['per_preview_ms']} ms/preview "
+                  f"(pieces {methods['linear']['pieces_ms']}), vae {methods['vae']['per_preview_ms']} ms/preview",
+                  flush=True)
     finally:
         store.close()
         server.stop()

@@ -75,13 +75,16 @@ def unpack(latents: Any, height: int, width: int) -> Any:
             .reshape(b, c, height, width))
 
 
-def snapshot(latents: Any) -> Any:
-    """What a preview keeps of the loop's latents, on the loop's thread: the first item (a video's middle
-    latent frame), copied where it lies (the next step may write the loop's tensor in place; no host sync)."""
+def pick(latents: Any) -> Any:
+    """The part of loop latents a preview draws, as a view: the first item (a video's middle latent frame)."""
     z = latents.detach()[:1]
-    if z.ndim == 5:
-        z = z[:, :, z.shape[2] // 2]
-    return z.clone()
+    return z[:, :, z.shape[2] // 2] if z.ndim == 5 else z
+
+
+def snapshot(latents: Any) -> Any:
+    """What a preview keeps of the loop's latents, on the loop's thread: :func:`pick`'s part, copied where it
+    lies (the next step may write the loop's tensor in place; no host sync)."""
+    return pick(latents).clone()
 
 
 def plane(latents: Any, grid: tuple[int, int] | None = None) -> Any:
@@ -132,12 +135,45 @@ class Projection:
     bias: Any
     r2: float
     scale: int
+    _to8: dict[bool, tuple[Any, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     def rgb(self, z: Any) -> Any:
         """(1, C, h, w) -> (3, h, w) in about [-1, 1]."""
         import torch
 
         return torch.einsum("bchw,cr->brhw", z, self.factors)[0] + self.bias.view(3, 1, 1)
+
+    def _weights(self, packed: bool) -> tuple[Any, Any]:
+        """The map straight to uint8 levels (``(x + 1) * 127.5``, + 0.5 so truncation rounds), made once:
+        for packed tokens, one 3-colour block per 2x2 position (token channel ``c * 4 + p`` -> ``r * 4 + p``)."""
+        if packed not in self._to8:
+            import torch
+
+            w, b = self.factors.contiguous() * 127.5, (self.bias.contiguous() + 1) * 127.5 + 0.5
+            if packed:
+                w, b = torch.kron(w, torch.eye(4)), b.repeat_interleave(4)
+            self._to8[packed] = (w.contiguous(), b.contiguous())
+        return self._to8[packed]
+
+    def pixels(self, z: Any, grid: tuple[int, int] | None = None) -> Any:
+        """The first item of loop latents (``snapshot``'s: (1, C, h, w), or packed tokens (1, n, 4C) on the
+        latent ``grid``) -> (h, w, 3) uint8 on the CPU: one matrix product over the latent grid, no unpacking
+        of the latents (packed tokens are projected as they lie; the small uint8 picture is reordered)."""
+        import torch
+
+        z = z.detach()[0].to("cpu", torch.float32)
+        if z.ndim == 2:
+            if grid is None:
+                raise ValueError("packed latents need their latent grid")
+            (h, w), x = grid, z
+        else:
+            h, w = z.shape[-2:]
+            x = z.reshape(z.shape[0], h * w).t()
+        weights, bias = self._weights(z.ndim == 2)
+        y = torch.addmm(bias, x, weights).clamp_(0.0, 255.0).to(torch.uint8)
+        if z.ndim == 2:
+            return y.view(h // 2, w // 2, 3, 2, 2).permute(0, 3, 1, 4, 2).reshape(h, w, 3)
+        return y.view(h, w, 3)
 
 
 def fit_projection(vae: Any, family: Family, channels: int, samples: int = 4, side: int = 16) -> Projection:
@@ -160,13 +196,19 @@ def fit_projection(vae: Any, family: Family, channels: int, samples: int = 4, si
     return Projection(sol[:channels], sol[channels], r2, max(scale, 1))
 
 
-def encode(rgb: Any, side: int, fmt: str = "jpeg") -> bytes:
-    """(3, h, w) in [-1, 1] -> image bytes in ``fmt`` (:data:`FORMATS`), resized so its longest side is
-    ``side`` (at most MAX_SIDE)."""
+def to_levels(rgb: Any) -> Any:
+    """(3, h, w) in [-1, 1] -> (h, w, 3) uint8."""
     import torch
+
+    return ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0)
+
+
+def encode(pixels: Any, side: int, fmt: str = "jpeg") -> bytes:
+    """(h, w, 3) uint8 -> image bytes in ``fmt`` (:data:`FORMATS`), resized so its longest side is ``side``
+    (at most MAX_SIDE)."""
     from PIL import Image
 
-    arr = ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    arr = pixels.contiguous().numpy()
     img = Image.fromarray(arr, "RGB")
     h, w = arr.shape[:2]
     side = min(side, MAX_SIDE)
@@ -209,15 +251,36 @@ class Renderer:
         elif self.method == "vae" and self.vae is None:
             self.vae = self._vae()
 
+    def keep(self, latents: Any, grid: tuple[int, int] | None) -> tuple[Any, Any]:
+        """On the loop's thread, what a preview keeps of its latents, copied: ``(None, pixels)``, the uint8
+        picture itself, where they are on the CPU and the projection is fitted (one small product, several
+        times cheaper on the loop's warm thread than on the preview thread, which wakes cold); else
+        ``(snapshot, None)`` (the fit and any device-to-host copy stay off the loop)."""
+        z = pick(latents)
+        if self.projection is not None and z.device.type == "cpu":
+            return None, self.projection.pixels(z, grid)
+        return z.clone(), None
+
+    def picture(self, latents: Any, grid: tuple[int, int] | None = None, pixels: Any = None) -> bytes:
+        """A :func:`snapshot` of loop latents (packed tokens on their latent ``grid``), or their ``pixels``
+        from :meth:`keep` -> image bytes (:attr:`mime`) of at most MAX_SIDE a side; the linear map runs on
+        the latent grid and the uint8 picture is resized to the VAE's pixels (capped) once."""
+        if self.method != "linear":
+            return self.render(plane(latents, grid))
+        if pixels is None:
+            self.ready(latents.shape[-1] // 4 if latents.ndim == 3 else latents.shape[1])
+            assert self.projection is not None
+            pixels = self.projection.pixels(latents, grid)
+        assert self.projection is not None
+        return encode(pixels, max(pixels.shape[:2]) * self.projection.scale, self.fmt)
+
     def render(self, z: Any) -> bytes:
-        """(1, C, h, w) loop latents -> image bytes (:attr:`mime`) of at most MAX_SIDE a side; the linear
-        map runs on the latent grid, the picture is resized to the VAE's pixels (capped) once in uint8."""
+        """(1, C, h, w) loop latents (a :func:`plane`) -> image bytes, as :meth:`picture`."""
         import torch.nn.functional as F
 
         self.ready(z.shape[1])
         if self.method == "linear":
-            assert self.projection is not None
-            return encode(self.projection.rgb(z), z.shape[-1] * self.projection.scale, self.fmt)
+            return self.picture(z)
         config = self.vae.config
         scale = 2 ** (len(config["temperal_downsample"]) if self.family.five_d else len(config["block_out_channels"]) - 1)
         h, w = z.shape[-2:]
@@ -225,7 +288,7 @@ class Renderer:
         if k < 1.0:  # the VAE at reduced size: shrink the latents first
             z = F.interpolate(z, size=(max(1, round(h * k)), max(1, round(w * k))), mode="bilinear")
         img = decode(self.vae, z, self.family)[0]
-        return encode(img, max(img.shape[-2:]), self.fmt)
+        return encode(to_levels(img), max(img.shape[-2:]), self.fmt)
 
 
 @dataclass
@@ -234,8 +297,9 @@ class _Item:
     stage: str
     step: int
     total: int
-    estimate: Any  # snapshot(): the loop's latents copied at the step
+    estimate: Any  # snapshot(): the loop's latents copied at the step (None: ``pixels`` made already)
     grid: tuple[int, int] | None
+    pixels: Any = None  # Renderer.keep's uint8 picture
     dropped: bool = field(default=False, compare=False)
 
 
@@ -269,7 +333,9 @@ class Previews:
             if step <= last[0]:  # a step that did not advance (a batch member waiting for its adapter)
                 return
             last[0] = step
-            self.offer(_Item(uid, stage, step, total, snapshot(estimate), grid))
+            r = self.renderer  # made (and fitted) by the thread; until then the loop hands over a snapshot
+            z, px = r.keep(estimate, grid) if r is not None and r.method == "linear" else (snapshot(estimate), None)
+            self.offer(_Item(uid, stage, step, total, z, grid, px))
 
         ctx.preview_every, ctx.preview = every, hook
 
@@ -283,7 +349,7 @@ class Previews:
             mine = self.waiting.setdefault(item.uid, deque())
             if len(mine) >= PER_JOB:
                 old = mine.popleft()
-                old.dropped, old.estimate = True, None
+                old.dropped, old.estimate, old.pixels = True, None, None
                 self.skipped += 1
                 log.info("preview of %s step %d dropped for step %d: the thread is behind", old.uid, old.step,
                          item.step)
@@ -320,7 +386,7 @@ class Previews:
             ex = self.executor
             self.renderer = Renderer(ex.model_dir, ex.preview_family, getattr(ex, "device", "cpu"), self.method,
                                      self.fmt)
-        return self.renderer.render(plane(item.estimate, item.grid))
+        return self.renderer.picture(item.estimate, item.grid, item.pixels)
 
     def close(self, timeout: float = 5.0) -> None:
         """Let the thread write what is waiting, then stop it."""

@@ -54,16 +54,19 @@ def _ctx(pub: Previews, uid: str) -> StageContext:
 
 
 def test_a_preview_shows_the_latents_of_its_step_not_what_the_loop_writes_later(job_store: JobStore) -> None:
+    """Both hand-overs: the first preview's snapshot (the thread has no fitted projection yet, and fits it,
+    from the VAE on disk, before it reads the latents) and a later one's uint8 picture made on the loop."""
     held = _HeldStore(job_store)
     pub, uid = Previews(held, _Denoise()), uuid.uuid4().hex
     ctx = _ctx(pub, uid)
+    zs = [_latents(1), _latents(2)]
+    at_step = [z.clone() for z in zs]
     try:
-        ctx.step_done(1, 3, _latents(1))
+        ctx.step_done(1, 3, zs[0])
+        zs[0].mul_(-3.0).add_(1.0)  # the next step writes the loop's tensor in place
         assert held.entered.wait(60)  # the thread is inside step 1's write: step 2 waits for it
-        z = _latents(2)
-        at_step = z.clone()
-        ctx.step_done(2, 3, z)
-        z.mul_(-3.0).add_(1.0)  # the next step writes the loop's tensor in place
+        ctx.step_done(2, 3, zs[1])
+        zs[1].mul_(-3.0).add_(1.0)
     finally:
         held.release.set()
         pub.close()
@@ -71,8 +74,9 @@ def test_a_preview_shows_the_latents_of_its_step_not_what_the_loop_writes_later(
     assert [p.step for p in got] == [1, 2]
     renderer = pub.renderer
     assert renderer is not None
-    assert got[1].image == renderer.render(plane(at_step)) != renderer.render(plane(z))
-    assert got[1].mime == "image/jpeg"
+    for p, z, was in zip(got, zs, at_step, strict=True):
+        assert p.image == renderer.render(plane(was)) != renderer.render(plane(z))
+        assert p.mime == "image/jpeg"
 
 
 def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobStore) -> None:
@@ -105,3 +109,20 @@ def test_the_snapshot_is_a_copy_of_what_the_preview_draws(shape: tuple[int, ...]
     s = snapshot(z)
     assert s.shape[0] == 1 and s.ndim == min(z.ndim, 4) and s.untyped_storage().data_ptr() != z.untyped_storage().data_ptr()
     assert torch.equal(plane(s, grid), plane(z, grid))
+
+
+@pytest.mark.parametrize("shape,grid", [((1, 4, 6, 10), None), ((1, 15, 16), (6, 10))])
+def test_the_uint8_projection_is_the_fitted_map_on_the_unpacked_latents(shape: tuple[int, ...], grid: Any) -> None:
+    """The picture's levels, computed straight from the latents (packed tokens as they lie), are the fitted
+    map's colours (rgb() on the unpacked plane) scaled to 0..255, to rounding."""
+    from engine.stages.preview import Projection, to_levels
+
+    g = torch.Generator().manual_seed(3)
+    sol = torch.randn(3, 5, generator=g).t() / 2  # column-major, as lstsq's solution comes
+    proj = Projection(sol[:4], sol[4], 1.0, 8)
+    z = torch.randn(*shape, generator=g)
+    got = proj.pixels(z, grid)
+    want = to_levels(proj.rgb(plane(z, grid)))
+    assert got.shape == want.shape and got.dtype == torch.uint8
+    assert (got.int() - want.int()).abs().max() <= 1
+    assert 0 < int((want == 0).sum() + (want == 255).sum()) < want.numel()  # the clamp was exercised
