@@ -1,10 +1,12 @@
 """Live previews' cost (issue 28 item 2): job time at ``preview_every=5`` against previews off, in the same
-process and run (interleaved, median of ``--runs``: off, on with each encoding of ``--formats``, in turn),
-one preview's pieces (the snapshot, unpacking, the projection, each encoding), and one preview's cost by each
-method (the linear projection fitted to the loaded VAE, the VAE at reduced size), on the tiny models with
-one torch thread.
+process and run (interleaved, median of ``--runs``: off, on with each encoding of ``--formats``, and on with
+``--before``'s older publisher, in turn), one preview's pieces (the snapshot, the projection, each encoding),
+and one preview's cost by each method (the linear projection fitted to the loaded VAE, the VAE at reduced
+size), on the tiny models with one torch thread.
 
-    OMP_NUM_THREADS=1 python benchmarks/previews.py --models /tmp/tiny --runs 5 --steps 20
+    git show f0d62a2:engine/stages/preview.py > /tmp/preview_before.py
+    OMP_NUM_THREADS=1 python benchmarks/previews.py --models /tmp/tiny --runs 9 --steps 20 \
+        --workflows sd-t2i,flux.1-dev,qwen-image --before /tmp/preview_before.py
 
 Previews go to a real redis-server (started here on a free port) through JobStore.add_preview, as a worker
 writes them. Prints one line per workflow and a JSON summary; figures in benchmarks/previews.md.
@@ -63,20 +65,28 @@ def _timed(fn: Any, key: str) -> Any:
     return timed
 
 
-def _attach(runner: Any, store: Any) -> list[Any]:
+#: which publisher the stages use: "now" (engine.stages.preview) or "before" (--before's module)
+ARM = {"publisher": "now"}
+
+
+def _attach(runner: Any, store: Any, before: Any = None) -> list[Any]:
     """Each stage gets the worker's preview publisher, as TaskWorker.open_run attaches it (its rendering,
-    writing and hook timed on their own threads' CPU clocks)."""
+    writing and hook timed on their own threads' CPU clocks); with ``before`` (an older copy of the module)
+    a second one of that version, used while ``ARM["publisher"]`` says "before"."""
     from engine.stages.preview import Previews
 
     pubs = []
     for ex in runner.executors.values():
-        pub = Previews(_Store(store), ex)
-        pub._render = _timed(pub._render, "render")
-        pubs.append(pub)
+        mine = {"now": Previews(_Store(store), ex)}
+        if before is not None:
+            mine["before"] = before.Previews(_Store(store), ex)
+        for pub in mine.values():
+            pub._render = _timed(pub._render, "render")
+            pubs.append(pub)
         run = ex.run
 
-        def attached(i: Any, p: Any, ctx: Any, _run: Any = run, _pub: Any = pub, _ex: Any = ex) -> Any:
-            _pub.attach(ctx, *_ex._preview_uid, p)
+        def attached(i: Any, p: Any, ctx: Any, _run: Any = run, _mine: Any = mine, _ex: Any = ex) -> Any:
+            _mine[ARM["publisher"]].attach(ctx, *_ex._preview_uid, p)
             if ctx.preview is not None:  # the loop's share: the hook, its snapshot of the latents included
                 ctx.preview = _timed(ctx.preview, "hook")
             return _run(i, p, ctx)
@@ -85,12 +95,27 @@ def _attach(runner: Any, store: Any) -> list[Any]:
     return pubs
 
 
-def _use(pubs: list[Any], fmt: str) -> None:
-    """Every publisher encodes as ``fmt`` from its next preview on."""
+def _use(pubs: list[Any], arm: str) -> None:
+    """The stages use the publisher and encoding of ``arm`` (a format, or "before") from the next job on."""
+    ARM["publisher"] = "before" if arm == "before" else "now"
+    if arm == "before":
+        return
     for pub in pubs:
-        pub.fmt = fmt
+        pub.fmt = arm
         if pub.renderer is not None:
-            pub.renderer.fmt, pub.renderer.mime = fmt, FORMATS_MIME[fmt]
+            pub.renderer.fmt, pub.renderer.mime = arm, FORMATS_MIME[arm]
+
+
+def _module(path: str) -> Any:
+    """The preview module as it was, from a file (``git show REV:engine/stages/preview.py > FILE``)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("preview_before", path)
+    assert spec is not None and spec.loader is not None
+    module = sys.modules["preview_before"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
 
 
 FORMATS_MIME = {"jpeg": "image/jpeg", "png": "image/png"}
@@ -169,11 +194,11 @@ def _method_cost(runner: Any, params: dict[str, Any]) -> dict[str, Any]:
 
 def _measure(runner: Any, params: dict[str, Any], store: Any, args: Any, pubs: list[Any]) -> dict[str, Any]:
     """The interleaved runs: previews off, then on with each format, ``args.runs`` times; medians."""
-    arms = ["off", *args.formats.split(",")]
+    arms = ["off", *args.formats.split(","), *(["before"] if args.before else [])]
     wall: dict[str, list[float]] = {a: [] for a in arms}
     cpu: dict[str, list[float]] = {}
-    for _ in range(args.runs):
-        for arm in arms:
+    for run in range(args.runs):
+        for arm in arms[run % len(arms):] + arms[:run % len(arms)]:  # each arm in each position in turn
             CPU.update(loop=0.0, render=0.0, write=0.0, hook=0.0)
             if arm != "off":
                 _use(pubs, arm)
@@ -191,6 +216,7 @@ def _measure(runner: Any, params: dict[str, Any], store: Any, args: Any, pubs: l
             # without: the added time if the preview thread had no core of its own (load-robust)
             "cpu_ratio": round((med[f"{arm}_loop"] + med[f"{arm}_render"] + med[f"{arm}_write"]) / med["off_loop"], 4),
             "hook_us_per_preview": round(1e6 * med[f"{arm}_hook"] / n, 1),
+            "loop_added_ms_per_preview": round(1e3 * (med[f"{arm}_loop"] - med["off_loop"]) / n, 3),
             "render_cpu_ms_per_preview": round(1e3 * med[f"{arm}_render"] / n, 3),
             "write_cpu_ms_per_preview": round(1e3 * med[f"{arm}_write"] / n, 3),
         }
@@ -205,6 +231,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--workflows", default=",".join(SHAPES))
     ap.add_argument("--formats", default="jpeg,png", help="encodings to measure, each an arm of the A/B")
+    ap.add_argument("--before", default="", help="an older engine/stages/preview.py, measured as one more arm")
     args = ap.parse_args()
     import torch
 
@@ -224,8 +251,10 @@ def main() -> None:
             params = spec.resolve_params({**spec.warm_up_request()[0], **SHAPES[wf], "num_inference_steps": args.steps})
             runner = LocalRunner(wf, f"{args.models}/{wf}")
             methods = _method_cost(runner, params)
-            pubs = _attach(runner, store)
-            _job(runner, params, store, args.every)  # warm: the projection fitted, caches filled
+            pubs = _attach(runner, store, _module(args.before) if args.before else None)
+            for arm in ("before", "now") if args.before else ("now",):  # warm: projections fitted, caches filled
+                ARM["publisher"] = arm
+                _job(runner, params, store, args.every)
             row = _measure(runner, params, store, args, pubs)
             for p in pubs:
                 p.close()
@@ -234,7 +263,7 @@ def main() -> None:
             arms = "; ".join(f"{a}: ratio {row[a]['ratio']}, CPU {row[a]['cpu_ratio']}, hook "
                              f"{row[a]['hook_us_per_preview']} us, render {row[a]['render_cpu_ms_per_preview']} ms, "
                              f"write {row[a]['write_cpu_ms_per_preview']} ms"
-                             for a in args.formats.split(","))
+                             for a in [*args.formats.split(","), *(["before"] if args.before else [])])
             print(f"{wf}: off {row['off_s']}s; {arms}; linear {methods['linear']['per_preview_ms']} ms/preview "
                   f"(pieces {methods['linear']['pieces_ms']}), vae {methods['vae']['per_preview_ms']} ms/preview",
                   flush=True)

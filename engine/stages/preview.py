@@ -2,12 +2,14 @@
 
 A request with ``preview_every`` = N > 0 gets, after every N-th denoising step, a picture of its current
 latents, published to the job store (``JobStore.add_preview``, a Redis stream per job, never the ring) for
-the job's websocket and ``GET .../preview``. The denoise loop only hands a copy of the latents over
-(:meth:`Previews.offer`: :func:`snapshot`, the first item's latents, copied on their device, then put in the
-job's slot; no host copy, no wait): the picture is made and written by one thread per worker
-(``onepiece-preview``), jobs in the order offered and each job's previews in step order, so a preview never
-waits on Redis inside the loop. A job holds at most :data:`PER_JOB` previews not yet made; a newer one
-then replaces its oldest (the user sees the latest), and no job's backlog costs another job its previews.
+the job's websocket and ``GET .../preview``. The denoise loop hands over a copy, never a reference (the next
+step may write its latents in place): on the CPU, once the projection is fitted, the small uint8 picture
+itself (:meth:`Renderer.keep`: one matrix product over the latent grid, ~0.1 ms); otherwise (the first
+previews, latents on a GPU) a :func:`snapshot` copied on their device, with no host sync. Encoding and the
+store write are made by one thread per worker (``onepiece-preview``), jobs in the order offered and each
+job's previews in step order, so a preview never waits on Redis inside the loop. A job holds at most
+:data:`PER_JOB` previews not yet made; a newer one then replaces its oldest (the user sees the latest), and
+no job's backlog costs another job its previews.
 
 Two ways to make the picture (``METHODS``), measured in ``benchmarks/previews.md``:
 
@@ -46,7 +48,9 @@ METHODS = ("linear", "vae")
 #: one job's previews waiting for the thread; a newer one replaces the oldest (logged): the loop never waits
 PER_JOB = 4
 #: encodings: Pillow format, its save options, mime type
-FORMATS = {"jpeg": ("JPEG", {"quality": 85}, "image/jpeg"), "png": ("PNG", {"compress_level": 1}, "image/png")}
+#: (JPEG: 4:4:4, no chroma subsampling: an early step's preview is per-pixel colour noise, which 4:2:0 smears)
+FORMATS = {"jpeg": ("JPEG", {"quality": 90, "subsampling": 0}, "image/jpeg"),
+           "png": ("PNG", {"compress_level": 1}, "image/png")}
 
 
 @dataclass(frozen=True)
@@ -334,7 +338,11 @@ class Previews:
                 return
             last[0] = step
             r = self.renderer  # made (and fitted) by the thread; until then the loop hands over a snapshot
-            z, px = r.keep(estimate, grid) if r is not None and r.method == "linear" else (snapshot(estimate), None)
+            try:
+                z, px = r.keep(estimate, grid) if r is not None and r.method == "linear" else (snapshot(estimate), None)
+            except Exception:  # a preview is never worth a job
+                log.exception("preview of %s step %d not taken", uid, step)
+                return
             self.offer(_Item(uid, stage, step, total, z, grid, px))
 
         ctx.preview_every, ctx.preview = every, hook
