@@ -100,10 +100,13 @@ def _use(pubs: list[Any], arm: str) -> None:
     ARM["publisher"] = "before" if arm == "before" else "now"
     if arm == "before":
         return
+    fmt, _, where = arm.partition("-")  # "jpeg-thread": the projection on the preview thread, not the loop
     for pub in pubs:
-        pub.fmt = arm
+        pub.fmt = fmt
+        if hasattr(pub, "project_on_loop"):
+            pub.project_on_loop = where != "thread"
         if pub.renderer is not None:
-            pub.renderer.fmt, pub.renderer.mime = arm, FORMATS_MIME[arm]
+            pub.renderer.fmt, pub.renderer.mime = fmt, FORMATS_MIME[fmt]
 
 
 def _module(path: str) -> Any:
@@ -230,7 +233,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--workflows", default=",".join(SHAPES))
-    ap.add_argument("--formats", default="jpeg,png", help="encodings to measure, each an arm of the A/B")
+    ap.add_argument("--formats", default="jpeg,png", help="encodings to measure, each an arm of the A/B (FORMAT-thread: the picture projected on the preview "
+                         "thread rather than the loop)")
     ap.add_argument("--before", default="", help="an older engine/stages/preview.py, measured as one more arm")
     args = ap.parse_args()
     import torch

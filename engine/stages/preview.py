@@ -20,9 +20,9 @@ Two ways to make the picture (``METHODS``), measured in ``benchmarks/previews.md
   (the tiny random-weight VAEs included). The VAE is then dropped.
 * ``vae``: the model's VAE decoding the latents shrunk to at most :data:`MAX_SIDE` pixels.
 
-The picture is encoded as JPEG (:data:`FORMATS`; PNG is the other choice): a PNG's per-row filter search
-was three quarters of a preview's CPU (``benchmarks/previews.md``), a JPEG of the same size costs 15-25x
-less and is a quarter of the bytes; the store carries the mime type to both routes and the websocket.
+The picture is encoded as JPEG (:data:`FORMATS`; PNG is the other choice): the PNG encode was three
+quarters of a preview's CPU (``benchmarks/previews.md``), a JPEG of the same size (quality 90, 4:4:4) costs
+about a tenth of it and is 2-5x fewer bytes; the store carries the mime type to both routes and the websocket.
 
 Families (``preview_family`` on a denoise executor) say how the loop's latents reach the VAE: SD
 (``/ scaling_factor``), FLUX (packed 2x2 tokens; ``/ scaling_factor + shift_factor``), Wan and Qwen-Image
@@ -322,6 +322,8 @@ class Previews:
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.skipped = 0  # previews replaced by a newer one of their job before the thread made them (logged)
+        #: the linear picture made on the loop from CPU latents (Renderer.keep); False: always a snapshot
+        self.project_on_loop = True
 
     def attach(self, ctx: Any, uid: str, stage: str, params: Mapping[str, Any]) -> None:
         """Give ``ctx`` the hook when the request asks for previews and this executor can make them."""
@@ -339,7 +341,10 @@ class Previews:
             last[0] = step
             r = self.renderer  # made (and fitted) by the thread; until then the loop hands over a snapshot
             try:
-                z, px = r.keep(estimate, grid) if r is not None and r.method == "linear" else (snapshot(estimate), None)
+                if r is not None and r.method == "linear" and self.project_on_loop:
+                    z, px = r.keep(estimate, grid)
+                else:
+                    z, px = snapshot(estimate), None
             except Exception:  # a preview is never worth a job
                 log.exception("preview of %s step %d not taken", uid, step)
                 return
