@@ -1,9 +1,9 @@
 """The Proxy's live preview route: ``GET /v1/requests/{uid}/preview``, the job's latest preview image.
 
-A request submitted with ``preview_every`` gets a small PNG of its current latents every N denoising steps
-(engine.stages.preview, written to the job store's preview stream). This route answers the newest one as
-``image/png`` with where it was made in headers (``OnePiece-Preview-Step``, ``-Total``, ``-Stage``); 404 for
-an unknown or expired request, 204 while there is none yet (previews off, or the first is still to come), so
+A request submitted with ``preview_every`` gets a small JPEG of its current latents every N denoising steps
+(engine.stages.preview, written to the job store's preview stream). This route answers the newest one in
+its stored type (``image/jpeg``) with where it was made in headers (``OnePiece-Preview-Step``, ``-Total``,
+``-Stage``); 404 for an unknown or expired request, 204 while there is none yet (previews off, or the first is still to come), so
 a client polling it can tell "not yet" from "no such job". Installed by :func:`install` (one line in
 engine/proxy/app.py), behind the Proxy's credential like every other route.
 """
