@@ -58,10 +58,10 @@ class JobPreviewView(APIView):
     permission_classes = [IsAuthenticated]
     content_negotiation_class = BytesOrJsonNegotiation
 
-    @extend_schema(operation_id="getJobPreview", responses={(200, "image/png"): OpenApiTypes.BINARY,
+    @extend_schema(operation_id="getJobPreview", responses={(200, "image/jpeg"): OpenApiTypes.BINARY,
                                                             204: None, 401: None, 404: None})
     def get(self, request: Request, uid: str) -> HttpResponse:
-        """The latest live preview of one of your jobs (submitted with ``preview_every``): a PNG of at most
+        """The latest live preview of one of your jobs (submitted with ``preview_every``): a JPEG of at most
         256 px a side, with ``OnePiece-Preview-Step``, ``-Total`` and ``-Stage`` headers; 204 while none."""
         from onepiece_platform.jobs.api.views import own_job
 
