@@ -51,10 +51,10 @@ def test_watch_page_and_job_view_show_the_eta(proxy_url: str, live_asgi: Any, br
         login(page, live_asgi.url, "ops")
         page.click('nav a[data-view="jobs"]')
         page.click(f'tr[data-uid="{other}"]', timeout=10_000)
-        page.wait_for_selector("#job-detail-eta:not([hidden])", timeout=10_000)
-        text = page.inner_text("#job-detail-eta")
+        page.wait_for_selector("#job-eta:not([hidden])", timeout=10_000)
+        text = page.inner_text("#job-eta")
         assert ETA.match(text), text
-        shot(page, "job-detail-eta")
+        shot(page, "job-eta")
         ops.close()
     finally:
         ctx.close()

@@ -69,7 +69,7 @@ function renderDetail(job) {
     `${esc(job.workflow)} · owner ${esc(job.owner)} · <span class="state ${esc(job.state)}">${esc(job.state)}</span> · ` +
     `${+job.progress}%${job.stage ? ` · stage ${esc(job.stage)}` : ""}${job.detail ? ` · ${esc(job.detail)}` : ""}` +
     `${job.cost_measured_gpu_s != null ? ` · ${(+job.cost_measured_gpu_s).toFixed(3)} GPU·s measured` : ""}`;
-  showEta(document.getElementById("job-detail-eta"), job.eta);  // refreshed with the panel (polled)
+  showEta(document.getElementById("job-eta"), job.eta);  // refreshed with the panel (polled)
   document.getElementById("job-gantt").innerHTML = gantt(job);
   renderPreview(job.preview);
   const box = document.getElementById("job-result");
