@@ -277,9 +277,9 @@ async def cancel(request: web.Request, uid: str, st: Any) -> web.Response:
     if st.terminal:
         return web.json_response({"uid": uid, "state": st.state, "error": "request already finished"}, status=409)
     await asyncio.to_thread(request.app[STATE].store.request_cancel, uid)
-    # out of the ETA's line now: the stage that holds it only drops it when it reaches it, and until then the
-    # jobs behind it would count it ahead of them
-    request.app[STATE].ended(uid, keys.CANCELLED, time.monotonic())
+    # out of the ETA's line now (the stage that holds it drops it only when it reaches it, and until then the
+    # jobs behind it would count it ahead of them); it stays in the book until it ends
+    request.app[STATE].book.cancelling(uid)
     return web.json_response({"uid": uid, "state": st.state, "cancel_requested": True}, status=202)
 
 

@@ -221,6 +221,7 @@ class Entry:
     ahead: int = 0  # jobs served before it at submit (its calibration regime)
     p50_s: float = 0.0  # what it was told at submit
     p90_s: float = 0.0
+    cancelling: bool = False  # its cancel was asked: nobody waits for it (the stage drops it on reaching it)
 
 
 class Book:
@@ -239,6 +240,12 @@ class Book:
     def end(self, uid: str) -> Entry | None:
         return self.entries.pop(uid, None)
 
+    def cancelling(self, uid: str) -> None:
+        """Its cancel was asked: it stays in the book (its own status keeps its estimate, and a job that ends
+        completed anyway still calibrates) but no longer counts ahead of anyone or in the load."""
+        if (e := self.entries.get(uid)) is not None:
+            e.cancelling = True
+
     def keep(self, uids: set[str], before: float) -> int:
         """Drop entries accepted before ``before`` that are not in ``uids`` (the store's in-flight set, read
         after ``before``: their end was missed); how many."""
@@ -252,7 +259,7 @@ class Book:
         out = dict.fromkeys(order.NAMES, 0)
         # a snapshot: admission calls this off the event loop while the loop books and ends entries
         for e in list(self.entries.values()):
-            if e.workflow == workflow:
+            if e.workflow == workflow and not e.cancelling:
                 out[e.priority] = out.get(e.priority, 0) + 1
         return out
 
@@ -262,7 +269,7 @@ class Book:
         mine = order.effective(job.priority, now - job.accepted, aging_s)
         n = 0
         for e in list(self.entries.values()):
-            if e.workflow != job.workflow or e.seq == job.seq:
+            if e.workflow != job.workflow or e.seq == job.seq or e.cancelling:
                 continue
             theirs = order.effective(e.priority, now - e.accepted, aging_s)
             if theirs > mine or (e.seq < job.seq and theirs == mine):

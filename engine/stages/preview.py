@@ -47,6 +47,8 @@ MAX_SIDE = 256
 METHODS = ("linear", "vae")
 #: one job's previews waiting for the thread; a newer one replaces the oldest (logged): the loop never waits
 PER_JOB = 4
+#: every job's waiting previews together (a stalled store, many jobs): past it the oldest of all is dropped
+MAX_WAITING = 64
 #: encodings: Pillow format, its save options, mime type
 #: (JPEG: 4:4:4, no chroma subsampling: an early step's preview is per-pixel colour noise, which 4:2:0 smears)
 FORMATS = {"jpeg": ("JPEG", {"quality": 90, "subsampling": 0}, "image/jpeg"),
@@ -361,14 +363,26 @@ class Previews:
                 self.thread.start()
             mine = self.waiting.setdefault(item.uid, deque())
             if len(mine) >= PER_JOB:
-                old = mine.popleft()
-                old.dropped, old.estimate, old.pixels = True, None, None
-                self.skipped += 1
-                log.info("preview of %s step %d dropped for step %d: the thread is behind", old.uid, old.step,
-                         item.step)
+                self._drop(mine, item)
+            elif sum(len(q) for q in self.waiting.values()) >= MAX_WAITING:
+                oldest = next(i for i in self.order if i is not None and not i.dropped)
+                self._drop(self.waiting[oldest.uid], item)
+                mine = self.waiting.setdefault(item.uid, deque())  # this job's queue, when it emptied it
             mine.append(item)
             self.order.append(item)
+            if len(self.order) > 4 * MAX_WAITING:  # dropped items leave the order only when the thread reaches them
+                self.order = deque(i for i in self.order if i is None or not i.dropped)
             self.cond.notify()
+
+    def _drop(self, queue: deque[_Item], newer: _Item) -> None:
+        """Drop the oldest waiting item of ``queue`` (one job's, under the lock) for ``newer``; logged."""
+        old = queue.popleft()
+        if not queue:
+            self.waiting.pop(old.uid, None)
+        old.dropped, old.estimate, old.pixels = True, None, None
+        self.skipped += 1
+        log.info("preview of %s step %d dropped for %s step %d: the thread is behind", old.uid, old.step,
+                 newer.uid, newer.step)
 
     def _next(self) -> _Item | None:
         """The next item to make (None: stop), waiting for one."""

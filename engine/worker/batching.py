@@ -308,15 +308,17 @@ class StepBatcher:
                 self._finish(a)
 
     def _group(self, now: float) -> list[Active]:
-        """Who steps now: the active requests of the highest effective level, in the order taken; of them a
-        request that must step alone (the first) or up to ``max_batch`` sharing ones."""
+        """Who steps now: the active requests of the highest effective level, in the order taken; the first of
+        them alone when it must step alone (after a failed batch), else up to ``max_batch`` of those that may
+        share (one that must step alone waits until it is the first: nobody taken before it waits for it)."""
         if not self.active:
             return []
         levels = {id(a): a.level(now) for a in self.active}
         top = max(levels.values())
         group = sorted((a for a in self.active if levels[id(a)] == top), key=lambda a: a.w.seq)
-        alone = [a for a in group if a.alone]
-        return alone[:1] if alone else group[:self.max_batch]
+        if group[0].alone:
+            return group[:1]
+        return [a for a in group if not a.alone][:self.max_batch]
 
     def _pause_others(self, group: list[Active]) -> None:
         """The requests left out of this step are paused from now (their wait counts toward aging); those in

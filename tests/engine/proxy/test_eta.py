@@ -213,3 +213,16 @@ def test_a_regime_without_history_borrows_its_neighbours_with_a_margin() -> None
         history.record(4.0, 4.0, 4.4, 3.6, ahead=12)
     assert history.factors(12) == (0.9, 0.9)  # its own ratios, once it has enough
     assert history.factors(0) == (f50, f90)  # and they do not move the idle regime's
+
+
+def test_a_job_whose_cancel_was_asked_counts_ahead_of_nobody_but_keeps_its_entry() -> None:
+    from engine.proxy.eta import Book
+
+    book = Book()
+    first, middle, last = (book.add(u, "sd-t2i", 0, 0.0, (0.1, 0.2)) for u in ("a", "b", "c"))
+    assert book.ahead(last, 1.0) == 2 and book.counts("sd-t2i")[0] == 3
+    book.cancelling("b")
+    assert book.ahead(last, 1.0) == 1 and book.counts("sd-t2i")[0] == 2
+    assert book.entries["b"] is middle and book.ahead(middle, 1.0) == 1  # its own estimate still has its place
+    book.cancelling("unknown")  # another Proxy's job: nothing to mark
+    assert book.end("b") is middle and "b" not in book.entries

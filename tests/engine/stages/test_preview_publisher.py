@@ -102,6 +102,28 @@ def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobS
     assert pub.waiting == {} and not pub.order
 
 
+def test_all_jobs_together_keep_at_most_max_waiting_the_oldest_of_all_giving_way(
+        job_store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.stages import preview
+
+    monkeypatch.setattr(preview, "MAX_WAITING", 3)
+    held = _HeldStore(job_store)
+    pub = Previews(held, _Denoise())
+    first, *jobs = (uuid.uuid4().hex for _ in range(6))
+    try:
+        _ctx(pub, first).step_done(1, 1, _latents(0))
+        assert held.entered.wait(60)  # the thread is inside the first write: the rest wait
+        for k, uid in enumerate(jobs):  # one preview each, five jobs: the two oldest give way
+            _ctx(pub, uid).step_done(1, 1, _latents(k + 1))
+            assert sum(len(q) for q in pub.waiting.values()) <= 3
+    finally:
+        held.release.set()
+        pub.close()
+    assert [len(job_store.previews(u)) for u in jobs] == [0, 0, 1, 1, 1]
+    assert len(job_store.previews(first)) == 1 and pub.skipped == 2
+    assert pub.waiting == {} and not pub.order
+
+
 @pytest.mark.parametrize("shape,grid", [((2, 4, 5, 8, 6), None), ((2, 12, 16), (6, 8)), ((3, 4, 8, 8), None)])
 def test_the_snapshot_is_a_copy_of_what_the_preview_draws(shape: tuple[int, ...], grid: Any) -> None:
     """SD (4-D), Wan / Qwen-Image (5-D: the middle frame) and FLUX / Qwen-Image packed tokens (3-D)."""

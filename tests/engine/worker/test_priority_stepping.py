@@ -224,3 +224,21 @@ def test_a_high_arrival_fills_its_own_group_up_to_max_batch(monkeypatch: pytest.
         _turn(batcher)
     assert steps.batches == [["l0", "l1"], ["h0", "h1"], ["h1", "h2"], ["l0", "l1"]], steps.batches
     assert len(host.done) == 5 and sorted(released) == ["h0", "h1", "h2", "l0", "l1"]
+
+
+def test_one_that_must_step_alone_waits_until_it_is_the_oldest_of_its_level() -> None:
+    """After a failed batch its requests step alone, one at a time; a request of the same level taken before
+    them (a low one that aged to high while paused) does not wait for all of them, and steps at once."""
+    def active(seq: int, priority: int, alone: bool, waited: float = 0.0) -> batching.Active:
+        w = batching.Waiting(types.SimpleNamespace(), types.SimpleNamespace(header=types.SimpleNamespace(priority=priority)),
+                             "k", seq=seq)
+        return batching.Active(w, None, {}, None, 0.0, alone=alone, queued_s=waited)
+
+    b = batching.StepBatcher(types.SimpleNamespace(), types.SimpleNamespace(), max_batch=4)
+    aged = active(1, order.LEVELS["low"], alone=False, waited=order.AGING_S + 1)  # counts as high now
+    failed = [active(s, order.HIGH, alone=True) for s in (2, 3)]
+    later = active(4, order.HIGH, alone=False)
+    b.active = [*failed, later, aged]
+    assert b._group(0.0) == [aged, later]  # the oldest may share: the alone ones wait their turn
+    b.active = [*failed, later]
+    assert b._group(0.0) == [failed[0]]  # the oldest must step alone: it steps alone
