@@ -202,6 +202,12 @@ def fit_projection(vae: Any, family: Family, channels: int, samples: int = 4, si
     return Projection(sol[:channels], sol[channels], r2, max(scale, 1))
 
 
+def check_format(fmt: str) -> None:
+    """``ValueError`` naming the choices unless ``fmt`` is one of :data:`FORMATS`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"preview format must be one of {tuple(FORMATS)}, got {fmt!r}")
+
+
 def to_levels(rgb: Any) -> Any:
     """(3, h, w) in [-1, 1] -> (h, w, 3) uint8."""
     import torch
@@ -234,8 +240,7 @@ class Renderer:
                  fmt: str = "jpeg") -> None:
         if method not in METHODS:
             raise ValueError(f"preview method must be one of {METHODS}, got {method!r}")
-        if fmt not in FORMATS:
-            raise ValueError(f"preview format must be one of {tuple(FORMATS)}, got {fmt!r}")
+        check_format(fmt)
         self.model_dir, self.family, self.device, self.method = Path(model_dir), FAMILIES[family], device, method
         self.fmt, self.mime = fmt, FORMATS[fmt][2]
         self.vae: Any = None
@@ -315,8 +320,7 @@ class Previews:
     previews in step order, at most :data:`PER_JOB` of a job waiting (a newer one replaces its oldest)."""
 
     def __init__(self, store: Any, executor: Any, method: str = "linear", fmt: str = "jpeg") -> None:
-        if fmt not in FORMATS:
-            raise ValueError(f"preview format must be one of {tuple(FORMATS)}, got {fmt!r}")
+        check_format(fmt)
         self.store, self.executor, self.method, self.fmt = store, executor, method, fmt
         self.renderer: Renderer | None = None
         self.order: deque[_Item | None] = deque()  # every waiting item, as offered (None: stop)

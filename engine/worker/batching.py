@@ -286,10 +286,11 @@ class StepBatcher:
             except (Cancelled, DeadlineExceeded) as exc:
                 self.w.stopped(a.w.msg.header, a.run, exc)
                 self._leave(a)
-        group = self._group(time.monotonic())
+        now = time.monotonic()
+        group = self._group(now)
         if not group:
             return
-        self._pause_others(group)
+        self._pause_others(group, now)
         t0 = time.perf_counter()
         try:
             self.ex.step([a.state for a in group])
@@ -320,10 +321,10 @@ class StepBatcher:
             return group[:1]
         return [a for a in group if not a.alone][:self.max_batch]
 
-    def _pause_others(self, group: list[Active]) -> None:
-        """The requests left out of this step are paused from now (their wait counts toward aging); those in
-        it end their pause."""
-        now, stepping = time.monotonic(), {id(a) for a in group}
+    def _pause_others(self, group: list[Active], now: float) -> None:
+        """The requests left out of this step are paused from ``now`` (the clock the group was chosen by: their
+        wait counts toward aging); those in it end their pause."""
+        stepping = {id(a) for a in group}
         for a in self.active:
             if id(a) not in stepping:
                 a.paused_at = now if a.paused_at is None else a.paused_at
