@@ -136,18 +136,22 @@ def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], lim
 SEED_FINISHED_WITHIN = dt.timedelta(minutes=15)
 
 
-def _ledger_seed(user_id: int, exclude: int, day: str) -> tuple[list[tuple[str, float, int, int]], float]:
+def _ledger_seed(user_id: int, exclude: int, day: str) -> counters.Seed:
     """(the jobs whose per-job records the seed writes, GPU-seconds charged on ``day``) from the ledger:
-    seeds for missing Redis counters. ``exclude`` is the row being submitted: it is not charged yet."""
+    seeds for missing Redis counters. ``exclude`` is the row being submitted: it is not charged yet.
+
+    Two reads, not one snapshot: a job may finish between them. So ``day``'s spend is the movable jobs'
+    charges as the first read has them (their records say the same, and a later settlement moves both by
+    its difference) plus the charges of the rest, which no longer move: a job is movable by a fixed
+    cutoff, and one that was cannot stop being so between the reads."""
     mine = Job.objects.filter(owner_id=user_id, uid__isnull=False).exclude(pk=exclude).exclude(quota_day="")
-    movable = mine.filter(Q(state__in=NON_TERMINAL) | Q(quota_day=day, finished_at__gte=timezone.now()
-                                                         - SEED_FINISHED_WITHIN))
-    jobs = [(u, float(est if measured is None else measured), int(version), int(state in NON_TERMINAL))
-            for u, est, measured, version, state in movable.values_list(
-                "uid", "cost_estimate_gpu_s", "cost_measured_gpu_s", "charge_version", "state")]
-    spent = mine.filter(quota_day=day).aggregate(
+    movable = Q(state__in=NON_TERMINAL) | Q(quota_day=day, finished_at__gte=timezone.now() - SEED_FINISHED_WITHIN)
+    rows = [(u, float(est if measured is None else measured), int(version), int(state in NON_TERMINAL), qday)
+            for u, est, measured, version, state, qday in mine.filter(movable).values_list(
+                "uid", "cost_estimate_gpu_s", "cost_measured_gpu_s", "charge_version", "state", "quota_day")]
+    settled = mine.filter(quota_day=day).exclude(movable).aggregate(
         s=Sum(Coalesce("cost_measured_gpu_s", "cost_estimate_gpu_s")))["s"] or 0.0
-    return jobs, float(spent)
+    return [row[:4] for row in rows], float(settled) + sum(row[1] for row in rows if row[4] == day)
 
 
 def keep_inputs(job: Job, inputs: dict[str, bytes]) -> None:
@@ -167,7 +171,8 @@ def _reserve(job: Job, cost: float, limits: Limits) -> None:
     """Count ``job`` against its owner's quota for today; a refusal deletes the row again."""
     day = counters.today()
     try:
-        counters.reserve(job.owner_id, job.uid, cost, limits, *_ledger_seed(job.owner_id, job.pk, day), day=day)
+        counters.reserve(job.owner_id, job.uid, cost, limits,
+                         lambda: _ledger_seed(job.owner_id, job.pk, day), day=day)
     except BaseException as exc:
         job.delete()
         if isinstance(exc, counters.QuotaExceeded):

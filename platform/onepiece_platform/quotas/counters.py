@@ -20,7 +20,7 @@ Contract:
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from onepiece_platform import conf
@@ -30,12 +30,16 @@ from onepiece_platform.redis_conn import get_redis
 _DAY_TTL_S = 2 * 86400
 
 # KEYS: running, spent, this job's record. ARGV: max jobs, budget, cost, seed spent, ttl, job-record prefix,
-# then (uid, charge, charge version, running 0/1) of the user's jobs whose record the seed writes.
+# seeded 0/1, then (uid, charge, charge version, running 0/1) of the user's jobs whose record the seed writes.
+# Unseeded and a counter missing: {-1, 'seed'} (nothing taken), and the caller reads the ledger and asks again.
 _RESERVE = """
 local ttl = tonumber(ARGV[5])
+if ARGV[7] == '0' and (redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0) then
+  return {-1, 'seed'}
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local running, adjust = 0, 0
-  for i = 7, #ARGV, 4 do
+  for i = 8, #ARGV, 4 do
     local jk = ARGV[6] .. ARGV[i]
     local charge, version, run = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     if redis.call('EXISTS', jk) == 1 and tonumber(redis.call('HGET', jk, 'version')) >= version then
@@ -137,22 +141,28 @@ def today() -> str:
     return _day()
 
 
+Seed = tuple[Sequence[tuple[str, float, int, int]], float]
+
+
 def reserve(user_id: int, uid: str, cost: float, limits: Limits,
-            seed_jobs: Sequence[tuple[str, float, int, int]], seed_spent: float, day: str | None = None) -> str:
+            seed: Callable[[], Seed] | None = None, day: str | None = None) -> str:
     """Take one running slot and ``cost`` GPU-seconds of ``day``'s budget for job ``uid``; returns the day.
 
-    Used only if Redis has no counter: ``seed_spent`` (the ledger's charges of ``day``) and ``seed_jobs``,
-    (uid, charge, charge version, running 0/1) of the user's other jobs whose charge may still move (the
-    unfinished ones, and those finished lately: a stage time may still arrive), as the ledger has them;
-    each gets its per-job record, so a settlement after the restart moves the spend by exactly its
-    correction. A repeat for the same ``uid`` takes nothing. Raises :class:`QuotaExceeded` (nothing
-    taken) when a limit would be passed.
+    ``seed()`` is called only if Redis lacks a counter (it restarted, or the day is new): it returns
+    (``jobs``, ``spent``) from the ledger, ``spent`` the charges of ``day`` and ``jobs`` (uid, charge,
+    charge version, running 0/1) of the user's other jobs whose charge may still move (the unfinished
+    ones, and those finished lately: a stage time may still arrive), read together so that each job's
+    charge in ``spent`` is the one in ``jobs``. Each gets its per-job record, so a settlement after the
+    restart moves the spend by exactly its correction. A repeat for the same ``uid`` takes nothing.
+    Raises :class:`QuotaExceeded` (nothing taken) when a limit would be passed.
     """
     day = day or _day()
-    seed = [v for u, c, ver, run in seed_jobs for v in (u, float(c), int(ver), int(run))]
-    ok, reason = get_redis().eval(_RESERVE, 3, *_keys(user_id, day, uid), limits.max_concurrent_jobs,
-                                  limits.gpu_seconds_per_day, float(cost), float(seed_spent), _DAY_TTL_S,
-                                  _job_prefix(), *seed)
+    head = (*_keys(user_id, day, uid), limits.max_concurrent_jobs, limits.gpu_seconds_per_day, float(cost))
+    ok, reason = get_redis().eval(_RESERVE, 3, *head, 0.0, _DAY_TTL_S, _job_prefix(), 0)
+    if int(ok) == -1:  # a counter is missing: seed it from the ledger (read only now, not on every submit)
+        jobs, spent = seed() if seed is not None else ((), 0.0)
+        flat = [v for u, c, ver, run in jobs for v in (u, float(c), int(ver), int(run))]
+        ok, reason = get_redis().eval(_RESERVE, 3, *head, float(spent), _DAY_TTL_S, _job_prefix(), 1, *flat)
     if ok:
         return day
     if reason == b"concurrent":

@@ -56,7 +56,7 @@ uids = [uuid.uuid4().hex for _ in range({JOBS})]
 limits = Limits(max_concurrent_jobs=100, gpu_seconds_per_day=1e9, max_pixels=1 << 30, max_frames=1000,
                 max_steps=1000)
 for uid in uids:
-    day = counters.reserve(u.pk, uid, 1.0, limits, [], 0.0)  # what the platform's submit reserves
+    day = counters.reserve(u.pk, uid, 1.0, limits)  # what the platform's submit reserves
     Job.objects.create(uid=uid, owner=u, workflow="sd-t2i", params={{}}, cost_estimate_gpu_s=1.0, quota_day=day)
 print("SETUP " + json.dumps({{"user": u.pk, "uids": uids}}))
 """)

@@ -82,7 +82,7 @@ def test_reserve_is_atomic_under_races(web_redis) -> None:
     def go(i: int) -> None:
         barrier.wait()
         try:
-            counters.reserve(4242, f"{i:032x}", 1.0, limits, [], 0.0)
+            counters.reserve(4242, f"{i:032x}", 1.0, limits)
             wins.append(True)
         except counters.QuotaExceeded:
             wins.append(False)
@@ -126,3 +126,35 @@ def test_counters_seeded_after_a_restart_follow_a_late_correction_exactly(alice,
     charged = sum(j.charge_gpu_s for j in Job.objects.filter(owner=user))
     assert Job.objects.get(uid=done).cost_measured_gpu_s == pytest.approx(1.5)
     assert counters.usage(user.pk) == (0, pytest.approx(charged))
+
+
+def test_a_job_finishing_while_the_seed_reads_the_ledger_is_counted_once(alice, store) -> None:
+    """The seed reads the ledger twice (the movable jobs, then the day's spend). A running job that finishes
+    between the two reads, charged less than its estimate and settled into the restarted Redis before the
+    seed lands, still leaves the spend equal to the ledger's charges (it was short by estimate - measured)."""
+    from django.db import connection
+
+    from onepiece_platform.jobs import ledger
+
+    user, c, _ = alice
+    running = c.post("/api/v1/jobs", sd_body(seed=1), format="json").json()["uid"]
+    ledger.apply_event(running, keys.STAGE_STARTED, "denoise", 0, 100.0, "")
+    ledger.apply_event(running, keys.STAGE_FINISHED, "denoise", 50, 100.25, "")  # measured 0.25 s
+    store.r.flushdb()  # Redis restarted
+    interleaved: list[str] = []
+
+    def finish_between_the_reads(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not interleaved and "charge_version" in sql and "SELECT" in sql.upper():
+            interleaved.append(sql)  # the seed's first read has the estimate; the job finishes now
+            ledger.finish(running, keys.COMPLETED)
+        return result
+
+    with connection.execute_wrapper(finish_between_the_reads):
+        assert c.post("/api/v1/jobs", sd_body(seed=2), format="json").status_code == 202
+    assert interleaved, "the seed did not read the ledger"
+    done = Job.objects.get(uid=running)
+    assert done.state == keys.COMPLETED and done.cost_measured_gpu_s == pytest.approx(0.25)
+    assert done.cost_estimate_gpu_s != pytest.approx(0.25)  # the race moves the charge
+    charged = sum(j.charge_gpu_s for j in Job.objects.filter(owner=user))
+    assert counters.usage(user.pk) == (1, pytest.approx(charged))
