@@ -152,12 +152,15 @@ class History:
     jobs: deque[tuple[float, float, float, float]] = field(default_factory=deque)
     ratios: list[deque[float]] = field(default_factory=lambda: [deque(maxlen=RECENT) for _ in range(REGIMES)])
     levels: list[float] = field(default_factory=lambda: [P90_LEVEL] * REGIMES)  # each regime's p90 quantile
+    # the gate over the window, computed once per finished job (not once per estimate: a status poll asks)
+    _gate: dict[str, float | int | bool] | None = field(default=None, repr=False)
 
     def record(self, raw_s: float, p50_s: float, p90_s: float, actual_s: float, ahead: int = 0) -> None:
         """A finished job: the raw model, p50 and p90 at its submit, its seconds, who was ahead of it then."""
         self.jobs.append((raw_s, p50_s, p90_s, actual_s))
         while len(self.jobs) > self.window:
             self.jobs.popleft()
+        self._gate = None
         if raw_s > 0:
             r = regime(ahead)
             self.ratios[r].append(actual_s / raw_s)
@@ -185,7 +188,9 @@ class History:
 
     def gate(self) -> dict[str, float | int | bool]:
         """The calibration over the window: ``within_p50_share``, ``p90_coverage``, ``jobs``, ``passed``."""
-        return calibration((p50, p90, a) for _, p50, p90, a in self.jobs)
+        if self._gate is None:
+            self._gate = calibration((p50, p90, a) for _, p50, p90, a in self.jobs)
+        return dict(self._gate)
 
     def estimate(self, raw_s: float, ahead: int, rate_rps: float | None) -> Estimate:
         f50, f90 = self.factors(ahead)
