@@ -32,6 +32,8 @@ def equality(models: str) -> dict[str, Any]:
     from diffusers import AutoencoderKL, AutoencoderKLWan, UNet2DConditionModel, WanTransformer3DModel
     from transformers import CLIPTextModel, UMT5EncoderModel
 
+    from engine.stages import invariant
+
     torch.manual_seed(0)
     sd, wan = f"{models}/sd-t2i", f"{models}/wan2.1-t2v"
     out: dict[str, Any] = {}
@@ -56,6 +58,10 @@ def equality(models: str) -> dict[str, Any]:
                                    for i in range(n)])
                 both = unet(x, t, encoder_hidden_states=e).sample
                 out[f"sd unet, {n} guided requests stepped together, latent {side}"] = {
+                    "equal": bool(torch.equal(pairs, both)), "max_diff": float((pairs - both).abs().max())}
+                with invariant.rows_per_request(2):  # what the stepped denoise runs (engine.stages.invariant)
+                    both = unet(x, t, encoder_hidden_states=e).sample
+                out[f"sd unet, {n} guided requests, per-request 2-D linears, latent {side}"] = {
                     "equal": bool(torch.equal(pairs, both)), "max_diff": float((pairs - both).abs().max())}
         vae = AutoencoderKL.from_pretrained(f"{sd}/vae").eval()
         out["sd vae decode, latent 32"] = _equal(lambda v: vae.decode(v).sample, torch.randn(2, 4, 32, 32))
@@ -98,6 +104,15 @@ def gains(models: str, sides: tuple[int, ...] = (64, 128), steps: int = 20, reps
     return out
 
 
+def _cpu() -> dict[str, Any]:
+    """The host's CPU model and widest vector ISA: which kernels MKL and oneDNN pick depends on it."""
+    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    return {"model": name, "isa": isa}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", required=True, help="a folder of tiny models (onepiece models make-tiny --out)")
@@ -107,11 +122,12 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
-    result = {"threads": 1, "load_average": os.getloadavg(), "equality": equality(args.models),
+    result = {"threads": 1, "load_average": os.getloadavg(), "cpu": _cpu(), "equality": equality(args.models),
               "sd_denoise_step_batching": gains(args.models)}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
+    print(f"cpu: {result['cpu']['model']} ({result['cpu']['isa']})")
     for name, r in result["equality"].items():
         verdict = "equal bytes" if r["equal"] else "differs, max {:.2e}".format(r["max_diff"])
         print(f"{name:40} {verdict}")

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.adapters.request import adapter_set
+from engine.stages import invariant
 from engine.stages.base import SteppedStage
 from engine.stages.components import TorchStage, load_component, read_config
 
@@ -65,7 +66,8 @@ class SDDenoise(TorchStage, SteppedStage):
 
     def batch_key(self, params: Mapping[str, Any]) -> Any:
         # Requests share a step only as guided pairs (negative, positive) of the same latent shape: the UNet
-        # gives a pair the same bytes in a batch of 2N as alone (measured at 8-64 latent pixels a side),
+        # gives a pair the same bytes in a batch of 2N as alone (measured at 8-64 latent pixels a side, with
+        # each pair's 2-D linears run apart: engine.stages.invariant),
         # while an unguided request's batch of one differs from a batch of two in the last bits; a
         # guidance-embedding model (time_cond_proj_dim) runs alone. Requests with different LoRA adapter sets
         # share the batch: :meth:`step` gives each row its own adapters (one call, or one call per set).
@@ -149,8 +151,10 @@ class SDDenoise(TorchStage, SteppedStage):
         else:  # guided pairs side by side, each with its own timestep (requests may be at different steps)
             model_input, embeds, cond = torch.cat(inputs), torch.cat([st.embeds for st in states]), None
             t_in = torch.stack([st.timesteps[st.i] for st in states for _ in (0, 1)])
-        noise = unet(model_input, t_in, encoder_hidden_states=embeds, timestep_cond=cond, return_dict=False)[0]
         width = 2 if states[0].cfg else 1
+        # a batch: each request's rows through the 2-D linears alone (engine.stages.invariant), as solo
+        with invariant.rows_per_request(width if len(states) > 1 else 0):
+            noise = unet(model_input, t_in, encoder_hidden_states=embeds, timestep_cond=cond, return_dict=False)[0]
         for k, st in enumerate(states):
             pred = noise if len(states) == 1 else noise[width * k: width * (k + 1)]
             if st.cfg:

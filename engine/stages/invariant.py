@@ -1,0 +1,58 @@
+"""Batch-invariant linears: a request's rows in a step-level batch get the bytes they get alone.
+
+A batched step stacks each request's rows (a guided pair: 2) into one model call. Most of a UNet's
+kernels give a row the same bytes whatever else is in the batch, but a linear over a 2-D input (the
+time embedding and each resnet's time projection: one row per sample) does not on every CPU: MKL's sgemm
+picks its kernel by the number of rows, and on AVX-512 (seen on an AMD EPYC, Zen 4) two rows and four
+differ in the last bits, where an AVX2 host gave equal bytes up to 14 rows. So inside :func:`rows_per_request`
+a 2-D linear runs once per request's rows, the call it gets alone, and its bytes cannot depend on the
+batch. Linears over 3-D inputs (tokens x channels) and convolutions of guided pairs measured equal
+(``benchmarks/batch_equality.py``); the batch tests check the whole model's bytes on the host they run on.
+
+:func:`install` replaces ``torch.nn.Linear.forward`` once per process with one that reads a thread-local
+(outside a batched step, one attribute read more per call); PEFT's LoRA layers call ``nn.Linear``
+modules, so an adapter's projections are chunked too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_local = threading.local()
+_installed = False
+_lock = threading.Lock()
+
+
+def install() -> None:
+    """Make ``nn.Linear`` chunk 2-D inputs inside :func:`rows_per_request` (idempotent, any thread)."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        import torch
+        import torch.nn.functional as F
+
+        def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+            rows = getattr(_local, "rows", 0)
+            if rows and x.dim() == 2 and x.shape[0] > rows:
+                return torch.cat([F.linear(part, self.weight, self.bias) for part in x.split(rows)])
+            return F.linear(x, self.weight, self.bias)
+
+        forward.__doc__ = torch.nn.Linear.forward.__doc__
+        torch.nn.Linear.forward = forward  # type: ignore[method-assign]
+        _installed = True
+
+
+@contextmanager
+def rows_per_request(rows: int) -> Iterator[None]:
+    """In this thread, a 2-D linear's input is ``rows`` rows per request: each request's are run alone."""
+    install()
+    before = getattr(_local, "rows", 0)
+    _local.rows = int(rows)
+    try:
+        yield
+    finally:
+        _local.rows = before
+
