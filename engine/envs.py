@@ -89,6 +89,8 @@ _VARS: dict[str, Callable[[], Any]] = {
     # waits after its oldest request for more (default 0: later requests join at the next step).
     "MAX_BATCH": _str("ONEPIECE_MAX_BATCH", None),
     "BATCH_WAIT_MS": _str("ONEPIECE_BATCH_WAIT_MS", None),
+    # ONEPIECE_MAX_HELD: STAGE=H,... requests a batching stage keeps active at once (default twice its max batch)
+    "MAX_HELD": _str("ONEPIECE_MAX_HELD", None),
     # Benchmarks only: comma-separated modules whose SPEC is registered beside engine.workflow.specs' (the
     # single-stage sd-t2i of `onepiece bench e2e`, engine.bench.single_stage); unset for every user deployment.
     "BENCH_WORKFLOWS": _str("ONEPIECE_BENCH_WORKFLOWS", None),

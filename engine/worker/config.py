@@ -155,26 +155,36 @@ class StageTiming:
 
 @dataclass(frozen=True)
 class Batching:
-    """Step-level batching per stage (``onepiece node --max-batch STAGE=N --batch-wait-ms STAGE=T``): at most
-    N requests share a step, and a new batch waits T ms after its oldest request for more (0: joiners come at
-    step boundaries). Keys are a stage or ``workflow/stage``; unset stages take the spec's ``max_batch`` and 0."""
+    """Step-level batching per stage (``onepiece node --max-batch STAGE=N --batch-wait-ms STAGE=T
+    --max-held STAGE=H``): at most N requests share a step, a new batch waits T ms after its oldest request
+    for more (0: joiners come at step boundaries), and at most H requests are active at once (the higher
+    priorities' step groups and the lower ones paused between steps; >= N, default 2N). Keys are a stage or
+    ``workflow/stage``; unset stages take the spec's ``max_batch``, 0 and 2N."""
 
     max_batch: dict[str, float] = field(default_factory=dict)
     wait_ms: dict[str, float] = field(default_factory=dict)
+    max_held: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, max_batch: str | None, wait_ms: str | None) -> Batching:
-        sizes = parse_stage_map(max_batch, "max batch")
-        bad = [k for k, v in sizes.items() if v < 1 or v != int(v)]
-        if bad:
-            raise ValueError(f"max batch: {bad[0]} needs a whole number >= 1")
-        return cls(sizes, parse_stage_map(wait_ms, "batch wait"))
+    def parse(cls, max_batch: str | None, wait_ms: str | None, max_held: str | None = None) -> Batching:
+        sizes, held = parse_stage_map(max_batch, "max batch"), parse_stage_map(max_held, "max held")
+        for what, m in (("max batch", sizes), ("max held", held)):
+            bad = [k for k, v in m.items() if v < 1 or v != int(v)]
+            if bad:
+                raise ValueError(f"{what}: {bad[0]} needs a whole number >= 1")
+        return cls(sizes, parse_stage_map(wait_ms, "batch wait"), held)
 
     def for_stage(self, workflow: str, stage: str) -> tuple[int, float]:
         """(max batch, wait ms) of one stage: ``workflow/stage`` wins over ``stage``, over the spec."""
         default = get_workflow(workflow).stage(stage).max_batch
         size = self.max_batch.get(f"{workflow}/{stage}", self.max_batch.get(stage, default))
         return int(size), self.wait_ms.get(f"{workflow}/{stage}", self.wait_ms.get(stage, 0.0))
+
+    def held_for(self, workflow: str, stage: str) -> int:
+        """Max held of one stage (``workflow/stage`` over ``stage``), never below its max batch; 0: the
+        batcher's default (twice the max batch)."""
+        held = self.max_held.get(f"{workflow}/{stage}", self.max_held.get(stage, 0))
+        return max(int(held), self.for_stage(workflow, stage)[0]) if held else 0
 
 
 def default_assignment(model_dirs: dict[str, str], device: str | None = None,

@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-wait-ms", default=None, metavar="STAGE=T,...",
                    help="a new batch waits up to T ms after its oldest request for more (default 0: later ones "
                    "join at the next step; ONEPIECE_BATCH_WAIT_MS)")
+    p.add_argument("--max-held", default=None, metavar="STAGE=H,...",
+                   help="a batching stage keeps at most H requests active at once: the highest priority's step "
+                   "group and lower ones paused between steps (at least its max batch; default: twice it; "
+                   "ONEPIECE_MAX_HELD)")
     p.add_argument("--max-adapters", type=int, default=None, metavar="N",
                    help="LoRA adapters each denoise instance keeps loaded (an LRU; default: ONEPIECE_MAX_ADAPTERS or 8)")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
@@ -82,7 +86,8 @@ def settings_from(args: argparse.Namespace, etcd_url: str, redis_url: str) -> No
         route_refresh_s=envs.ROUTE_REFRESH_S, timing=timing, transport=args.transport or envs.TRANSPORT,
         data_host=args.data_host or envs.BIND_HOST, workflow_set=args.workflow_set or envs.WORKFLOW_SET,
         threads_per_instance=threads, worker_nice=nice,
-        batching=Batching.parse(args.max_batch or envs.MAX_BATCH, args.batch_wait_ms or envs.BATCH_WAIT_MS),
+        batching=Batching.parse(args.max_batch or envs.MAX_BATCH, args.batch_wait_ms or envs.BATCH_WAIT_MS,
+                                 args.max_held or envs.MAX_HELD),
     )
 
 

@@ -288,6 +288,7 @@ class TaskManager:
             stage_time_s=floor_s, stage_stretch=factor, collab_address=inst.collab,
             workflow_set=inst.spec.workflow_set, threads=inst.threads, nice=self.s.worker_nice,
             max_batch=max_batch, batch_wait_ms=wait_ms, also=inst.spec.also,
+            max_held=self.s.batching.held_for(inst.spec.workflow, inst.spec.stage),
         )
         env = apply_env(dict(os.environ), inst.threads)  # before the worker loads torch
         # its configuration holds the Redis and etcd passwords: in its environment, never on its command line

@@ -125,6 +125,7 @@ class WorkerConfig:
     # at most this many requests share a step (1: one at a time), and a new batch waits this long for more
     max_batch: int = 1
     batch_wait_ms: float = 0.0
+    max_held: int = 0  # requests active at once, paused ones included (engine.worker.batching); 0: 2 * max_batch
     nice: int = 0  # nice levels below its TaskManager, applied first thing (engine.worker.priority); 0: none
     also: tuple[str, ...] = ()  # "workflow/stage" of the other members of a shared pool (engine.workflow.pools)
 
@@ -192,7 +193,7 @@ class TaskWorker:
             from engine.worker.batching import StepBatcher
 
             self.batcher = StepBatcher(self, self.executor, self.config.max_batch,
-                                       self.config.batch_wait_ms / 1000.0, RECV_BATCH)
+                                       self.config.batch_wait_ms / 1000.0, RECV_BATCH, self.config.max_held or None)
             self.batcher.serve(should_stop)
             return
         held = order.Line()  # taken off the ring, not yet handled (each unreleased until handled)
