@@ -6,8 +6,9 @@ time embedding and each resnet's time projection: one row per sample) does not o
 picks its kernel by the number of rows, and on AVX-512 (seen on an AMD EPYC, Zen 4) two rows and four
 differ in the last bits, where the host of the earlier sessions (its CPU not recorded) gave
 equal bytes up to 14 rows. So inside :func:`rows_per_request` a 2-D linear runs once per request's rows,
-the call it gets alone, and its bytes cannot depend on the batch. Linears over 3-D inputs (tokens x channels) and convolutions of guided pairs measured equal
-(``benchmarks/batch_equality.py``); the batch tests check the whole model's bytes on the host they run on.
+the call it gets alone, and its bytes cannot depend on the batch. Linears over 3-D inputs (tokens x
+channels) and convolutions of guided pairs measured equal (``benchmarks/batch_equality.py``); the batch
+tests check the whole model's bytes on the host they run on.
 
 :func:`install` replaces ``torch.nn.Linear.forward`` once per process with one that reads a thread-local
 (outside a batched step, one attribute read more per call); PEFT's LoRA layers call ``nn.Linear``

@@ -68,9 +68,11 @@ SPEC = WorkflowSpec(
             # step-level batches of guided requests: their solo bytes (tests/engine/stages/test_step_batching.py)
             # up to 7 requests (14 UNet rows), each request's 2-D linears run alone (engine.stages.invariant:
             # on AVX-512 MKL's sgemm differs from 2 rows on); 8 (16 rows) differ in the last bits on one thread
-            # (oneDNN picks another kernel there; equal on two threads), at 64-256 px alike, on the earlier host and
-            # an AVX-512 one (benchmarks/batch_equality.py), so 7 is the default. The tiny model at 64x64 on one thread gave 1.18x the requests/s at 2, 1.34x at
-            # 4, 1.51x at 8, and nothing at 128x128 (compute-bound): a bigger batch helps when small requests queue
+            # (oneDNN picks another kernel there; equal on two threads), at 64-256 px alike, on the earlier
+            # host and an AVX-512 one (benchmarks/batch_equality.py), so 7 is the default. The tiny model at
+            # 64x64 on one thread gave 1.18x the requests/s at 2, 1.34x at 4, 1.51x at 8 (the earlier host;
+            # 1.45x, 1.86x, 2.27x on the AVX-512 one), and nothing at 128x128 (compute-bound): a bigger batch
+            # helps when small requests queue
             max_batch=7,
         ),
         StageSpec(
