@@ -49,7 +49,8 @@ def install() -> None:
 @contextmanager
 def rows_per_request(rows: int) -> Iterator[None]:
     """In this thread, a 2-D linear's input is ``rows`` rows per request: each request's are run alone."""
-    install()
+    if rows:  # a solo call (0) needs the plain forward only
+        install()
     before = getattr(_local, "rows", 0)
     _local.rows = int(rows)
     try:

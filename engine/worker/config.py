@@ -118,6 +118,11 @@ def parse_stage_map(text: str | None, what: str) -> dict[str, float]:
     return out
 
 
+def per_stage(m: dict[str, float], workflow: str, stage: str, default: float) -> float:
+    """A per-stage flag's value for one stage: ``workflow/stage`` wins over ``stage``, over ``default``."""
+    return m.get(f"{workflow}/{stage}", m.get(stage, default))
+
+
 @dataclass(frozen=True)
 class StageTiming:
     """Stage times stretched to a chosen profile: for benchmarks, the simulation's validation and
@@ -143,14 +148,11 @@ class StageTiming:
     def step_for(self, workflow: str, stage: str) -> float:
         """Seconds added after each denoising step: a stage time that grows with the request's steps, as
         on a GPU (a load shift from short to long requests moves the bottleneck)."""
-        return self.step_s.get(f"{workflow}/{stage}", self.step_s.get(stage, 0.0))
+        return per_stage(self.step_s, workflow, stage, 0.0)
 
     def for_stage(self, workflow: str, stage: str) -> tuple[float, float]:
         """(floor seconds, factor) for one stage; ``workflow/stage`` wins over ``stage``."""
-        def pick(m: dict[str, float], default: float) -> float:
-            return m.get(f"{workflow}/{stage}", m.get(stage, default))
-
-        return pick(self.floor_s, 0.0), pick(self.factor, 1.0)
+        return per_stage(self.floor_s, workflow, stage, 0.0), per_stage(self.factor, workflow, stage, 1.0)
 
 
 @dataclass(frozen=True)
@@ -177,13 +179,12 @@ class Batching:
     def for_stage(self, workflow: str, stage: str) -> tuple[int, float]:
         """(max batch, wait ms) of one stage: ``workflow/stage`` wins over ``stage``, over the spec."""
         default = get_workflow(workflow).stage(stage).max_batch
-        size = self.max_batch.get(f"{workflow}/{stage}", self.max_batch.get(stage, default))
-        return int(size), self.wait_ms.get(f"{workflow}/{stage}", self.wait_ms.get(stage, 0.0))
+        return int(per_stage(self.max_batch, workflow, stage, default)), per_stage(self.wait_ms, workflow, stage, 0.0)
 
     def held_for(self, workflow: str, stage: str) -> int:
         """Max held of one stage (``workflow/stage`` over ``stage``), never below its max batch; 0: the
         batcher's default (twice the max batch)."""
-        held = self.max_held.get(f"{workflow}/{stage}", self.max_held.get(stage, 0))
+        held = per_stage(self.max_held, workflow, stage, 0)
         return max(int(held), self.for_stage(workflow, stage)[0]) if held else 0
 
 
