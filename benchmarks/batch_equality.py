@@ -5,7 +5,9 @@ batch against the same inputs run alone, byte for byte (and the largest differen
 and the requests/s of SD's step-level batched denoise at batch 1, 2, 4 and 8 against batch 1, side by side
 in this process. A stage batches by default only where the bytes are equal (StageSpec.max_batch).
 
-    python benchmarks/batch_equality.py --models .onepiece/models [--json]
+    python benchmarks/batch_equality.py [--models DIR] [--json]
+
+Without ``--models``, the tiny models are built in a temporary folder first.
 """
 
 from __future__ import annotations
@@ -115,15 +117,19 @@ def _cpu() -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", required=True, help="a folder of tiny models (onepiece models make-tiny --out)")
+    p.add_argument("--models", default=None,
+                   help="a folder of tiny models (onepiece models make-tiny --out; default: built here)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
-    result = {"threads": 1, "load_average": os.getloadavg(), "cpu": _cpu(), "equality": equality(args.models),
-              "sd_denoise_step_batching": gains(args.models)}
+    from engine.stages.tiny import models_or_tiny
+
+    with models_or_tiny(args.models, ["sd-t2i", "wan2.1-t2v"]) as models:
+        result = {"threads": 1, "load_average": os.getloadavg(), "cpu": _cpu(), "equality": equality(str(models)),
+                  "sd_denoise_step_batching": gains(str(models))}
     if args.json:
         print(json.dumps(result, indent=1))
         return 0

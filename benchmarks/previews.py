@@ -4,9 +4,12 @@ process and run (interleaved, median of ``--runs``: off, on with each encoding o
 and one preview's cost by each method (the linear projection fitted to the loaded VAE, the VAE at reduced
 size), on the tiny models with one torch thread.
 
-    git show f0d62a2:engine/stages/preview.py > /tmp/preview_before.py
-    OMP_NUM_THREADS=1 python benchmarks/previews.py --models /tmp/tiny --runs 9 --steps 20 \
-        --workflows sd-t2i,flux.1-dev,qwen-image --before /tmp/preview_before.py
+    git show f0d62a2:engine/stages/preview.py > preview_before.py
+    OMP_NUM_THREADS=1 python benchmarks/previews.py --runs 9 --steps 20 \
+        --workflows sd-t2i,flux.1-dev,qwen-image --before preview_before.py
+
+``--models DIR`` measures the folders in DIR (``<workflow>/`` each, as ``onepiece models make-tiny --out DIR``
+writes); without it, tiny models are built in a temporary folder first.
 
 Previews go to a real redis-server (started here on a free port) through JobStore.add_preview, as a worker
 writes them. Prints one line per workflow and a JSON summary; figures in benchmarks/previews.md.
@@ -15,6 +18,7 @@ writes them. Prints one line per workflow and a JSON summary; figures in benchma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -227,8 +231,13 @@ def _measure(runner: Any, params: dict[str, Any], store: Any, args: Any, pubs: l
 
 
 def main() -> None:
+    with contextlib.ExitStack() as stack:
+        _main(stack)
+
+
+def _main(stack: contextlib.ExitStack) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="/tmp/tiny")
+    ap.add_argument("--models", default=None, help="a folder of <workflow>/ model folders (default: tiny ones built here)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--every", type=int, default=5)
@@ -243,17 +252,20 @@ def main() -> None:
     torch.set_num_interop_threads(1)
     from engine.embedded import RedisServer
     from engine.stages.runner import LocalRunner
+    from engine.stages.tiny import models_or_tiny
     from engine.store import JobStore
     from engine.workflow import get_workflow
 
+    wanted = args.workflows.split(",")
+    models = stack.enter_context(models_or_tiny(args.models, wanted))
     server = RedisServer("redis-server", tempfile.mkdtemp(prefix="previews-bench-")).start()
     store = JobStore.from_url(server.url, ttl=60)
     summary = {}
     try:
-        for wf in args.workflows.split(","):
+        for wf in wanted:
             spec = get_workflow(wf)
             params = spec.resolve_params({**spec.warm_up_request()[0], **SHAPES[wf], "num_inference_steps": args.steps})
-            runner = LocalRunner(wf, f"{args.models}/{wf}")
+            runner = LocalRunner(wf, models / wf)
             methods = _method_cost(runner, params)
             pubs = _attach(runner, store, _module(args.before) if args.before else None)
             for arm in ("before", "now") if args.before else ("now",):  # warm: projections fitted, caches filled

@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -213,7 +214,7 @@ class _Run:
 
             zctx = zmq.Context()
             self._sock = sock = zctx.socket(zmq.PAIR)
-            path = f"/tmp/onepiece-bench-{self.uid}.sock"
+            path = os.path.join(tempfile.gettempdir(), f"onepiece-bench-{self.uid}.sock")
             names = {"zmq": f"ipc://{path}"}
             sock.bind(names["zmq"])
             cleanup += [lambda: sock.close(linger=0), zctx.term, lambda: os.path.exists(path) and os.unlink(path)]

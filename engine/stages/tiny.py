@@ -9,7 +9,9 @@ is downloaded. Configs and pitfalls: /work/shared/MODELS.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +241,23 @@ def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> di
     built = {n: build(Path(out) / n, seed) for n, build in BUILDERS.items()}
     link_identical(out)  # components several workflows share (same bytes) are kept once on disk
     return built
+
+
+@contextlib.contextmanager
+def models_or_tiny(folder: str | Path | None, workflows: list[str] | None = None) -> Iterator[Path]:
+    """``folder`` as it is, or (``None``) tiny models built into a temporary folder removed afterwards.
+
+    For benchmarks and scripts whose ``--models`` is optional: nothing reads a folder that only some
+    machine happens to hold. The folder holds ``<workflow>/`` sub-folders, as ``make_tiny(out)`` writes;
+    ``workflows`` limits what is built (default: every workflow with a tiny builder).
+    """
+    if folder is not None:
+        yield Path(folder)
+        return
+    with tempfile.TemporaryDirectory(prefix="onepiece-tiny-") as tmp:
+        if workflows is None:
+            make_tiny(tmp)
+        else:
+            for w in workflows:
+                make_tiny(Path(tmp) / w, w)
+        yield Path(tmp)

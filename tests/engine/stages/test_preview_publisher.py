@@ -18,15 +18,19 @@ from engine.stages.base import StageContext
 from engine.stages.preview import PER_JOB, Previews, plane, snapshot
 from engine.store import JobStore
 
-TINY = Path("/tmp/tiny")
-
 
 @dataclass
 class _Denoise:
     """What the publisher reads of a denoise executor: its model folder and preview family."""
 
-    model_dir: Path = TINY / "sd-t2i"
+    model_dir: Path
     preview_family: str = "sd"
+
+
+@pytest.fixture
+def denoise(tiny_models: dict[str, Path]) -> _Denoise:
+    """The tiny SD model the session built (the publisher fits its projection from that VAE)."""
+    return _Denoise(tiny_models["sd-t2i"])
 
 
 class _HeldStore:
@@ -53,11 +57,12 @@ def _ctx(pub: Previews, uid: str) -> StageContext:
     return ctx
 
 
-def test_a_preview_shows_the_latents_of_its_step_not_what_the_loop_writes_later(job_store: JobStore) -> None:
+def test_a_preview_shows_the_latents_of_its_step_not_what_the_loop_writes_later(job_store: JobStore,
+                                                                               denoise: _Denoise) -> None:
     """Both hand-overs: the first preview's snapshot (the thread has no fitted projection yet, and fits it,
     from the VAE on disk, before it reads the latents) and a later one's uint8 picture made on the loop."""
     held = _HeldStore(job_store)
-    pub, uid = Previews(held, _Denoise()), uuid.uuid4().hex
+    pub, uid = Previews(held, denoise), uuid.uuid4().hex
     ctx = _ctx(pub, uid)
     zs = [_latents(1), _latents(2)]
     at_step = [z.clone() for z in zs]
@@ -79,9 +84,9 @@ def test_a_preview_shows_the_latents_of_its_step_not_what_the_loop_writes_later(
         assert p.mime == "image/jpeg"
 
 
-def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobStore) -> None:
+def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobStore, denoise: _Denoise) -> None:
     held = _HeldStore(job_store)
-    pub = Previews(held, _Denoise())
+    pub = Previews(held, denoise)
     a, b = uuid.uuid4().hex, uuid.uuid4().hex
     ctx_a, ctx_b = _ctx(pub, a), _ctx(pub, b)
     extra = 2
@@ -103,12 +108,12 @@ def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobS
 
 
 def test_all_jobs_together_keep_at_most_max_waiting_the_oldest_of_all_giving_way(
-        job_store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        job_store: JobStore, monkeypatch: pytest.MonkeyPatch, denoise: _Denoise) -> None:
     from engine.stages import preview
 
     monkeypatch.setattr(preview, "MAX_WAITING", 3)
     held = _HeldStore(job_store)
-    pub = Previews(held, _Denoise())
+    pub = Previews(held, denoise)
     first, *jobs = (uuid.uuid4().hex for _ in range(6))
     try:
         _ctx(pub, first).step_done(1, 1, _latents(0))

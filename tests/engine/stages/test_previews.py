@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +13,6 @@ import pytest
 from engine.store import JobStore, keys
 from engine.workflow import get_workflow, workflows
 from engine.workflow.spec import InvalidRequest
-
-TINY = "/tmp/tiny"
 
 
 def _uid() -> str:
@@ -53,12 +52,13 @@ def test_store_keeps_previews_in_step_order(job_store: JobStore) -> None:
     assert 0 < job_store.r.ttl(keys.preview_key(uid)) <= 60
 
 
-def _run(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], store: JobStore, uid: str) -> None:
+def _run(models: dict[str, Path], workflow: str, params: dict[str, Any], inputs: dict[str, bytes], store: JobStore,
+         uid: str) -> None:
     """The workflow's stages in sequence, each with the worker's preview publisher on its context."""
     from engine.stages.preview import Previews
     from engine.stages.runner import LocalRunner
 
-    runner = LocalRunner(workflow, f"{TINY}/{workflow}")
+    runner = LocalRunner(workflow, str(models[workflow]))
     publishers = []
     for name, ex in runner.executors.items():
         pub = Previews(store, ex)
@@ -86,12 +86,13 @@ def _run(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], store:
     ("sd-t2i", {"denoise"}), ("flux.1-schnell", {"denoise"}), ("qwen-image", {"denoise"}),
     ("wan2.1-t2v", {"denoise"}), ("wan2.2-t2v-a14b", {"denoise_high", "denoise_low"}),
 ])
-def test_every_stepped_denoise_publishes_its_previews(workflow: str, stages: set[str], job_store: JobStore) -> None:
+def test_every_stepped_denoise_publishes_its_previews(workflow: str, stages: set[str], job_store: JobStore,
+                                                      tiny_models: dict[str, Path]) -> None:
     from PIL import Image
 
     params, inputs = get_workflow(workflow).warm_up_request()
     uid = _uid()
-    _run(workflow, {**params, "num_inference_steps": 6, "preview_every": 2}, inputs, job_store, uid)
+    _run(tiny_models, workflow, {**params, "num_inference_steps": 6, "preview_every": 2}, inputs, job_store, uid)
     got = job_store.previews(uid)
     assert [(p.step, p.total) for p in got] == [(2, 6), (4, 6), (6, 6)]
     assert {p.stage for p in got} == stages
@@ -100,14 +101,14 @@ def test_every_stepped_denoise_publishes_its_previews(workflow: str, stages: set
         assert img.format == "JPEG" and p.mime == "image/jpeg" and max(img.size) <= 256
 
 
-def test_no_preview_key_without_preview_every(job_store: JobStore) -> None:
+def test_no_preview_key_without_preview_every(job_store: JobStore, tiny_models: dict[str, Path]) -> None:
     params, inputs = get_workflow("sd-t2i").warm_up_request()
     uid = _uid()
-    _run("sd-t2i", {**params, "num_inference_steps": 4}, inputs, job_store, uid)
+    _run(tiny_models, "sd-t2i", {**params, "num_inference_steps": 4}, inputs, job_store, uid)
     assert job_store.r.keys(f"{keys.PREFIX}:preview:*") == []
 
 
-def test_the_fitted_projection_follows_the_loaded_vae() -> None:
+def test_the_fitted_projection_follows_the_loaded_vae(tiny_models: dict[str, Path]) -> None:
     """The linear factors are the least-squares fit to this model's VAE: they predict its decode of latents
     it was not fitted on better than the mean colour does, and two different VAEs get different factors."""
     import torch
@@ -117,7 +118,7 @@ def test_the_fitted_projection_follows_the_loaded_vae() -> None:
     from engine.stages.preview import FAMILIES, decode, fit_projection
 
     fam = FAMILIES["sd"]
-    vae = load_component(f"{TINY}/sd-t2i", "vae", fam.vae_class, torch.float32, "cpu")
+    vae = load_component(str(tiny_models["sd-t2i"]), "vae", fam.vae_class, torch.float32, "cpu")
     proj = fit_projection(vae, fam, vae.config.latent_channels)
     g = torch.Generator().manual_seed(7)
     z = F.interpolate(torch.randn(2, vae.config.latent_channels, 4, 4, generator=g), size=(16, 16), mode="bilinear")
@@ -125,5 +126,5 @@ def test_the_fitted_projection_follows_the_loaded_vae() -> None:
     pred = torch.stack([proj.rgb(z[i:i + 1]) for i in range(2)])
     assert (pred - target).pow(2).mean() < (target - target.mean((0, 2, 3), keepdim=True)).pow(2).mean()
     flux = FAMILIES["flux"]
-    other = load_component(f"{TINY}/flux.1-schnell", "vae", flux.vae_class, torch.float32, "cpu")
+    other = load_component(str(tiny_models["flux.1-schnell"]), "vae", flux.vae_class, torch.float32, "cpu")
     assert not torch.allclose(fit_projection(other, flux, other.config.latent_channels).factors[:4, :], proj.factors)
