@@ -258,8 +258,13 @@ def main(args: Any) -> int:
     """The ``--adapters`` run of ``onepiece bench e2e`` (engine.bench.e2e hands it over)."""
     import sys
 
+    from engine.bench.e2e import with_load_after
+    from engine.bench.figures import provenance
+
+    before = provenance()
     r = run(args.model_dir, args.adapters, args.seconds, args.saturate,
             log=lambda s: print(s, file=sys.stderr, flush=True))
+    r["provenance"] = with_load_after(before)
     if args.json:
         print(json.dumps(r, indent=1))
         return 0

@@ -11,6 +11,7 @@ inside it is missing from the figure (its CPU cannot be read after it is reaped)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,8 @@ def vm_hwm_mb(pid: int) -> float:
     return 0.0
 
 
-def tree_peak_rss_mb(roles: dict[str, int]) -> dict[str, float]:
-    """role -> the summed VmHWM of its process and descendants, stage workers (``engine.worker.proc``)
+def _tree_sum(roles: dict[str, int], read: Callable[[int], float]) -> dict[str, float]:
+    """role -> ``read(pid)`` summed over its process and descendants, stage workers (``engine.worker.proc``)
     summed apart under ``stage_workers``. Read while the processes run: a reaped one's figure is gone."""
     import psutil
 
@@ -130,8 +131,22 @@ def tree_peak_rss_mb(roles: dict[str, int]) -> dict[str, float]:
             continue
         for p in tree:
             key = WORKERS if p is not root and _is_worker(p) else role
-            out[key] = out.get(key, 0.0) + vm_hwm_mb(p.pid)
+            out[key] = out.get(key, 0.0) + read(p.pid)
     return out
+
+
+def tree_peak_rss_mb(roles: dict[str, int]) -> dict[str, float]:
+    """role -> the summed peak resident memory (VmHWM, MiB) of its processes (:func:`_tree_sum`). A page
+    that several processes map (torch's libraries, in every worker) counts once in each."""
+    return _tree_sum(roles, vm_hwm_mb)
+
+
+def tree_pss_mb(roles: dict[str, int]) -> dict[str, float]:
+    """role -> the summed proportional set size (MiB, now) of its processes (:func:`_tree_sum`): a shared
+    page is split between the processes that map it, so the sum over roles is the memory they take."""
+    from engine.bench.figures import pss_kb
+
+    return _tree_sum(roles, lambda pid: pss_kb(pid) / 1024)
 
 
 def _sched(pid: int) -> tuple[int, int]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import multiprocessing as mp
 import os
@@ -51,6 +52,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from engine.bench import figures
 from engine.bench.cpu import ControlPlaneMeter, RunQueueMeter, roles_from_state
 from engine.procs import released_together
 
@@ -118,17 +120,6 @@ class Client:
         return state, time.perf_counter() - t0
 
 
-def sequential(client: Client, workflow: str, params: dict[str, Any], n: int) -> list[float]:
-    for _ in range(2):  # warm the workers
-        client.run_one(workflow, params)
-    out = []
-    for _ in range(n):
-        state, took = client.run_one(workflow, params)
-        if state == "completed":
-            out.append(took)
-    return out
-
-
 # -- baselines: the one-call pipeline -------------------------------------------------------------------
 def _cores() -> int:
     from engine.worker.threads import usable_cores
@@ -146,9 +137,32 @@ def _load_pipeline(model_dir: str, device: str) -> Any:
     return pipe
 
 
+def encode_outputs(out: Any, fps: int = 16) -> list[bytes]:
+    """What the staged side's last stage hands the client, made from a one-call pipeline's ``output_type="np"``
+    output: a png per image (as ``sd``'s image_encode, from uint8 pixels) or an mp4 per video (as ``wan``'s
+    video_encode, from uint8 frames), so that both sides of a comparison do the same work."""
+    import numpy as np
+    from PIL import Image
+
+    def levels(x: Any) -> Any:
+        return (np.clip(np.asarray(x), 0, 1) * 255).round().astype(np.uint8)
+
+    if getattr(out, "frames", None) is not None:
+        from engine.stages.wan.video import encode_mp4
+
+        return [encode_mp4(levels(v), fps) for v in out.frames]
+    pngs = []
+    for img in out.images:
+        buf = io.BytesIO()
+        Image.fromarray(levels(img)).save(buf, format="PNG")
+        pngs.append(buf.getvalue())
+    return pngs
+
+
 def _one_call(pipe: Any, params: dict[str, Any], device: str, batch: int = 1) -> None:
-    """One call of the pipeline; with ``batch`` > 1, that many requests in one call (a prompt and a generator
-    each: what a batching monolith serves)."""
+    """One call of the pipeline, its outputs encoded as the staged side encodes them (:func:`encode_outputs`);
+    with ``batch`` > 1, that many requests in one call (a prompt and a generator each: what a batching
+    monolith serves)."""
     import torch
 
     p = {k: v for k, v in params.items() if k != "seed"}
@@ -158,26 +172,35 @@ def _one_call(pipe: Any, params: dict[str, Any], device: str, batch: int = 1) ->
         generator: Any = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(batch)]
     else:
         generator = torch.Generator(device="cpu").manual_seed(seed)
-    pipe(generator=generator, output_type="np", **p)
+    out = pipe(generator=generator, output_type="np", **p)
     if device == "cuda":
         torch.cuda.synchronize()
+    encode_outputs(out)
 
 
 class OneCall:
     """The warm one-call pipeline in this process, at its best intra-op thread count (1..cores)."""
 
     def __init__(self, model_dir: str, params: dict[str, Any], device: str = "cpu", tries: int = 5) -> None:
-        import torch
 
-        self.params, self.device = params, device
+        self.params, self.device, self.tries = params, device, tries
         self.pipe = _load_pipeline(model_dir, device)
         self.by_threads: dict[int, float] = {}
+        self.threads = 1
+        self.tune()
+
+    def tune(self) -> float:
+        """Times ``tries`` calls in a row at each thread count, keeps the fastest count; returns its median
+        (the isolated one-call latency on the host as it is now)."""
+        import torch
+
         for threads in range(1, _cores() + 1):
             torch.set_num_threads(threads)
             self.call()  # the first run of each setting warms up
-            self.by_threads[threads] = statistics.median(self.call() for _ in range(tries))
+            self.by_threads[threads] = statistics.median(self.call() for _ in range(self.tries))
         self.threads = min(self.by_threads, key=lambda t: self.by_threads[t])
         torch.set_num_threads(self.threads)
+        return self.by_threads[self.threads]
 
     def call(self) -> float:
         t0 = time.perf_counter()
@@ -185,22 +208,35 @@ class OneCall:
         return time.perf_counter() - t0
 
 
-def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> tuple[list[float], list[float]]:
-    """(staged seconds, one-call seconds), the two run alternately so that both see the same host."""
+def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> list[tuple[float, float]]:
+    """(staged seconds, one-call seconds) pairs, the two run alternately so that both see the same host; a
+    staged request that did not complete leaves its pair out."""
     for _ in range(2):  # warm the workers
         client.run_one(workflow, one.params)
-    staged, base, other = [], [], []
+    pairs, other = [], []
     for _ in range(n):
         state, took = client.run_one(workflow, one.params)
+        base = one.call()
         if state == "completed":
-            staged.append(took)
+            pairs.append((took, base))
         else:
             other.append(state)
-        base.append(one.call())
-    if not staged:
+    if not pairs:
         raise SystemExit(f"error: no staged request completed ({', '.join(sorted(set(other)))}): is the engine "
                          f"serving {workflow}?")
-    return staged, base
+    return pairs
+
+
+def latency_figures(pairs: list[tuple[float, float]], isolated: float, hops: int) -> dict[str, Any]:
+    """The latency fields from interleaved pairs: the staged and one-call medians, their ratio, the cost per
+    hop from the pairs (:func:`engine.bench.figures.paired_hop`) and, beside it, the same against the
+    isolated one-call median (``isolated``: calls in a row, nothing between them)."""
+    staged, base = [s for s, _ in pairs], [b for _, b in pairs]
+    med = statistics.median(staged)
+    return {"staged_latency_p50_s": med, "staged_latency_p99_s": _pct(staged, 0.99),
+            "one_call_latency_p50_s": statistics.median(base), "one_call_isolated_p50_s": isolated,
+            "staged_vs_one_call": med / statistics.median(base), **figures.paired_hop(pairs, hops),
+            "added_per_hop_vs_isolated_ms": (med - isolated) / hops * 1e3}
 
 
 def _monolith_worker(model_dir: str, params: dict[str, Any], threads: int, device: str, ready: Any, go: Any,
@@ -302,7 +338,8 @@ async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight:
     closed loop that never lets a stage run dry. The Node Manager reacts to the load (it moves instances
     to the bottleneck, and a moved instance takes seconds to start), so windows of ``seconds`` follow one
     another until one is no better than 5% above the best before it (at most ``max_windows``); the
-    capacity is the best window. The pipeline fills for min(3 s, seconds/4) before the first window.
+    capacity is the last window, one window of the configuration the engine settled on, as each monolith
+    configuration gets one (the best of several would favour the side measured more often). The pipeline fills for min(3 s, seconds/4) before the first window.
     ``meter`` is told when the windows begin and end, and how many requests completed in between."""
     client = AsyncClient(proxy)
     windows: list[float] = []
@@ -339,7 +376,7 @@ async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight:
         await asyncio.gather(judge(), *(loop() for _ in range(in_flight)))
     finally:
         await client.close()
-    return max(windows), windows
+    return windows[-1], windows
 
 
 async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: float, seconds: float, seed: int,
@@ -348,7 +385,7 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
     its scheduled send. Waits (bounded) until every accepted request has ended."""
     rng = random.Random(seed)
     client = AsyncClient(proxy)
-    outcomes: list[tuple[str, float]] = []  # (state or "refused"/"error N", seconds since scheduled)
+    outcomes: list[tuple[str, float, float]] = []  # (state or "refused"/"error N", scheduled send, end)
     told: list[tuple[float, float, float]] = []  # (p50, p90 the Proxy said at submit, seconds from then to the end)
     provisional: list[bool] = []
     served: list[float] = []  # a refusal's time from the actual send to its answer (the server's share)
@@ -362,16 +399,16 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         try:
             status, doc = await client.submit(workflow, params, deadline_s)
         except Exception as exc:
-            outcomes.append((f"error {type(exc).__name__}", time.perf_counter() - at))
+            outcomes.append((f"error {type(exc).__name__}", at, time.perf_counter()))
             return
         if status != 202:
-            outcomes.append(("refused" if status == 503 else f"error {status}", time.perf_counter() - at))
+            outcomes.append(("refused" if status == 503 else f"error {status}", at, time.perf_counter()))
             if status == 503:
                 served.append(time.perf_counter() - sent)
             return
         accepted_at = time.perf_counter()
         state = await client.wait(doc["uid"], deadline_s + 60)
-        outcomes.append((state, time.perf_counter() - at))
+        outcomes.append((state, at, time.perf_counter()))
         if state == "completed" and "eta_s" in doc:
             told.append((doc["eta_s"], doc["eta_p90_s"], time.perf_counter() - accepted_at))
             provisional.append(bool(doc.get("provisional")))
@@ -389,18 +426,19 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         await asyncio.gather(*tasks)
     finally:
         await client.close()
-    return {"rate_rps": rate, "offered": len(tasks), **_row(outcomes, served, lag, seconds, deadline_s),
+    return {"rate_rps": rate, "offered": len(tasks), **_row(outcomes, served, lag, start, seconds, deadline_s),
             **eta_fields(told, provisional)}
 
 
-def _row(outcomes: list[tuple[str, float]], served: list[float], lag: list[float], seconds: float,
-         deadline_s: float) -> dict[str, Any]:
-    """An open-loop row's counts and latencies from its outcomes (state, seconds since scheduled)."""
-    completed = [s for st, s in outcomes if st == "completed"]
+def _row(outcomes: list[tuple[str, float, float]], served: list[float], lag: list[float], start: float,
+         seconds: float, deadline_s: float) -> dict[str, Any]:
+    """An open-loop row's counts, goodput (:func:`engine.bench.figures.goodput`: over the busy period, and
+    inside the send window) and latencies from its outcomes (state, scheduled send, end)."""
+    completed = [end - at for st, at, end in outcomes if st == "completed"]
     in_deadline = [s for s in completed if s <= deadline_s]
-    refused = [s for st, s in outcomes if st == "refused"]
+    refused = [end - at for st, at, end in outcomes if st == "refused"]
     states: dict[str, int] = {}
-    for st, _ in outcomes:
+    for st, _, _ in outcomes:
         states[st] = states.get(st, 0) + 1
     accepted = len(outcomes) - len(refused) - sum(n for st, n in states.items() if st.startswith("error"))
     return {
@@ -409,7 +447,7 @@ def _row(outcomes: list[tuple[str, float]], served: list[float], lag: list[float
         "completed_late": len(completed) - len(in_deadline), "expired": states.get("expired", 0),
         "failed": states.get("failed", 0), "not_finished": states.get("timeout", 0),
         "refused": len(refused), "errors": {st: n for st, n in states.items() if st.startswith("error")},
-        "goodput_rps": len(in_deadline) / seconds,
+        **figures.goodput(outcomes, start, seconds, deadline_s),
         "latency_p50_s": _pct(completed, 0.5), "latency_p99_s": _pct(completed, 0.99),
         "reject_latency_p50_ms": (_pct(refused, 0.5) or 0) * 1e3 if refused else None,
         "reject_latency_p99_ms": (_pct(refused, 0.99) or 0) * 1e3 if refused else None,
@@ -419,15 +457,18 @@ def _row(outcomes: list[tuple[str, float]], served: list[float], lag: list[float
 
 
 def eta_fields(told: list[tuple[float, float, float]], provisional: list[bool]) -> dict[str, Any]:
-    """The ETA's calibration over completed jobs (engine.proxy.eta.calibration): the share that finished
-    within max(1 s, 50%) of the p50 they were told at submit, the share within their p90 (goals: >= 80%,
-    85-95%), and the share told the estimate was still provisional."""
+    """The ETA's calibration over completed jobs: the share within their p90 (goal 85-95%), the share told
+    the estimate was still provisional, and the p50 judged by relative error against the best constant
+    estimate (:func:`engine.bench.figures.eta_p50_error`; goal: at least 80% within 50%, and below the
+    constant's error). ``eta_within_p50_share`` is the Proxy's own gate (engine.proxy.eta.calibration: within
+    max(1 s, 50%)), kept for the gate's record; with jobs under a second any estimate meets it."""
     from engine.proxy import eta
 
     cal = eta.calibration(told)
     return {"eta_jobs": cal["jobs"], "eta_within_p50_share": cal["within_p50_share"] if told else None,
             "eta_p90_coverage": cal["p90_coverage"] if told else None,
-            "eta_provisional_share": sum(provisional) / len(provisional) if provisional else None}
+            "eta_provisional_share": sum(provisional) / len(provisional) if provisional else None,
+            **figures.eta_p50_error(told)}
 
 
 async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], rate: float, seconds: float,
@@ -476,7 +517,9 @@ async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], r
 def issue28_figures(proxy: str, workflow: str, params: dict[str, Any], capacity: float, seconds: float,
                     rows: list[dict[str, Any]], unloaded: list[float], seed: int) -> dict[str, Any]:
     """``eta_calibration`` (the open-loop rows' ETA fields at 0.5x and 1x) and ``priority_2x`` (run now)."""
-    keys = ("eta_jobs", "eta_within_p50_share", "eta_p90_coverage", "eta_provisional_share")
+    keys = ("eta_jobs", "eta_within_p50_share", "eta_p90_coverage", "eta_provisional_share",
+            "eta_p50_median_rel_error", "eta_p50_within_50pct_share", "eta_constant_median_rel_error",
+            "eta_constant_within_50pct_share", "eta_p50_beats_constant")
     calibration = {f"{r['load_x_capacity']}x": {k: r[k] for k in keys} for r in rows
                    if r["load_x_capacity"] in (0.5, 1.0)}
     pr = asyncio.run(priority_overload(proxy, workflow, params, 2 * capacity, seconds, seed=seed))
@@ -526,20 +569,21 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
     hops = len(get_workflow(workflow).route()) - 1
     out: dict[str, Any] = {"workflow": workflow, "params": params, "stage_hops": hops, "hog": hog,
                            "cores": _cores(), "deadline_s": deadline_s}
-    if hog:
-        quiet = sequential(client, workflow, params, n)
-        out["staged_latency_p50_quiet_s"] = statistics.median(quiet)
+    one = OneCall(model_dir, params, device, tries=max(3, min(n, 5)))
+    if hog:  # isolation: the quiet side by the same protocol as the loaded one (interleaved pairs)
+        quiet = latency_figures(side_by_side(client, one, workflow, n), one.by_threads[one.threads], hops)
+        out.update({f"{k}_quiet": v for k, v in quiet.items() if k != "staged_latency_p50_s"},
+                   staged_latency_p50_quiet_s=quiet["staged_latency_p50_s"])
     with hogs(hog):
-        one = OneCall(model_dir, params, device, tries=max(3, min(n, 5)))
-        staged, one_call = side_by_side(client, one, workflow, n)
-        med, base = statistics.median(staged), statistics.median(one_call)
-        out.update(staged_latency_p50_s=med, staged_latency_p99_s=_pct(staged, 0.99),
-                   one_call_latency_p50_s=base, one_call_threads=one.threads,
-                   one_call_p50_by_threads={str(k): v for k, v in one.by_threads.items()},
-                   staged_vs_one_call=med / base, added_per_hop_ms=(med - base) / hops * 1e3)
+        isolated = one.tune() if hog else one.by_threads[one.threads]  # the one-call at its best on this host
+        pairs = side_by_side(client, one, workflow, n)
+        staged = [s for s, _ in pairs]
+        out.update(latency_figures(pairs, isolated, hops), one_call_threads=one.threads,
+                   one_call_p50_by_threads={str(k): v for k, v in one.by_threads.items()})
         del one
         if hog:
-            out["hog_vs_quiet_p50"] = med / out["staged_latency_p50_quiet_s"]
+            out["hog_vs_quiet_p50"] = out["staged_latency_p50_s"] / out["staged_latency_p50_quiet_s"]
+            out["one_call_hog_vs_quiet_p50"] = out["one_call_latency_p50_s"] / out["one_call_latency_p50_s_quiet"]
         mono, k, per_k = monolith_capacity(model_dir, params, seconds, device)
         # the one-call pipeline batched at its best batch size (with the K processes found best above)
         by_batch = {b: monolith_capacity(model_dir, params, seconds, device, b, [k])[0] for b in batches}
@@ -562,7 +606,8 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
             r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s))
             r.update(waits.end())
             r["load_x_capacity"] = f
-            r["goodput_x_capacity"] = r["goodput_rps"] / capacity
+            r["goodput_busy_x_capacity"] = r["goodput_busy_rps"] / capacity
+            r["goodput_in_window_x_capacity"] = r["goodput_in_window_rps"] / capacity
             rows.append(r)
         out["open_loop"] = rows
         out.update(issue28_figures(proxy, workflow, params, capacity, seconds, rows, staged, seed=len(loads)))
@@ -582,6 +627,26 @@ def baselines_on_private_engines(model_dir: str, seconds: float, in_flight: int,
         out.update(variants.single_stage(model_dir, seconds, in_flight, single_stage_instances))
     if mix_model_dirs:
         out.update(variants.mixed(mix_model_dirs, seconds, in_flight, device))
+    return out
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not out or any(not (x > 0) for x in out):
+        raise argparse.ArgumentTypeError(f"every value must be above 0, got {text!r}")
+    return out
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas, got {text!r}") from None
+    if not out or any(x < 2 for x in out):
+        raise argparse.ArgumentTypeError(f"every batch size must be at least 2, got {text!r}")
     return out
 
 
@@ -613,6 +678,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "onepiece models make-tiny --out DIR builds them)")
     p.add_argument("--no-stream", action="store_true",
                    help="skip the streamed-video figure (first_fragment_vs_complete, wan2.1-t2v)")
+    p.add_argument("--loads", type=_floats, default=LOADS, metavar="X,...",
+                   help="open-loop loads as multiples of the measured capacity (default: 0.5,1,2,10)")
+    p.add_argument("--batches", type=_ints, default=(2, 4, 8), metavar="B,...",
+                   help="batch sizes of the batched one-call baseline (default: 2,4,8)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--adapters", type=int, default=0, metavar="N",
                    help="instead: requests spread over N LoRA adapters on one denoise pool (a private engine) vs a "
@@ -633,8 +702,10 @@ def main(args: Any) -> int:
     processes = roles_from_state(state)
     if not processes:
         print(f"no processes.json under {state}: the control plane's CPU is not measured (--state)", file=sys.stderr)
+    before = figures.provenance()
     result = run(args.proxy, args.model_dir, args.workflow, args.requests, args.seconds, args.deadline_s,
                  hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes,
+                 loads=tuple(args.loads), batches=tuple(args.batches),
                  single_stage=not args.no_single_stage, single_stage_instances=args.single_stage_instances,
                  mix_model_dirs=None if args.no_mixed else _mix_models(args))
     if not args.no_stream:  # streamed video (issue 28): first playable fragment against completion
@@ -646,11 +717,19 @@ def main(args: Any) -> int:
         else:
             print(f"streamed-video figure skipped: the engine does not serve {stream.WORKFLOW} (onepiece up "
                   f"--workflows {args.workflow},{stream.WORKFLOW}; --no-stream skips it)", file=sys.stderr)
+    result["provenance"] = with_load_after(before)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
         print_text(result)
     return 0
+
+
+def with_load_after(before: dict[str, Any]) -> dict[str, Any]:
+    """``figures.provenance()`` taken before a run, its load average renamed ``load_average_before`` and the
+    load average now beside it as ``load_average_after``."""
+    out = {k: v for k, v in before.items() if k != "load_average"}
+    return {**out, "load_average_before": before["load_average"], "load_average_after": list(os.getloadavg())}
 
 
 def _credential(proxy: str, state: str) -> bool:
@@ -684,13 +763,23 @@ def _mix_models(args: Any) -> dict[str, str] | None:
 
 def print_text(r: dict[str, Any]) -> None:
     """The figures as lines for a reader (``--json`` prints them whole)."""
+    if "provenance" in r:
+        p = r["provenance"]
+        print(f"commit {p['commit'] or '?'}{'' if p['tree_clean'] else ' (tree not clean)'}; {p['cpu_model']}, "
+              f"{p['usable_cores']} of {p['host_cores']} cores; load average {p['load_average_before'][0]:.2f} before, "
+              f"{p['load_average_after'][0]:.2f} after")
     hog = f", {r['hog']} core hog(s) running" if r["hog"] else ""
     print(f"{r['workflow']} on {r['cores']} cores{hog}: staged p50 {r['staged_latency_p50_s'] * 1e3:.1f} ms vs "
-          f"one-call {r['one_call_latency_p50_s'] * 1e3:.1f} ms ({r['one_call_threads']} threads, its best) = "
-          f"{r['staged_vs_one_call']:.2f}x; {r['added_per_hop_ms']:.1f} ms added per stage hop ({r['stage_hops']} hops)")
+          f"one-call {r['one_call_latency_p50_s'] * 1e3:.1f} ms interleaved ({r['one_call_threads']} threads, its "
+          f"best) = {r['staged_vs_one_call']:.2f}x; per stage hop ({r['stage_hops']} hops): "
+          f"{r['added_per_hop_ms']:.1f} ms median of {r['pairs']} paired differences (p10 "
+          f"{r['added_per_hop_p10_ms']:.1f}, p90 {r['added_per_hop_p90_ms']:.1f}); "
+          f"{r['added_per_hop_vs_isolated_ms']:.1f} ms against the isolated one-call "
+          f"{r['one_call_isolated_p50_s'] * 1e3:.1f} ms")
     if r["hog"]:
-        print(f"isolation: staged p50 quiet {r['staged_latency_p50_quiet_s'] * 1e3:.1f} ms, with the hog(s) "
-              f"{r['staged_latency_p50_s'] * 1e3:.1f} ms = {r['hog_vs_quiet_p50']:.2f}x")
+        print(f"isolation (interleaved pairs both times): staged p50 quiet {r['staged_latency_p50_quiet_s'] * 1e3:.1f}"
+              f" ms, with the hog(s) {r['staged_latency_p50_s'] * 1e3:.1f} ms = {r['hog_vs_quiet_p50']:.2f}x "
+              f"(one-call {r['one_call_hog_vs_quiet_p50']:.2f}x)")
     print(f"capacity: {r['capacity_rps']:.2f} requests/s at saturation ({r['saturate_in_flight']} in flight) vs "
           f"monolith {r['monolith_capacity_rps']:.2f} requests/s ({r['monolith_processes']} process(es)) = "
           f"{r['staged_vs_monolith_capacity']:.2f}x; open-loop requests carry a {r['deadline_s']:.0f} s deadline")
@@ -721,9 +810,11 @@ def _print_baselines(r: dict[str, Any]) -> None:
               f"{'equal' if r['single_stage_output_equal'] else 'DIFFER'}")
     if r.get("mixed_vs_monolith_capacity") is not None:
         print(f"mixed ({', '.join(r['mixed_workflows'])}, equal shares): staged {r['mixed_capacity_rps']:.2f} "
-              f"requests/s ({r['mixed_instances']} instances) vs a monolith per workflow "
-              f"{r['monolith_mix_capacity_rps']:.2f} = {r['mixed_vs_monolith_capacity']:.2f}x; peak memory "
-              f"staged {r['staged_rss_mb']:.0f} MiB vs monoliths {r['monolith_rss_mb']:.0f} MiB")
+              f"requests/s ({r['mixed_instances']} instances) vs the best monolith deployment "
+              f"{r['monolith_mix_capacity_rps']:.2f} ({r['monolith_mix_config']}: {r['monolith_mix_processes']} "
+              f"process(es) x {r['monolith_mix_threads']} thread(s)) = {r['mixed_vs_monolith_capacity']:.2f}x; "
+              f"memory staged {r['staged_pss_mb']:.0f} MiB PSS ({r['staged_rss_mb']:.0f} MiB summed peak RSS) vs "
+              f"monolith {r['monolith_pss_mb']:.0f} MiB PSS ({r['monolith_rss_mb']:.0f} MiB)")
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -733,11 +824,12 @@ def _fmt(v: float | None, spec: str) -> str:
 def _print_open_loop(rows: list[dict[str, Any]]) -> None:
     f = _fmt
     print(f"{'load':>6} {'offered':>8} {'accepted':>8} {'in dl':>6} {'late':>5} {'expired':>7} {'refused':>7} "
-          f"{'goodput':>8} {'x cap':>6} {'p50 s':>7} {'p99 s':>7} {'refuse p99 ms':>13}")
+          f"{'busy s':>6} {'goodput':>8} {'x cap':>6} {'in win':>6} {'p50 s':>7} {'p99 s':>7} {'refuse p99 ms':>13}")
     for row in rows:
         print(f"{row['load_x_capacity']:>5}x {row['offered']:8d} {row['accepted']:8d} "
               f"{row['completed_in_deadline']:6d} {row['completed_late']:5d} {row['expired']:7d} "
-              f"{row['refused']:7d} {row['goodput_rps']:8.2f} {row['goodput_x_capacity']:6.2f} "
+              f"{row['refused']:7d} {row['busy_period_s']:6.1f} {row['goodput_busy_rps']:8.2f} "
+              f"{row['goodput_busy_x_capacity']:6.2f} {row['goodput_in_window_x_capacity']:6.2f} "
               f"{f(row['latency_p50_s'], '7.2f')} {f(row['latency_p99_s'], '7.2f')} "
               f"{f(row['reject_latency_p99_ms'], '13.1f')}")
 
@@ -752,5 +844,7 @@ def print_issue28(r: dict[str, Any]) -> None:
           f"{pr['low_completed']}/{pr['low_accepted']} accepted completed, {pr['low_refused']} refused, max "
           f"{f(pr['low_max_s'], '.2f')} s")
     for load, c in r["eta_calibration"].items():
-        print(f"eta at {load}: {f(c['eta_within_p50_share'], '.0%')} within max(1 s, 50%) of p50 (goal >= 80%), "
-              f"p90 coverage {f(c['eta_p90_coverage'], '.0%')} (goal 85-95%) over {c['eta_jobs']} jobs")
+        print(f"eta at {load}: p50 within 50% of the actual time for {f(c['eta_p50_within_50pct_share'], '.0%')} "
+              f"(goal >= 80%), median relative error {f(c['eta_p50_median_rel_error'], '.2f')} vs "
+              f"{f(c['eta_constant_median_rel_error'], '.2f')} for the best constant; p90 coverage "
+              f"{f(c['eta_p90_coverage'], '.0%')} (goal 85-95%) over {c['eta_jobs']} jobs")

@@ -5,7 +5,8 @@ redis-server and etcd of its own (so nothing else on the host shares its routes 
 ``onepiece node --assignment`` (the TaskManager and its stage workers) and ``onepiece proxy``, started as
 processes with the bench's environment; ``ONEPIECE_BENCH_WORKFLOWS`` registers benchmark-only workflows
 (:mod:`engine.bench.single_stage`) in every one of them. :meth:`PrivateEngine.peak_rss_mb` reads each
-process's peak resident memory (VmHWM) while they still run.
+process's peak resident memory (VmHWM) while they still run, :meth:`PrivateEngine.pss_mb` its proportional
+set size (shared pages split between the processes that map them).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import procs
-from engine.bench.cpu import tree_peak_rss_mb
+from engine.bench.cpu import tree_peak_rss_mb, tree_pss_mb
 
 
 def _get(url: str, token: str) -> tuple[int, Any]:
@@ -141,6 +142,10 @@ class PrivateEngine:
     def peak_rss_mb(self) -> dict[str, float]:
         """role -> summed peak resident memory (VmHWM) of its process tree, stage workers apart."""
         return tree_peak_rss_mb(self.pids())
+
+    def pss_mb(self) -> dict[str, float]:
+        """role -> summed proportional set size (now) of its process tree, stage workers apart."""
+        return tree_pss_mb(self.pids())
 
     def stop(self) -> None:
         for name in ("proxy", "node"):  # the proxy first, then the node (it stops its workers)

@@ -11,13 +11,15 @@ as any deployment, with redis and etcd of its own), on the cores the live engine
 - **mixed** (``mixed_vs_monolith_capacity``): sd-t2i, wan2.1-t2v and wan2.1-i2v at small sizes, an equal
   mix (requests go round the three workflows in turn), on the engine deployed as
   ``engine.worker.config.default_assignment(models)`` gives it (one instance per stage, or per stage pool
-  where workflows share components), against one monolith per workflow (the one-call pipeline in one
-  process each, cores / 3 threads, at least 1) fed the same closed loop; ``staged_rss_mb`` and
-  ``monolith_rss_mb`` are each side's summed peak resident memory (VmHWM from /proc) over its processes
-  (the staged side's include its Proxy, node, redis and etcd; ``staged_rss_breakdown_mb`` per role).
+  where workflows share components), against the best monolith deployment of the same mix, searched over
+  processes x threads (:func:`mix_configs`: a process per workflow, or K processes each serving every
+  workflow) and fed the same closed loop. Memory, each side summed over its processes: ``staged_rss_mb`` /
+  ``monolith_rss_mb`` (peak resident, VmHWM: a shared page counts once per process that maps it) and
+  ``staged_pss_mb`` / ``monolith_pss_mb`` (proportional, from smaps_rollup: shared pages split); the staged
+  side's include its Proxy, node, redis and etcd (``staged_*_breakdown_mb`` per role).
 
-Capacity is measured as :func:`engine.bench.e2e.saturate` does: ``in_flight`` requests kept in the engine,
-windows of ``seconds`` until one is no better than 5% above the best before it, the best window.
+Capacity: ``in_flight`` requests kept in the engine, and after a fill, one window of ``seconds`` per
+configuration on both sides (the assignments here are static). Both sides encode their outputs (png, mp4).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.cpu import vm_hwm_mb
+from engine.bench.figures import pss_kb
 from engine.bench.single_stage import MODULE as SINGLE_MODULE
 from engine.bench.single_stage import NAME as SINGLE
 from engine.bench.single_stage import STAGE as SINGLE_STAGE
@@ -70,9 +73,12 @@ def mix_jobs(workflows: Sequence[str] = MIX_WORKFLOWS) -> list[Job]:
 
 
 async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_flight: int, seconds: float,
-                       max_windows: int = 5) -> tuple[float, list[float], dict[str, int]]:
+                       max_windows: int = 1) -> tuple[float, list[float], dict[str, int]]:
     """(capacity, completions per second in each window, completions per workflow in the windows) with
-    ``in_flight`` requests kept in the engine, each new request the next of ``jobs`` in turn."""
+    ``in_flight`` requests kept in the engine, each new request the next of ``jobs`` in turn. The private
+    engine's assignment is static, so one window after the fill measures its configuration (as one window
+    measures each monolith's); with ``max_windows`` > 1, windows follow until one is no better than 5% above
+    the best before it, and the capacity is the last."""
     from engine.bench.e2e import AsyncClient
 
     client = AsyncClient(proxy, token)
@@ -113,7 +119,7 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
         await asyncio.gather(judge(), *(loop() for _ in range(in_flight)))
     finally:
         await client.close()
-    return max(windows), windows, counted
+    return windows[-1], windows, counted
 
 
 async def _results(proxy: str, token: str, jobs: Sequence[Job]) -> list[bytes | None]:
@@ -187,41 +193,79 @@ def _mono_call(pipe: Any, params: dict[str, Any], inputs: dict[str, bytes], devi
         from engine.stages.components import decode_image
 
         kwargs["image"] = decode_image(inputs["image"])
-    pipe(generator=torch.Generator(device="cpu").manual_seed(params.get("seed", 0)), output_type="np", **kwargs)
+    from engine.bench.e2e import encode_outputs
+
+    out = pipe(generator=torch.Generator(device="cpu").manual_seed(params.get("seed", 0)), output_type="np", **kwargs)
     if device == "cuda":
         torch.cuda.synchronize()
+    encode_outputs(out, int(params.get("fps", 16)))  # the png / mp4 the staged side's last stage makes
 
 
-def _mix_monolith(job: Job, model_dir: str, threads: int, device: str, ready: Any, inbox: Any, done: Any) -> None:
-    """One workflow's monolith: serves the requests put in ``inbox`` (None ends it), one at a time."""
+def _mix_monolith(jobs: Sequence[Job], model_dirs: dict[str, str], threads: int, device: str, ready: Any,
+                  inbox: Any, done: Any) -> None:
+    """A monolith holding the pipelines of ``jobs``' workflows: serves the workflow names put in ``inbox``
+    (None ends it), one request at a time."""
     from engine.worker.threads import apply_env
 
     apply_env(os.environ, threads)
     import torch
 
     torch.set_num_threads(threads)
-    wf, params, inputs = job
-    pipe = _load_any(model_dir, device)
-    _mono_call(pipe, params, inputs, device)  # warm-up
+    served = {wf: (_load_any(model_dirs[wf], device), params, inputs) for wf, params, inputs in jobs}
+    for pipe, params, inputs in served.values():
+        _mono_call(pipe, params, inputs, device)  # warm-up
     ready.put(os.getpid())
-    while inbox.get() is not None:
+    while (wf := inbox.get()) is not None:
+        pipe, params, inputs = served[wf]
         _mono_call(pipe, params, inputs, device)
         done.put((wf, time.monotonic()))
 
 
-def monolith_mix(model_dirs: dict[str, str], jobs: Sequence[Job], in_flight: int, seconds: float,
-                 device: str = "cpu", max_windows: int = 5) -> dict[str, Any]:
-    """One monolith process per workflow on the same cores, ``in_flight`` requests kept outstanding, each
-    new one the next of ``jobs`` in turn (the staged side's closed loop); capacity as the best window, and
-    the summed peak resident memory of the monoliths (read before they stop)."""
+def mix_configs(workflows: Sequence[str], cores: int) -> list[tuple[str, list[tuple[tuple[str, ...], int]]]]:
+    """The monolith deployments the mixed run searches, as (name, [(workflows a process serves, threads)]):
+    one process per workflow (cores / workflows threads each, at least 1), and K processes each serving
+    every workflow from one queue with cores / K threads, for K in 1..cores (the single-workflow monolith's
+    processes x threads search)."""
+    wfs = tuple(workflows)
+    out = [("per-workflow", [((wf,), max(1, cores // len(wfs))) for wf in wfs])]
+    out += [(f"shared-{k}x{max(1, cores // k)}", [(wfs, max(1, cores // k))] * k) for k in range(1, cores + 1)]
+    return out
+
+
+def _closed_loop(send: Callable[[], None], done: Any, in_flight: int, seconds: float) -> tuple[float, list[tuple[float, str]]]:
+    """Keeps ``in_flight`` requests outstanding (``send`` one more per completion); after a fill of
+    min(3 s, seconds / 4), one window of ``seconds``: (completions per second in it, its completions)."""
+    for _ in range(in_flight):
+        send()
+    start = time.monotonic() + min(3.0, seconds / 4)
+    end = start + seconds
+    finished: list[tuple[float, str]] = []
+    while time.monotonic() < end:
+        try:
+            wf, t = done.get(timeout=max(0.01, end - time.monotonic()))
+        except queue.Empty:
+            continue
+        finished.append((t, wf))
+        send()
+    inside = [(t, wf) for t, wf in finished if start <= t < end]
+    return len(inside) / seconds, inside
+
+
+def _monolith_config(model_dirs: dict[str, str], jobs: Sequence[Job], layout: list[tuple[tuple[str, ...], int]],
+                     in_flight: int, seconds: float, device: str) -> dict[str, Any]:
+    """One monolith deployment (``layout``, :func:`mix_configs`) fed the staged side's closed loop; its
+    capacity (one window) and its processes' peak RSS and PSS, read at the window's end."""
     ctx = mp.get_context("spawn")
-    threads = max(1, _cores() // len(jobs))
     ready, done = ctx.Queue(), ctx.Queue()
-    inboxes = {wf: ctx.Queue() for wf, _, _ in jobs}
-    procs = {job[0]: ctx.Process(target=_mix_monolith, daemon=True,
-                                 args=(job, model_dirs[job[0]], threads, device, ready, inboxes[job[0]], done))
-             for job in jobs}
-    for p in procs.values():
+    by_wf = {wf: wf for wf, _, _ in jobs}
+    inboxes: dict[tuple[str, ...], Any] = {wfs: ctx.Queue() for wfs, _ in layout}
+    for wfs in inboxes:
+        for wf in wfs:
+            by_wf[wf] = wfs
+    procs = [ctx.Process(target=_mix_monolith, daemon=True,
+                         args=([j for j in jobs if j[0] in wfs], model_dirs, threads, device, ready, inboxes[wfs], done))
+             for wfs, threads in layout]
+    for p in procs:
         p.start()
     try:
         for _ in procs:
@@ -229,42 +273,38 @@ def monolith_mix(model_dirs: dict[str, str], jobs: Sequence[Job], in_flight: int
         turn = itertools.count()
 
         def send() -> None:
-            inboxes[jobs[next(turn) % len(jobs)][0]].put(1)
+            wf = jobs[next(turn) % len(jobs)][0]
+            inboxes[by_wf[wf]].put(wf)
 
-        for _ in range(in_flight):
-            send()
-        finished: list[tuple[float, str]] = []
-        t0 = time.monotonic() + min(3.0, seconds / 4)
-        windows: list[float] = []
-        start = t0
-        while len(windows) < max_windows:
-            end = start + seconds
-            while time.monotonic() < end:
-                try:
-                    wf, t = done.get(timeout=max(0.01, end - time.monotonic()))
-                except queue.Empty:
-                    continue
-                finished.append((t, wf))
-                send()
-            windows.append(sum(1 for t, _ in finished if start <= t < end) / seconds)
-            if len(windows) >= 2 and windows[-1] <= 1.05 * max(windows[:-1]):
-                break
-            start = end
-        rss = {wf: vm_hwm_mb(p.pid) for wf, p in procs.items()}
+        rps, _ = _closed_loop(send, done, in_flight, seconds)
+        rss = sum(vm_hwm_mb(p.pid) for p in procs)
+        pss = sum(pss_kb(p.pid) for p in procs) / 1024
     finally:
-        for p in procs.values():
+        for p in procs:
             p.kill()
             p.join(10)
         for q in (ready, done, *inboxes.values()):
             q.close()
-    return {"monolith_mix_capacity_rps": max(windows), "monolith_mix_windows_rps": windows,
-            "monolith_mix_threads": threads, "monolith_rss_mb": sum(rss.values()), "monolith_rss_by_workflow_mb": rss}
+    return {"rps": rps, "processes": len(procs), "threads": layout[0][1], "rss_mb": rss, "pss_mb": pss}
+
+
+def monolith_mix(model_dirs: dict[str, str], jobs: Sequence[Job], in_flight: int, seconds: float,
+                 device: str = "cpu") -> dict[str, Any]:
+    """The best monolith deployment of the mix on the same cores (:func:`mix_configs`, each fed the staged
+    side's closed loop for one window); its capacity, and its processes' summed peak RSS and PSS."""
+    by_config = {name: _monolith_config(model_dirs, jobs, layout, in_flight, seconds, device)
+                 for name, layout in mix_configs([wf for wf, _, _ in jobs], _cores())}
+    best = max(by_config, key=lambda n: by_config[n]["rps"])
+    b = by_config[best]
+    return {"monolith_mix_capacity_rps": b["rps"], "monolith_mix_config": best,
+            "monolith_mix_processes": b["processes"], "monolith_mix_threads": b["threads"],
+            "monolith_mix_by_config": by_config, "monolith_rss_mb": b["rss_mb"], "monolith_pss_mb": b["pss_mb"]}
 
 
 def mixed(model_dirs: dict[str, str], seconds: float, in_flight: int, device: str = "cpu",
           work: str | Path | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """The three workflows' equal mix on the staged engine (``default_assignment``) against one monolith per
-    workflow, same cores, one after the other."""
+    """The three workflows' equal mix on the staged engine (``default_assignment``) against the best monolith
+    deployment of it (:func:`monolith_mix`), same cores, one after the other."""
     from engine.bench.private import PrivateEngine
 
     jobs = mix_jobs([wf for wf in MIX_WORKFLOWS if wf in model_dirs])
@@ -273,11 +313,12 @@ def mixed(model_dirs: dict[str, str], seconds: float, in_flight: int, device: st
             PrivateEngine(json.dumps(doc), Path(tmp), f"b{os.getpid()}m-", log=log) as eng:
         asyncio.run(_results(eng.proxy, eng.token, jobs))  # one of each first: every stage warm
         staged, windows, per_wf = asyncio.run(saturate_mix(eng.proxy, eng.token, jobs, in_flight, seconds))
-        rss = eng.peak_rss_mb()
+        rss, pss = eng.peak_rss_mb(), eng.pss_mb()
     out: dict[str, Any] = {"mixed_workflows": [wf for wf, _, _ in jobs], "mixed_params": MIX_PARAMS,
                            "mixed_instances": len(doc["instances"]), "mixed_capacity_rps": staged,
                            "mixed_windows_rps": windows, "mixed_completed_by_workflow": per_wf,
-                           "staged_rss_mb": sum(rss.values()), "staged_rss_breakdown_mb": rss}
+                           "staged_rss_mb": sum(rss.values()), "staged_rss_breakdown_mb": rss,
+                           "staged_pss_mb": sum(pss.values()), "staged_pss_breakdown_mb": pss}
     out.update(monolith_mix(model_dirs, jobs, in_flight, seconds, device))
     mono = out["monolith_mix_capacity_rps"]
     out["mixed_vs_monolith_capacity"] = staged / mono if mono else None
