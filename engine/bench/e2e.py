@@ -553,6 +553,19 @@ def hogs(n: int) -> Any:
             p.wait()
 
 
+def monolith_figures(model_dir: str, params: dict[str, Any], seconds: float, device: str,
+                     batches: tuple[int, ...]) -> dict[str, Any]:
+    """The monolith baselines: the one-call pipeline in K processes (K the best of 1..cores), then batched
+    at each of ``batches`` with that K; one window per configuration."""
+    mono, k, per_k = monolith_capacity(model_dir, params, seconds, device)
+    by_batch = {b: monolith_capacity(model_dir, params, seconds, device, b, [k])[0] for b in batches}
+    best_b = max(by_batch, key=lambda b: by_batch[b]) if by_batch else None
+    return {"monolith_capacity_rps": mono, "monolith_processes": k,
+            "monolith_rps_by_processes": {str(kk): v for kk, v in per_k.items()},
+            "batched_monolith_rps_by_batch": {str(b): v for b, v in by_batch.items()},
+            "batched_monolith_batch": best_b, "batched_monolith_capacity_rps": by_batch.get(best_b) if best_b else None}
+
+
 def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadline_s: float, hog: int = 0,
         saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS,
         processes: dict[str, int] | None = None, batches: tuple[int, ...] = (2, 4, 8),
@@ -584,21 +597,16 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         if hog:
             out["hog_vs_quiet_p50"] = out["staged_latency_p50_s"] / out["staged_latency_p50_quiet_s"]
             out["one_call_hog_vs_quiet_p50"] = out["one_call_latency_p50_s"] / out["one_call_latency_p50_s_quiet"]
-        mono, k, per_k = monolith_capacity(model_dir, params, seconds, device)
-        # the one-call pipeline batched at its best batch size (with the K processes found best above)
-        by_batch = {b: monolith_capacity(model_dir, params, seconds, device, b, [k])[0] for b in batches}
-        best_b = max(by_batch, key=lambda b: by_batch[b]) if by_batch else 1
+        out.update(monolith_figures(model_dir, params, seconds, device, batches))
+        mono = out["monolith_capacity_rps"]
         meter = ControlPlaneMeter(processes) if processes else None
         capacity, windows = asyncio.run(saturate(proxy, workflow, params, saturate_in_flight, seconds, meter=meter))
         if meter is not None:
             out.update(meter.report())
-        out.update(capacity_windows_rps=windows, monolith_capacity_rps=mono, monolith_processes=k,
-                   monolith_rps_by_processes={str(kk): v for kk, v in per_k.items()},
-                   capacity_rps=capacity, saturate_in_flight=saturate_in_flight,
+        batched = out["batched_monolith_capacity_rps"]
+        out.update(capacity_windows_rps=windows, capacity_rps=capacity, saturate_in_flight=saturate_in_flight,
                    staged_vs_monolith_capacity=capacity / mono,
-                   batched_monolith_rps_by_batch={str(b): v for b, v in by_batch.items()},
-                   batched_monolith_batch=best_b, batched_monolith_capacity_rps=by_batch.get(best_b),
-                   staged_vs_batched_monolith_capacity=capacity / by_batch[best_b] if by_batch else None)
+                   staged_vs_batched_monolith_capacity=capacity / batched if batched else None)
         rows = []
         waits = RunQueueMeter((processes or {}).get("proxy"))  # the refusals' scheduling delay, measured
         for i, f in enumerate(loads):
