@@ -108,6 +108,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, KeyError) as exc:
         print(f"error: {exc}")
         return 2
+    if settings.transport == "verbs":  # the device proves itself (loopback atomics) before anything starts
+        from engine.transport.verbs import preflight
+        from engine.transport.verbs_selftest import SelfTestFailed
+
+        try:
+            print(f"node: {preflight().summary()}", flush=True)
+        except SelfTestFailed as exc:
+            print(f"error: {exc}")
+            return 2
     if args.max_adapters is not None:  # the stage workers read it (engine.envs.MAX_ADAPTERS) from the environment
         if args.max_adapters < 1:
             print("error: --max-adapters must be at least 1")

@@ -65,8 +65,19 @@ def test_the_roles_and_their_replicas() -> None:
     assert spec["hostNetwork"] is True
     (tm,) = spec["containers"]
     assert tm["resources"]["limits"]["nvidia.com/gpu"] >= 1
-    assert any(k.startswith("rdma/") for k in tm["resources"]["limits"])
+    # tcp by default (test_the_data_plane_defaults_to_tcp): no RDMA device is needed to schedule a node
+    assert not any(k.startswith("rdma/") for k in tm["resources"]["limits"])
     assert any(m["mountPath"] == "/dev/shm" for m in tm["volumeMounts"])
+
+
+def test_the_data_plane_defaults_to_tcp_and_says_how_to_switch_to_verbs() -> None:
+    # verbs has not yet passed its self-test on real hardware (docs/operations.md, "RDMA hosts")
+    (config,) = [d for _, d in DOCS if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "onepiece-config"]
+    assert config["data"]["ONEPIECE_TRANSPORT"] == "tcp"
+    env = (DEPLOY / "systemd" / "onepiece.env.example").read_text()
+    assert "ONEPIECE_TRANSPORT=tcp" in env.splitlines()
+    for text in ((DEPLOY / "k8s" / "01-config.yaml").read_text(), env):
+        assert "verbs" in text and "self-test" in text and "RDMA hosts" in text
 
 
 def _onepiece_commands() -> list[tuple[str, list[str]]]:
