@@ -91,6 +91,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     "BATCH_WAIT_MS": _str("ONEPIECE_BATCH_WAIT_MS", None),
     # ONEPIECE_MAX_HELD: STAGE=H,... requests a batching stage keeps active at once (default twice its max batch)
     "MAX_HELD": _str("ONEPIECE_MAX_HELD", None),
+    # Seconds each stage's warm-up calibration may spend (engine.worker.calibrate): "S" every stage's,
+    # "S,denoise=T,sd-t2i/vae_decode=U" per stage; 0: off (default engine.worker.config.DEFAULT_CALIBRATE_S).
+    "CALIBRATE_S": _str("ONEPIECE_CALIBRATE_S", None),
     # Benchmarks only: comma-separated modules whose SPEC is registered beside engine.workflow.specs' (the
     # single-stage sd-t2i of `onepiece bench e2e`, engine.bench.single_stage); unset for every user deployment.
     "BENCH_WORKFLOWS": _str("ONEPIECE_BENCH_WORKFLOWS", None),

@@ -20,7 +20,12 @@ unknown top-level fields, bad base64, missing or extra inputs, images that are
 not images or are too large, parameters outside the workflow spec's limits
 (:meth:`engine.workflow.spec.WorkflowSpec.validate_request`), and messages
 larger than the first stage's ring; or with :class:`Overloaded` (503) when the
-Request Monitor says there is no room.
+Request Monitor says there is no room now. A request the monitor says can never
+fit (its own stage work, priced from this deployment's measurements, is over its
+deadline even on an idle engine: ``Decision.final``) is a :class:`BadRequest`
+(400 naming ``deadline_s``): a 503 says "come back later", and clients (the
+openai SDK among them) retry it, three times over, for an answer that cannot
+change (docs/api.md says why 400 and not ``x-should-retry: false``).
 """
 
 from __future__ import annotations
@@ -350,7 +355,7 @@ class Intake:
         full = load.inflight >= self.monitor.max_queue
         seen = load if full else as_seen_by(ticket.sub.priority, load, by_priority)
         decision = self.monitor.decide(seen, ticket.cost, now, ticket.sub.deadline, ticket.seconds)
-        if not decision.admit and ticket.sub.priority < 0 and not full:
+        if not decision.admit and ticket.sub.priority < 0 and not full and not decision.final:
             return replace(decision, reason=f"{decision.reason}; {order.name_of(ticket.sub.priority)} priority "
                                             f"is admitted while the queue is below {LOW_SHARE:.0%} of its budget")
         return decision
@@ -403,6 +408,8 @@ class Intake:
             if self.claimed(ports.store, ticket):
                 raise taken()
             decision = self.decide(ticket, ports.load(name), time.time(), ports.by_priority(name))
+            if decision.final:  # it can never fit: a client error, not an overload to retry
+                raise BadRequest("deadline_s", decision.reason)
             if not decision.admit:
                 raise Overloaded(decision)
             stage_s = ports.stage_seconds(ticket)  # before the acceptance: nothing may fail after it but Redis

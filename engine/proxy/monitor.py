@@ -17,6 +17,15 @@ it: admission never accepts what it cannot finish in time. Until a saturated
 rate has been measured, such requests are admitted only while fewer than twice
 the workflow's instances are in flight: enough to keep every instance busy (and
 so to measure the rate), not enough to queue work on an unmeasured promise.
+
+Two kinds of refusal. One that would fit later, when some of the accepted work
+has drained (the queue bound, a deadline missed for the line ahead), says when
+to come back: ``retry_after`` is the time the measured rate takes to drain the
+requests that stand in the way (never more than the whole line's wait). One
+that can never fit (its own stage work, priced from this deployment's
+measurements, is over its deadline even on an idle engine) is ``final``: a
+retry would be refused the same, so the Proxy answers it as a client error
+(engine.proxy.intake), not as an overload to retry.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ class Decision:
     retry_after: int = 0  # whole seconds, for the Retry-After header
     predicted_wait_s: float = 0.0
     predicted_finish_s: float = 0.0
+    final: bool = False  # refused whatever the load: its own work is over its deadline (not to be retried)
 
 
 class RequestMonitor:
@@ -90,6 +100,28 @@ class RequestMonitor:
             return self.dispatch_s + max(load.base_latency_s, (load.inflight + 1) / rate, load.inflight / rate + own)
         return self.predicted_wait(load) + max(load.base_latency_s, own, cost / max(1, load.entry_instances))
 
+    def retry_after(self, load: Load, wait: float, excess: float | None = None) -> int:
+        """Whole seconds until a refused request would be admitted: the ``excess`` requests in flight beyond what
+        it could be admitted with, drained at the measured rate; else (no rate, or no such number) the predicted
+        wait of the whole line. At least 1."""
+        rate = self.rate(load)
+        if rate and excess is not None:
+            return max(1, min(math.ceil(max(1.0, excess) / rate), max(1, math.ceil(wait))))
+        return max(1, math.ceil(wait))
+
+    def admissible(self, load: Load, deadline_s: float, own_s: float | None) -> float | None:
+        """The most requests in flight with which a request of ``own_s`` seconds of work and ``deadline_s``
+        seconds left would still be admitted (the start and finish rules, at the measured rate); None without
+        a rate or when no number of them would do (the unloaded latency alone is over the deadline)."""
+        rate = self.rate(load)
+        if not rate:
+            return None
+        room = deadline_s / self.margin - self.dispatch_s
+        if load.base_latency_s > room:
+            return None
+        most = min((deadline_s - self.dispatch_s) * rate - 1e-9, room * rate - 1, (room - (own_s or 0.0)) * rate)
+        return math.floor(most) if most >= 0 else None
+
     def decide(self, load: Load, cost: float, now: float, deadline: float | None,
                own_s: float | None = None) -> Decision:
         wait = self.predicted_wait(load)
@@ -97,13 +129,15 @@ class RequestMonitor:
         if load.entry_instances == 0:
             return Decision(False, "no instance serves this workflow yet", retry, wait)
         if deadline is not None and own_s is not None and self.margin * own_s > deadline - now:
-            # even on an idle engine it would not finish in time: refused at once, whatever the queue
-            return Decision(False, f"this request needs about {own_s:.0f}s of stage work here (measured on "
-                                   f"smaller ones), over its {deadline - now:.0f}s deadline: ask for fewer "
-                                   "steps or a smaller size, or submit it without a deadline (the native API)",
-                            retry, wait, own_s)
+            # even on an idle engine it would not finish in time: refused at once, whatever the queue, for good
+            return Decision(False, f"this request needs about {own_s:.0f}s of stage work here (priced from the "
+                                   f"stage times measured on this deployment), over its {deadline - now:.0f}s "
+                                   "deadline even on an idle engine: ask for fewer steps or a smaller size, or "
+                                   "submit it without a deadline (the native API)",
+                            retry, wait, own_s, final=True)
         if load.inflight >= self.max_queue:
-            return Decision(False, f"queue full ({load.inflight} requests in flight)", retry, wait)
+            return Decision(False, f"queue full ({load.inflight} requests in flight)",
+                            self.retry_after(load, wait, load.inflight - self.max_queue + 1), wait)
         finish = self.predicted_finish(load, cost, own_s)
         if deadline is not None and load.drain_rps is None and load.inflight >= 2 * max(1, load.instances):
             # Nothing measured yet of what the engine finishes while saturated (the Node Manager's figure
@@ -111,10 +145,12 @@ class RequestMonitor:
             # queue than keeps every instance busy, which is exactly what measures it within seconds.
             return Decision(False, f"queue at {load.inflight} requests while the engine's rate is being measured",
                             retry, wait, finish)
-        if deadline is not None and now + wait >= deadline:
-            return Decision(False, f"cannot start within the deadline (predicted wait {wait:.1f}s)", retry, wait,
-                            finish)
-        if deadline is not None and now + self.margin * finish > deadline:
+        if deadline is not None and (now + wait >= deadline or now + self.margin * finish > deadline):
+            most = self.admissible(load, deadline - now, own_s)
+            retry = self.retry_after(load, wait, None if most is None else load.inflight - most)
+            if now + wait >= deadline:
+                return Decision(False, f"cannot start within the deadline (predicted wait {wait:.1f}s)", retry,
+                                wait, finish)
             return Decision(False, f"cannot finish within the deadline (predicted {finish:.1f}s to finish, "
                                    f"{deadline - now:.1f}s left)", retry, wait, finish)
         return Decision(True, predicted_wait_s=wait, predicted_finish_s=finish)

@@ -188,6 +188,37 @@ class Batching:
         return max(int(held), self.for_stage(workflow, stage)[0]) if held else 0
 
 
+DEFAULT_CALIBRATE_S = 2.0  # seconds a stage's warm-up calibration may take (engine.worker.calibrate)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Each stage's warm-up calibration budget (``onepiece node --calibrate-s S,STAGE=S,...``, else
+    ``ONEPIECE_CALIBRATE_S``): the seconds its worker may spend, once ready and while idle, measuring one step
+    of its stage at a spread of sizes (:mod:`engine.worker.calibrate`). A bare number is every stage's; keys
+    are a stage or ``workflow/stage`` (:func:`per_stage`); 0 turns it off."""
+
+    budget_s: dict[str, float] = field(default_factory=dict)
+    default_s: float = DEFAULT_CALIBRATE_S
+
+    @classmethod
+    def parse(cls, text: str | None) -> Calibration:
+        parts = [p.strip() for p in (text or "").replace(";", ",").split(",") if p.strip()]
+        bare = [p for p in parts if "=" not in p]
+        if len(bare) > 1:
+            raise ValueError(f"calibrate-s: one bare number at most (every stage's), got {', '.join(bare)}")
+        try:
+            default = float(bare[0]) if bare else DEFAULT_CALIBRATE_S
+        except ValueError:
+            default = -1.0
+        if not default >= 0 or default == float("inf"):
+            raise ValueError(f"calibrate-s: expected seconds >= 0, got {bare[0]!r}")
+        return cls(parse_stage_map(",".join(p for p in parts if "=" in p), "calibrate-s"), default)
+
+    def for_stage(self, workflow: str, stage: str) -> float:
+        return per_stage(self.budget_s, workflow, stage, self.default_s)
+
+
 def default_assignment(model_dirs: dict[str, str], device: str | None = None,
                        step_delay_s: float = 0.0, share: bool = True) -> Assignment:
     """One instance per stage pool of the workflows in ``model_dirs`` (what ``onepiece up`` runs): stages of

@@ -54,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a batching stage keeps at most H requests active at once: the highest priority's step "
                    "group and lower ones paused between steps (at least its max batch; default: twice it; "
                    "ONEPIECE_MAX_HELD)")
+    p.add_argument("--calibrate-s", default=None, metavar="S|STAGE=S,...",
+                   help="seconds each stage may spend, once ready and idle, measuring one step at a spread of "
+                   "sizes, so a first request at a new size is priced from measurements (0: off; default 2; "
+                   "ONEPIECE_CALIBRATE_S)")
     p.add_argument("--max-adapters", type=int, default=None, metavar="N",
                    help="LoRA adapters each denoise instance keeps loaded (an LRU; default: ONEPIECE_MAX_ADAPTERS or 8)")
     p.add_argument("--stage-time", default=None, metavar="STAGE=S,...",
@@ -67,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def settings_from(args: argparse.Namespace, etcd_url: str, redis_url: str) -> NodeSettings:
     """The node's settings: each option, else its ``ONEPIECE_*`` variable, else the default. Raises
     ValueError (or KeyError) for a value that does not parse."""
-    from engine.worker.config import Batching, StageTiming
+    from engine.worker.config import Batching, Calibration, StageTiming
     from engine.worker.priority import parse_nice
     from engine.worker.taskmanager import NodeSettings
     from engine.worker.threads import parse_threads
@@ -88,6 +92,7 @@ def settings_from(args: argparse.Namespace, etcd_url: str, redis_url: str) -> No
         threads_per_instance=threads, worker_nice=nice,
         batching=Batching.parse(args.max_batch or envs.MAX_BATCH, args.batch_wait_ms or envs.BATCH_WAIT_MS,
                                  args.max_held or envs.MAX_HELD),
+        calibration=Calibration.parse(args.calibrate_s if args.calibrate_s is not None else envs.CALIBRATE_S),
     )
 
 

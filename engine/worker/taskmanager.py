@@ -51,7 +51,7 @@ from engine.coord.keys import Keyspace
 from engine.coord.routes import Route, publish_route, withdraw_route
 from engine.embedded import children
 from engine.worker import priority
-from engine.worker.config import Assignment, Batching, InstanceSpec, StageTiming
+from engine.worker.config import Assignment, Batching, Calibration, InstanceSpec, StageTiming
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
 from engine.workflow import get_workflow
 
@@ -103,6 +103,7 @@ class NodeSettings:
     route_refresh_s: float = 1.0
     timing: StageTiming = field(default_factory=StageTiming)  # stretched stage times (benchmarks, tests)
     batching: Batching = field(default_factory=Batching)  # step-level batching per stage (engine.worker.batching)
+    calibration: Calibration = field(default_factory=Calibration)  # warm-up calibration budgets (engine.worker.calibrate)
     transport: str = "shm"  # the inbox rings: "shm" (one host), "tcp" or "verbs" (reachable from other hosts)
     data_host: str = "127.0.0.1"  # tcp/verbs: the address peers reach this node's rings at
     workflow_set: str = "default"  # the node's home Workflow Set (the Node Manager may lend it to another)
@@ -289,6 +290,7 @@ class TaskManager:
             workflow_set=inst.spec.workflow_set, threads=inst.threads, nice=self.s.worker_nice,
             max_batch=max_batch, batch_wait_ms=wait_ms, also=inst.spec.also,
             max_held=self.s.batching.held_for(inst.spec.workflow, inst.spec.stage),
+            calibrate_s=self.s.calibration.for_stage(inst.spec.workflow, inst.spec.stage),
         )
         env = apply_env(dict(os.environ), inst.threads)  # before the worker loads torch
         # its configuration holds the Redis and etcd passwords: in its environment, never on its command line

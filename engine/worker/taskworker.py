@@ -128,6 +128,8 @@ class WorkerConfig:
     max_held: int = 0  # requests active at once, paused ones included (engine.worker.batching); 0: 2 * max_batch
     nice: int = 0  # nice levels below its TaskManager, applied first thing (engine.worker.priority); 0: none
     also: tuple[str, ...] = ()  # "workflow/stage" of the other members of a shared pool (engine.workflow.pools)
+    # seconds the stage's warm-up calibration may spend (engine.worker.calibrate; the node's --calibrate-s); 0: off
+    calibrate_s: float = 0.0
 
     def members(self) -> list[tuple[str, str]]:
         """Every (workflow, stage) this instance serves, its own first."""
@@ -169,6 +171,7 @@ class TaskWorker:
         # per workflow served, (units, steps, seconds) of recent runs: the Proxy prices requests by their fit
         self.samples: dict[str, Samples] = {}
         self.fits: dict[str, Fit] = {}
+        self.calibrator: Any = None  # engine.worker.calibrate.Calibrator, while the warm-up calibration runs
         self.last_active = time.monotonic()  # when the last message was handled (drain waits for quiet)
         self._started: set[str] = set()  # admitted requests whose stage_started the admission wrote
         self.chunks = chunks.Receiver(self)  # requests whose input arrives in chunks (engine.worker.chunks)
@@ -189,6 +192,7 @@ class TaskWorker:
         """
         from engine.stages.base import SteppedStage
 
+        should_stop = self._calibrating(should_stop)
         if self.config.max_batch > 1 and isinstance(self.executor, SteppedStage) and self.collab is None:
             from engine.worker.batching import StepBatcher
 
@@ -212,6 +216,59 @@ class TaskWorker:
             h = held.pop(time.monotonic())
             self.handle(h.d, h.msg)
             self.last_active = time.monotonic()
+
+    def _calibrating(self, should_stop: Callable[[], bool]) -> Callable[[], bool]:
+        """``should_stop`` that, between messages while the instance is idle, runs the warm-up calibration one
+        measurement at a time (engine.worker.calibrate): the loop checks its ring between them, so a request
+        waits at most for the one in hand. ``should_stop`` itself where there is nothing to calibrate."""
+        from engine.worker import calibrate
+
+        if self.config.calibrate_s <= 0 or self.collab is not None:
+            return should_stop
+        self.calibrator = calibrate.Calibrator.of(self.executor, self.config.model_dir, list(self.chains),
+                                                  self.config.calibrate_s, self._calibrated)
+        if self.calibrator is None:
+            return should_stop
+
+        def check() -> bool:
+            if should_stop():
+                return True
+            cal, b = self.calibrator, self.batcher
+            if cal is not None and time.monotonic() - self.last_active >= calibrate.IDLE_S \
+                    and not (b is not None and (b.active or b.waiting)):
+                target = cal.tick()
+                if target is not None:
+                    self._publish(f"calibration.{target.spec.name}", json.dumps(cal.report(target.spec.name)))
+                if not cal.pending:
+                    self.calibrator = None
+            return False
+
+        return check
+
+    def _samples(self, workflow: str) -> Samples:
+        """The pricing samples of ``workflow``'s runs here (a fit of degree 2 where its cost model says a step
+        may grow with the square of its units)."""
+        if workflow not in self.samples:
+            chain = next(c for (wf, _st), c in self.chains.items() if wf == workflow)
+            model = chain.spec.costs.get(chain.stage)
+            self.samples[workflow] = Samples(degree=2 if model is not None and model.growth >= 2 else 1)
+        return self.samples[workflow]
+
+    def _calibrated(self, workflow: str, units: float, steps: float, seconds: float) -> Fit | None:
+        """A calibration measurement: into the samples, and their fit published (as a run's is, by _record)."""
+        fit = self._samples(workflow).calibrated(units, steps, seconds)
+        if fit is not None:
+            self.fits[workflow] = fit
+            self._publish(f"price_fit.{workflow}", fit.to_json())
+        return fit
+
+    def _publish(self, name: str, value: str) -> None:
+        """One of the instance's fields, without counting a request (record_instance counts one); a store
+        away is logged (the next run's record publishes the fit again)."""
+        try:
+            self.store.r.hset(keys.instance_key(self.config.instance), name, value)
+        except Exception as exc:
+            log.warning("could not publish %s: %s", name, exc)
 
     @staticmethod
     def _hold(d: Delivery, seq: int) -> Held:
@@ -438,8 +495,7 @@ class TaskWorker:
         model = spec.costs.get(st)
         if model is not None and self.runs:  # a process's first run pays one-off costs (see _record)
             d = spec.dims(h.params)
-            self.fits[h.workflow] = self.samples.setdefault(h.workflow, Samples()).add(
-                model.units(d), model.steps(d), elapsed)
+            self.fits[h.workflow] = self._samples(h.workflow).add(model.units(d), model.steps(d), elapsed)
         ctx = run.ctx
         helped = f" (collaboration: {ctx.cfg_parallel.steps_helped} halves by {ctx.cfg_parallel.helper.instance})" \
             if ctx is not None and ctx.cfg_parallel is not None else ""

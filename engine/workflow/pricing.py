@@ -8,17 +8,29 @@ scales almost linearly over the same range. Admission that prices every request
 like the ones its rate was measured on accepts a 512x512 50-step request (about
 15 minutes here) on a 2-minute wait, and answers 504 when the wait is over.
 
-So each TaskWorker keeps the (work units, steps, seconds) of its recent runs
-(:class:`Samples`), fits a per-step time ``alpha + beta * units`` over them and
-publishes the fit with its instance counters (:meth:`Fit.to_json`); the Proxy
-reads the fits of the instances it routes to (:class:`Pricer`) and prices a
-request as the sum of its stages' predicted seconds. Within the sizes a stage
-has run, the fit interpolates; beyond the largest it has seen, it extrapolates
-by the fastest growth the stage's architecture allows (the cost model's
-``growth``: 2 for stages with attention over the latent tokens, 1 otherwise),
-so a request larger than anything measured is priced high, never low. A stage
-with no measured runs is priced by its prior (GPU-seconds on the reference
-device): the price is then a lower bound, and admission treats it as before.
+So each TaskWorker keeps the (work units, steps, seconds) of its stage's runs
+(:class:`Samples`): what its calibration measured at warm-up, one step at each
+of a spread of sizes (engine.worker.calibrate), and its recent completed runs.
+It fits a per-step time ``alpha + beta * u + gamma * u**2`` over them (attention
+is quadratic in the tokens, convolutions linear: a stage whose cost model's
+``growth`` is 1 fits no ``gamma``), by least squares on the relative error (a
+small size counts as much as a large one: the price's ratio to the truth is
+what admission lives with) with every coefficient kept non-negative, so the
+fit never falls as the size grows. It publishes the fit with its instance
+counters (:meth:`Fit.to_json`); the Proxy reads the fits of the instances it
+routes to (:class:`Pricer`) and prices a request as the sum of its stages'
+predicted seconds; the ETA (engine.proxy.eta) uses the same fits.
+
+Past the largest size measured, a fit that the measurements determine (more
+distinct sizes than its degree) extrapolates with its polynomial: a first
+request at a size nothing has run yet is priced from the measured curve. One
+that they do not (a single size, or a line where the stage may be quadratic:
+calibration off, nothing else run yet) extrapolates by the fastest growth the
+stage's architecture allows (the cost model's ``growth``) from the largest
+point measured, so a request larger than anything measured is priced high,
+never low. A stage with no measured runs is priced by its prior (GPU-seconds
+on the reference device): the price is then a lower bound, and admission
+treats it as before.
 
 Pure: fed samples, no I/O; the worker and the Proxy do the reading and writing.
 """
@@ -27,80 +39,154 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-MAX_SAMPLES = 64  # a worker's recent runs that its fit is made of
+MAX_SAMPLES = 64  # a worker's recent runs that its fit is made of (its calibration's points besides)
 
 
 @dataclass(frozen=True)
 class Fit:
-    """Per-step seconds ``alpha + beta * u`` for ``u`` up to ``u_max`` (the largest run seen); ``n`` runs
-    behind it. A run's time besides its steps is folded into them (the fit is of seconds per step)."""
+    """Per-step seconds ``alpha + beta * u + gamma * u**2``, measured up to ``u = u_max``, from ``n`` samples at
+    ``sizes`` distinct sizes; ``degree``: the highest power fitted (1 or 2). A run's time besides its steps is
+    folded into them (the fit is of seconds per step)."""
 
     alpha: float
     beta: float
     u_max: float
     n: int
+    gamma: float = 0.0
+    sizes: int = 0
+    degree: int = 1
+
+    @property
+    def determined(self) -> bool:
+        """Whether the measurements pin the polynomial down (more distinct sizes than its degree)."""
+        return self.sizes > self.degree
+
+    def poly(self, u: float) -> float:
+        return self.alpha + self.beta * u + self.gamma * u * u
 
     def per_step(self, u: float, growth: float) -> float:
-        if u <= self.u_max or self.u_max <= 0:
-            return self.alpha + self.beta * u
-        # past what was measured: the stage's fastest possible growth from the largest point measured
-        return (self.alpha + self.beta * self.u_max) * (u / self.u_max) ** growth
+        if u <= self.u_max or self.u_max <= 0 or self.determined:
+            return self.poly(u)
+        # past what was measured, on a curve not determined: the fastest growth from the largest point measured
+        return self.poly(self.u_max) * (u / self.u_max) ** growth
 
     def predict(self, u: float, steps: float, growth: float) -> float:
         return max(1.0, steps) * self.per_step(u, growth)
 
     def to_json(self) -> str:
-        return json.dumps({"alpha": self.alpha, "beta": self.beta, "u_max": self.u_max, "n": self.n})
+        return json.dumps({"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "u_max": self.u_max,
+                           "n": self.n, "sizes": self.sizes, "degree": self.degree})
 
     @staticmethod
     def from_json(raw: str | bytes | None) -> Fit | None:
+        """The fit an instance published (one without ``gamma``/``sizes``, from an older worker, extrapolates
+        by growth as it did); None for anything malformed."""
         if not raw:
             return None
         try:
             d = json.loads(raw)
-            fit = Fit(float(d["alpha"]), float(d["beta"]), float(d["u_max"]), int(d["n"]))
-        except (ValueError, KeyError, TypeError):
+            fit = Fit(float(d["alpha"]), float(d["beta"]), float(d["u_max"]), int(d["n"]), float(d.get("gamma", 0.0)),
+                      int(d.get("sizes", 0)), int(d.get("degree", 1)))
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
-        ok = all(x >= 0 and x == x and x != float("inf") for x in (fit.alpha, fit.beta, fit.u_max))
-        return fit if ok and fit.n > 0 else None
+        ok = all(x >= 0 and x == x and x != float("inf") for x in (fit.alpha, fit.beta, fit.gamma, fit.u_max))
+        return fit if ok and fit.n > 0 and fit.degree in (1, 2) else None
 
 
-def fit(samples: list[tuple[float, float, float]]) -> Fit | None:
-    """The per-step fit of ``(units, steps, seconds)`` runs: least squares of seconds per step on units,
-    with both coefficients kept non-negative; one distinct size gives a proportional fit through it."""
-    if not samples:
+# the polynomial's terms (powers of u) tried, in order of preference: an equally good fit with fewer or lower
+# terms wins (one size: proportional through it; two: the line through them)
+_TERMS = {1: ((1,), (0,), (0, 1)), 2: ((1,), (0,), (0, 1), (2,), (0, 2), (1, 2), (0, 1, 2))}
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``a x = b`` by Gaussian elimination with partial pivoting; None when ``a`` is (nearly) singular."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    scale = max(abs(a[i][i]) for i in range(n)) or 1.0
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) <= 1e-12 * scale:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def _weighted_lsq(xs: Sequence[float], ps: Sequence[float], ws: Sequence[float],
+                  terms: tuple[int, ...]) -> tuple[list[float], float] | None:
+    """(coefficients of ``terms``, weighted squared error) of the least-squares fit; None when singular."""
+    rows = [[x ** k for k in terms] for x in xs]
+    k = len(terms)
+    ata = [[sum(w * r[i] * r[j] for r, w in zip(rows, ws, strict=True)) for j in range(k)] for i in range(k)]
+    atb = [sum(w * r[i] * p for r, p, w in zip(rows, ps, ws, strict=True)) for i in range(k)]
+    coef = _solve(ata, atb)
+    if coef is None:
         return None
+    sse = sum(w * (sum(c * v for c, v in zip(coef, r, strict=True)) - p) ** 2
+              for r, p, w in zip(rows, ps, ws, strict=True))
+    return coef, sse
+
+
+def fit(samples: list[tuple[float, float, float]], degree: int = 2) -> Fit | None:
+    """The per-step fit of ``(units, steps, seconds)`` samples: least squares of the relative error of the seconds
+    per step, over the polynomials in the units up to ``degree`` with non-negative coefficients (every subset of
+    terms, the best feasible one: exact non-negative least squares for three terms)."""
     pts = [(u, s / max(1.0, n)) for u, n, s in samples if s >= 0 and u >= 0]
     if not pts:
         return None
     u_max = max(u for u, _ in pts)
-    mu = sum(u for u, _ in pts) / len(pts)
-    mp = sum(p for _, p in pts) / len(pts)
-    var = sum((u - mu) ** 2 for u, _ in pts)
-    if var <= 1e-12 * max(1.0, mu * mu):  # one size: all of it proportional to the units (or fixed, at u = 0)
-        return Fit(0.0 if mu > 0 else mp, mp / mu if mu > 0 else 0.0, u_max, len(pts))
-    beta = sum((u - mu) * (p - mp) for u, p in pts) / var
-    alpha = mp - beta * mu
-    if beta < 0:  # noise across similar sizes: no growth measured, a flat cost
-        alpha, beta = mp, 0.0
-    elif alpha < 0:  # the line crosses zero before u = 0: proportional instead
-        alpha, beta = 0.0, sum(u * p for u, p in pts) / sum(u * u for u, _ in pts)
-    return Fit(alpha, beta, u_max, len(pts))
+    sizes = len({round(u / u_max, 9) for u, _ in pts}) if u_max > 0 else 1
+    ws = [1.0 / max(p, 1e-9) ** 2 for _, p in pts]
+    if u_max <= 0:  # no size to grow with (a text encoder): a constant
+        mean = sum(w * p for (_, p), w in zip(pts, ws, strict=True)) / sum(ws)
+        return Fit(mean, 0.0, 0.0, len(pts), 0.0, sizes, degree)
+    xs, ps = [u / u_max for u, _ in pts], [p for _, p in pts]
+    best: tuple[tuple[int, ...], list[float], float] | None = None
+    tol = 1e-12 * len(pts)
+    for terms in _TERMS[2 if degree >= 2 else 1]:
+        got = _weighted_lsq(xs, ps, ws, terms)
+        if got is None or min(got[0]) < 0:
+            continue
+        if best is None or got[1] < best[2] - tol:
+            best = (terms, got[0], got[1])
+    assert best is not None  # a single term on positive sizes is never singular, and its coefficient >= 0
+    coef = dict(zip(best[0], best[1], strict=True))
+    return Fit(coef.get(0, 0.0), coef.get(1, 0.0) / u_max, u_max, len(pts), coef.get(2, 0.0) / u_max ** 2, sizes,
+               2 if degree >= 2 else 1)
 
 
 class Samples:
-    """A worker's recent runs of its stage, and their fit (what it publishes)."""
+    """A stage's measurements for one workflow, and their fit (what its worker publishes): the calibration's
+    points (the latest at each size, kept) and the recent completed runs. ``degree``: 2 for a stage whose time
+    can grow with the square of its units (its cost model's ``growth``), else 1."""
 
-    def __init__(self, maxlen: int = MAX_SAMPLES) -> None:
+    def __init__(self, maxlen: int = MAX_SAMPLES, degree: int = 2) -> None:
         self.runs: deque[tuple[float, float, float]] = deque(maxlen=maxlen)
+        self.calibration: dict[float, tuple[float, float, float]] = {}
+        self.degree = degree
 
     def add(self, units: float, steps: float, seconds: float) -> Fit | None:
+        """A completed run."""
         self.runs.append((float(units), float(steps), float(seconds)))
-        return fit(list(self.runs))
+        return self.fit()
+
+    def calibrated(self, units: float, steps: float, seconds: float) -> Fit | None:
+        """A calibration measurement (it replaces an earlier one at the same size)."""
+        self.calibration[float(units)] = (float(units), float(steps), float(seconds))
+        return self.fit()
+
+    def fit(self) -> Fit | None:
+        return fit([*self.calibration.values(), *self.runs], self.degree)
 
 
 class Pricer:

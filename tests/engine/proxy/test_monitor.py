@@ -73,7 +73,8 @@ def test_the_measured_drain_rate_wins_over_the_node_managers_capacity() -> None:
     assert m.predicted_finish(published, 1.0) == pytest.approx(41 / 20.0)  # what trusting it would promise
     assert m.decide(measured, 1.0, now=0.0, deadline=10.0).admit
     d = m.decide(measured, 1.0, now=0.0, deadline=9.5)
-    assert not d.admit and d.predicted_finish_s == pytest.approx(41 / 5.0) and d.retry_after == 8
+    assert not d.admit and d.predicted_finish_s == pytest.approx(41 / 5.0)
+    assert d.retry_after == 1  # 2 of the 40 must drain first (0.4 s at 5 a second), not the whole line (8 s)
     # an idle pipeline still takes its unloaded latency: a deadline shorter than that is refused
     idle = Load(0, 0.0, 3, 1, capacity_rps=20.0, drain_rps=5.0, base_latency_s=2.0)
     assert not m.decide(idle, 1.0, now=0.0, deadline=2.2).admit

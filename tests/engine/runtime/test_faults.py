@@ -118,14 +118,15 @@ def test_sigkill_of_the_denoise_worker_mid_request(cluster: Cluster, tiny_models
 
 def test_a_deadline_denoise_cannot_meet_stops_it(cluster: Cluster) -> None:
     """100 steps take > 5 s here; with 2 s left, the request never reaches vae_decode: the Proxy refuses it
-    at once when the stages it needs have published their measured times (an earlier test's requests
-    priced it: engine/workflow/pricing.py); else denoise either stops between steps when the deadline
+    at once (a 400: it can never fit) when the stages it needs have published their measured times (their
+    warm-up calibration or an earlier test's requests priced it: engine/workflow/pricing.py); else denoise either stops between steps when the deadline
     passes or, once it has served a request of this kind, does not start it at all, since even its fastest
     run would end too late. (The check between steps itself: tests/engine/stages/test_denoise_control.py.)"""
     status, doc, headers = cluster.call("POST", "/v1/requests", {"workflow": "sd-t2i", "params": SLOW,
                                                                  "inputs": {}, "deadline_s": 2.0})
-    if status == 503:  # priced at intake: nothing entered the engine
-        assert "of stage work here" in doc["error"] and int(headers["Retry-After"]) >= 1, doc
+    if status == 400:  # priced at intake as never fitting: nothing entered the engine, no retry invited
+        assert "of stage work here" in doc["error"] and doc["field"] == "deadline_s", doc
+        assert "Retry-After" not in headers, headers
         return
     assert status == 202, doc
     uid = str(doc["uid"])

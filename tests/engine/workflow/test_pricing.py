@@ -24,7 +24,8 @@ def test_one_size_measured_is_proportional_and_noise_never_makes_it_cheaper() ->
     # the 512x512 50-step request after only 64x64 3-step ones: far over any 2-minute wait
     assert f.predict(512 * 512, 50, 2.0) > 1000
     noisy = fit([(1000.0, 1.0, 0.30), (1100.0, 1.0, 0.20)])  # a falling line across close sizes
-    assert noisy is not None and noisy.beta == 0 and abs(noisy.alpha - 0.25) < 1e-12
+    # flat, between the two (a least squares of the relative error: nearer the smaller)
+    assert noisy is not None and noisy.beta == noisy.gamma == 0 and 0.20 < noisy.alpha < 0.25
     assert Fit.from_json(Fit(0.1, 0.2, 3.0, 4).to_json()) == Fit(0.1, 0.2, 3.0, 4)
     assert Fit.from_json('{"alpha": -1, "beta": 0, "u_max": 1, "n": 1}') is None
     assert Fit.from_json("not json") is None
