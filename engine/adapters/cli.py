@@ -1,8 +1,10 @@
 """``onepiece adapters add|list|remove``: the operators' LoRA registry (engine.adapters.registry).
 
-Torch-free: adding validates the file from its safetensors header against the
-workflow's denoise model weights, copies it into the adapter store and records
-its digest; a client then names it in a request's ``lora`` field.
+Torch-free: adding validates the file (or the weights file of a diffusers LoRA
+folder) from its safetensors header against the workflow's denoise model
+weights, copies it into the adapter store and records its digest; a client then
+names it in a request's ``lora`` field. A refused file is one ``error:`` line on
+stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", default=None,
                         help="adapter store folder (default: ONEPIECE_ADAPTER_STORE or <state dir>/adapters)")
     sub = parser.add_subparsers(dest="adapters_command", metavar="ACTION", required=True)
-    add = sub.add_parser("add", help="validate a LoRA file and register it for a workflow")
+    add = sub.add_parser("add", help="validate a LoRA file (or diffusers LoRA folder) and register it for a "
+                                     "workflow")
     add.add_argument("name", help="the name clients use (a-z, 0-9, '_', '.', '-'; at most 64)")
-    add.add_argument("path", help="the adapter's .safetensors file (diffusers/PEFT LoRA format)")
+    add.add_argument("path", help="the adapter's .safetensors file (diffusers/PEFT LoRA format), or the folder "
+                                  "diffusers' save_lora_weights writes (its pytorch_lora_weights.safetensors, else "
+                                  "its one .safetensors file)")
     add.add_argument("--workflow", required=True, help="the workflow whose denoise model it adapts")
     add.add_argument("--scale-default", type=float, default=1.0,
                      help="the scale a request that names no scale gets (default 1.0)")

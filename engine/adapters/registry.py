@@ -14,7 +14,8 @@ Proxy, the web platform and the stage workers read it through
 A client names an adapter; it never gives a path: :meth:`AdapterStore.file`
 resolves an entry to a file inside the store and refuses anything else.
 
-Adding validates before anything is served: a ``.safetensors`` file in the
+Adding validates before anything is served: a ``.safetensors`` file (given as
+such, or as the folder diffusers' ``save_lora_weights`` writes) in the
 diffusers/PEFT LoRA format (``<component>.<module>.lora_A.weight`` and
 ``.lora_B.weight`` pairs), every target module a weight of that workflow's
 denoise model with matching shapes, the rank at most :data:`MAX_RANK`, the file
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.adapters.formats import NotSafetensors, read_header, weight_shapes
+from engine.adapters.formats import NotSafetensors, read_header, shown, weight_shapes
 
 #: workflow -> (the denoise model's component, the diffusers pipeline whose LoRA loader reads its adapters)
 ADAPTABLE: dict[str, tuple[str, str]] = {
@@ -53,6 +54,8 @@ NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 SCALE_MIN, SCALE_MAX = -4.0, 4.0
 _DTYPES = {"F32", "F16", "BF16"}
 _KEY_RE = re.compile(r"(?P<module>[A-Za-z0-9_.]+)\.lora_(?P<half>[AB])\.weight")
+#: the file diffusers' ``save_lora_weights`` writes in its folder (and ``load_lora_weights`` looks for first)
+WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
 class AdapterError(ValueError):
@@ -118,6 +121,23 @@ def digest_of(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def weights_file(path: str | Path) -> Path:
+    """The LoRA file ``path`` names: a file as it is; a folder as diffusers' ``save_lora_weights`` writes it
+    (and ``load_lora_weights`` reads it): its :data:`WEIGHT_NAME`, else its one ``*.safetensors`` file.
+    :class:`AdapterError` on ``path`` for a folder with neither, or with several candidates."""
+    p = Path(path)
+    if not p.is_dir():
+        return p
+    if (p / WEIGHT_NAME).is_file():
+        return p / WEIGHT_NAME
+    found = sorted(f.name for f in p.glob("*.safetensors") if f.is_file())
+    if len(found) != 1:
+        which = f"{len(found)} .safetensors files ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''})" \
+            if found else "no .safetensors file"
+        raise AdapterError("path", f"folder {p} holds no {WEIGHT_NAME} and {which}; name the adapter's file")
+    return p / found[0]
+
+
 def inspect_file(path: str | Path, workflow: str, model_dir: str | Path) -> tuple[tuple[str, ...], int]:
     """(target modules, rank) of a LoRA file once it is valid for ``workflow``'s model in ``model_dir``;
     :class:`AdapterError` naming what is wrong otherwise. Reads headers only."""
@@ -134,6 +154,8 @@ def inspect_file(path: str | Path, workflow: str, model_dir: str | Path) -> tupl
         header, _meta = read_header(p)
     except NotSafetensors as exc:
         raise AdapterError("path", str(exc)) from None
+    except OSError as exc:
+        raise AdapterError("path", f"cannot read {p}: {exc.strerror or exc}") from None
     if not header:
         raise AdapterError("path", f"{p.name} holds no tensors")
     halves: dict[str, dict[str, tuple[int, ...]]] = {}
@@ -141,10 +163,10 @@ def inspect_file(path: str | Path, workflow: str, model_dir: str | Path) -> tupl
     for key, info in header.items():
         m = _KEY_RE.fullmatch(key)
         if m is None or not key.startswith(prefix):
-            raise AdapterError("path", f"{p.name}: tensor {key!r} is not a LoRA of {workflow}'s {component} in the "
+            raise AdapterError("path", f"{p.name}: tensor {shown(key)} is not a LoRA of {workflow}'s {component} in the "
                                        f"diffusers/PEFT format ({prefix}<module>.lora_A.weight / .lora_B.weight)")
         if info["dtype"] not in _DTYPES:
-            raise AdapterError("path", f"{p.name}: tensor {key!r} has dtype {info['dtype']}; want F32, F16 or BF16")
+            raise AdapterError("path", f"{p.name}: tensor {shown(key)} has dtype {info['dtype']}; want F32, F16 or BF16")
         module = m["module"][len(prefix):]
         halves.setdefault(module, {})[m["half"]] = tuple(int(d) for d in info["shape"])
     if len(halves) > MAX_TARGETS:
@@ -230,9 +252,11 @@ class AdapterStore:
 
     def add(self, name: str, path: str | Path, workflow: str, model_dir: str | Path,
             scale_default: float = 1.0) -> Adapter:
-        """Validate ``path`` against ``workflow``'s model in ``model_dir``, copy it into the store, record it.
-        :class:`AdapterError` (nothing changed) when the name is taken or the file is refused."""
+        """Validate ``path`` (a LoRA file, or a diffusers LoRA folder: :func:`weights_file`) against
+        ``workflow``'s model in ``model_dir``, copy it into the store, record it. :class:`AdapterError` (nothing
+        changed) when the name is taken or the file is refused."""
         check_name(name)
+        path = weights_file(path)
         scale_default = check_scale(scale_default, "scale_default")
         targets, rank = inspect_file(path, workflow, model_dir)
         if self.get(name) is not None:

@@ -1,6 +1,7 @@
 """Operators' adapter registry in the admin (staff only, as all of the admin): add (upload a .safetensors
 file, validated and copied into the adapter store by the engine's registry) and remove; the changelist shows
-the registry as it is."""
+the registry as it is. A malformed file is a form error; one the registry refuses (targets, rank, name) is a
+row marked refused, with the reason."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 
 from engine import envs
+from engine.adapters.formats import NotSafetensors, parse_header
 from engine.adapters.registry import ADAPTABLE, AdapterError, store
 from onepiece_platform.accounts.models import audit
 from onepiece_platform.adapters.models import AdapterAction
@@ -28,9 +30,28 @@ class AdapterActionForm(forms.ModelForm):
         fields = ["action", "name", "workflow", "scale_default"]
         widgets = {"workflow": forms.Select(choices=[("", "-")] + [(w, w) for w in sorted(ADAPTABLE)])}
 
+    def clean_file(self) -> Any:
+        """A malformed file is a form error on ``file`` (its safetensors header read and checked entry by
+        entry, bounded); whether it fits the workflow's model is the registry's verdict, recorded on the row."""
+        upload = self.cleaned_data.get("file")
+        if not upload:
+            return upload
+        name = Path(upload.name or "adapter").name
+        if not name.endswith(".safetensors"):
+            raise forms.ValidationError(f"adapters are .safetensors files only (no pickles), got {name!r}")
+        upload.seek(0)
+        try:
+            parse_header(upload, upload.size, name)
+        except NotSafetensors as exc:
+            raise forms.ValidationError(str(exc)) from None
+        finally:
+            upload.seek(0)
+        return upload
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        if data.get("action") == AdapterAction.ADD and (not data.get("file") or not data.get("workflow")):
+        if data.get("action") == AdapterAction.ADD and "file" not in self.errors \
+                and (not data.get("file") or not data.get("workflow")):
             raise forms.ValidationError("adding takes a file and a workflow")
         return data
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+from onepiece_platform.strict import loads
 
 LORA_HELP = ('LoRA adapters to apply: [{"name": ..., "scale": ...}], at most 4, names from GET /v1/adapters of '
              "this workflow (scale: default the adapter's; the openai client sends it in extra_body)")
@@ -37,7 +38,7 @@ class LoraField(serializers.Field):
             if len(data) > 4000:
                 raise serializers.ValidationError("lora is too long")
             try:
-                data = json.loads(data)
+                data = loads(data)  # deep nesting, NaN, Infinity: ValueError too (a RecursionError was a 500)
             except ValueError:
                 raise serializers.ValidationError('lora must be a JSON list of {"name": ..., "scale": ...}') from None
         if not isinstance(data, list):
