@@ -5,7 +5,9 @@ ends.
 A job that fails before its first fragment is a 409 naming its state (as the plain result route); one that
 fails mid-stream has its connection closed without the chunked transfer's last chunk, so no client takes the
 bytes it got for a complete file (HTTP clients raise an incomplete-read error). A job with no stream (an image
-workflow) gets its result in one piece once it completes. Installed by :func:`install` (one line in
+workflow) gets its result in one piece once it completes. Redis away before the first byte is a 503 with
+Retry-After (as every other route of the Proxy), never a 500; away mid-stream, the connection is closed as for
+a failed job. Installed by :func:`install` (one line in
 engine/proxy/app.py): a middleware in front of the plain result route, which answers everything else.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from engine.store import outage
 from engine.store.fragments import Fragments, StreamFailed
 
 log = logging.getLogger("onepiece.proxy.stream")
@@ -52,17 +55,20 @@ def install(app: web.Application, store: Any) -> None:
 
 async def stream_response(request: web.Request, fragments: Fragments, uid: str) -> web.StreamResponse:
     """The job's fragments as a chunked response (see the module's docstring for how it ends)."""
-    from engine.proxy.app import CONTENT_TYPES
+    from engine.proxy.app import CONTENT_TYPES, _store_down
     from engine.workflow import get_workflow
 
-    st = await asyncio.to_thread(fragments.store.status, uid)
-    if st is None:
-        return web.json_response({"error": {"message": "unknown or expired request"}}, status=404)
     pieces = fragments.iter(uid)
     try:
+        st = await asyncio.to_thread(fragments.store.status, uid)
+        if st is None:
+            return web.json_response({"error": {"message": "unknown or expired request"}}, status=404)
         first = await _next(pieces)
     except StreamFailed as exc:
         return web.json_response({"uid": uid, "state": exc.state, "error": exc.detail}, status=409)
+    except outage.UNAVAILABLE as exc:  # nothing sent yet: a moment's overload, never a 500
+        pieces.close()
+        return _store_down(exc)
     ctype = CONTENT_TYPES.get(get_workflow(st.workflow).final_output, "application/octet-stream")
     resp = web.StreamResponse(headers={"Content-Type": ctype, "Cache-Control": "no-store",
                                        "X-Content-Type-Options": "nosniff"})
@@ -73,7 +79,8 @@ async def stream_response(request: web.Request, fragments: Fragments, uid: str) 
         while piece is not _END:
             await resp.write(piece)
             piece = await _next(pieces)
-    except StreamFailed as exc:  # mid-stream: no last chunk, so the client sees an incomplete transfer
+    except (StreamFailed, *outage.UNAVAILABLE) as exc:
+        # mid-stream (the job failed, or Redis went away): no last chunk, so the client sees an incomplete transfer
         log.info("stream of %s ended early: %s", uid, exc)
         if request.transport is not None:
             request.transport.close()

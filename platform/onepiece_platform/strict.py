@@ -145,6 +145,16 @@ class AsciiIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class AsciiFloatField(serializers.FloatField):
+    """A number written with ASCII numerals: Python's ``float()`` also reads full-width and other Unicode
+    digits (``６０``); a boolean is not a number either (``float(True)`` is 1.0)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, bool) or (isinstance(data, str) and not data.isascii()):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class RefuseUnknownFields(serializers.Serializer):
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):

@@ -91,7 +91,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         except UnicodeDecodeError:
             raw = ""
         parts = split_key(raw)
-        key = ApiKey.objects.select_related("user").filter(prefix=parts[0]).first() if parts else None
+        key = ApiKey.objects.select_related("user", "user__priority_tier").filter(prefix=parts[0]).first() if parts else None
         if key is None or parts is None or not key.matches(parts[1]) or not key.active or not key.user.is_active:
             _check_not_blocked(request)
             _record_failure(request)

@@ -1,4 +1,4 @@
-"""API keys and the audit log.
+"""API keys, users' priority tiers and the audit log.
 
 A key is ``op_<prefix>_<secret>``: the prefix (public, unique) finds the row,
 the secret is stored only as its SHA-256 and compared in constant time. A
@@ -14,6 +14,7 @@ import secrets
 from datetime import datetime
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import models
 from django.utils import timezone
 
@@ -25,6 +26,40 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def default_tier(user: object) -> str:
+    """The tier of a user no operator has set one for: high for staff, normal for everyone else."""
+    return "high" if getattr(user, "is_staff", False) else "normal"
+
+
+class PriorityTier(models.Model):
+    """A user's tier: the highest request priority the user may ask for, from a signed-in session or with
+    any of the user's API keys (a key may be set lower, never higher). Users without a row get
+    :func:`default_tier`. An operator's change applies at once to every key and session of the user."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="priority_tier")
+    max_priority = models.CharField(max_length=8, choices=[(p, p) for p in PRIORITIES],
+                                    help_text="the highest priority this user's requests may ask for, with any "
+                                              "of the user's API keys or from a signed-in session")
+
+    class Meta:
+        verbose_name = "priority tier"
+
+    def __str__(self) -> str:
+        return f"{self.user}: at most {self.max_priority}"
+
+
+def tier_of(user: object) -> str:
+    """``user``'s tier: the operator's setting (:class:`PriorityTier`), else :func:`default_tier`."""
+    try:
+        return str(user.priority_tier.max_priority)  # type: ignore[attr-defined]
+    except (AttributeError, ObjectDoesNotExist):  # no row (Django caches the miss), or an anonymous user
+        return default_tier(user)
+
+
+def lowest(*levels: str) -> str:
+    return min(levels, key=PRIORITIES.index)
+
+
 class ApiKey(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)
@@ -34,12 +69,13 @@ class ApiKey(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-    # the key's tier: the highest request priority it may ask for ("" : by its owner, high for staff, else
-    # normal; see max_priority_allowed). An operator raises or lowers it per key in the admin.
+    # the key's own cap below its owner's tier ("": the owner's tier; see max_priority_allowed). An operator
+    # may lower one key in the admin; the tier itself belongs to the user (PriorityTier), so a key set
+    # higher than its owner's tier still gets the owner's.
     max_priority = models.CharField(max_length=8, blank=True, default="",
                                     choices=[(p, p) for p in PRIORITIES],
-                                    help_text="the highest priority requests with this key may ask for; "
-                                              "empty: high for staff users' keys, normal for others")
+                                    help_text="lower this key below its owner's priority tier (empty: the "
+                                              "owner's tier; a setting above the tier has no effect)")
 
     class Meta:
         ordering = ["-created_at"]
@@ -59,8 +95,10 @@ class ApiKey(models.Model):
 
     @property
     def max_priority_allowed(self) -> str:
-        """The highest priority this key may use: its own setting, else high for staff, normal for others."""
-        return self.max_priority or ("high" if getattr(self.user, "is_staff", False) else "normal")
+        """The highest priority this key may use: its owner's tier (:func:`tier_of`), or the key's own
+        setting where that is lower."""
+        tier = tier_of(self.user)
+        return lowest(self.max_priority or tier, tier)
 
     def matches(self, secret: str) -> bool:
         return hmac.compare_digest(self.secret_hash, hash_secret(secret))

@@ -4,7 +4,8 @@ The live cluster state comes over ``/ws/cluster`` (consumers.py); these
 endpoints cover what a websocket push does not: every user's jobs (the native
 ``/api/v1/jobs`` lists only the caller's own), one job's timeline and result,
 the traffic figures (traffic.py), and operators' actions with their audit list
-(actions.py). Session auth with Django's CSRF check on POST, as the admin uses.
+(actions.py). Session auth with Django's CSRF check on POST, as the admin uses. Redis away (a job's
+state, its previews) is a 503 with Retry-After from every JSON endpoint, never a 500.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from engine.store import outage
 from engine.workflow import get_workflow, workflows
 from onepiece_platform.dashboard import traffic as traffic_
 from onepiece_platform.jobs import control, previews
@@ -33,14 +35,30 @@ JOBS_SHOWN = 1000  # the page renders these in one go; older jobs are in the adm
 
 
 def staff_json(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """JSON endpoints answer 403 rather than redirect: a script cannot follow a login page."""
+    """JSON endpoints answer 403 rather than redirect: a script cannot follow a login page; and 503 with
+    Retry-After while Redis is away (the job store, the previews), as the APIs do."""
     @wraps(view)
     def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         user = request.user
         if not (user.is_authenticated and user.is_active and user.is_staff):
             return JsonResponse({"error": "staff only"}, status=403)
-        return view(request, *args, **kwargs)
+        try:
+            return view(request, *args, **kwargs)
+        except outage.UNAVAILABLE:
+            return JsonResponse({"error": "the service's store is unavailable; retry shortly"},
+                                status=503, headers={"Retry-After": str(outage.RETRY_AFTER_S)})
     return wrapped
+
+
+def _whole(request: HttpRequest, name: str, default: int) -> int:
+    """The query value ``name`` as an integer written with ASCII digits (``int()`` also reads "１０");
+    ``ValueError`` when it is not one."""
+    raw = request.GET.get(name)
+    if raw is None:
+        return default
+    if not raw.strip().lstrip("+-").isascii():
+        raise ValueError(f"{name} must be written with ASCII digits")
+    return int(raw)
 
 
 @staff_member_required
@@ -75,7 +93,7 @@ def _job(job: Job, position: int | None = None) -> dict[str, Any]:
 @require_http_methods(["GET"])
 def jobs(request: HttpRequest) -> JsonResponse:
     try:
-        limit = max(1, min(JOBS_SHOWN, int(request.GET.get("limit", JOBS_SHOWN))))
+        limit = max(1, min(JOBS_SHOWN, _whole(request, "limit", JOBS_SHOWN)))
     except ValueError:
         return JsonResponse({"error": "limit must be a whole number"}, status=400)
     shown = list(Job.objects.filter(uid__isnull=False).select_related("owner")[:limit])
@@ -155,7 +173,7 @@ job_result = JobResultForStaff.as_view()
 @require_http_methods(["GET"])
 def traffic(request: HttpRequest) -> JsonResponse:
     try:
-        minutes, step = int(request.GET.get("minutes", 10)), int(request.GET.get("step", 10))
+        minutes, step = _whole(request, "minutes", 10), _whole(request, "step", 10)
     except ValueError:
         return JsonResponse({"error": "minutes and step must be whole numbers"}, status=400)
     return JsonResponse(traffic_.traffic(timezone.now(), minutes, step))

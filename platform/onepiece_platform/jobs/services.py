@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from engine.workflow import InvalidRequest, images, request_workflow
 from onepiece_platform import conf
-from onepiece_platform.accounts.models import PRIORITIES
+from onepiece_platform.accounts.models import PRIORITIES, lowest, tier_of
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.engine_link.models import Rejection
 from onepiece_platform.jobs.models import NON_TERMINAL, Job, JobInput
@@ -93,20 +93,34 @@ def _repeat(earlier: Job, workflow: str, api: str, scope: str) -> Submitted:
     return Submitted(earlier, False)
 
 
+def priority_ceiling(user: Any, api_key: Any) -> tuple[str, str]:
+    """(the highest priority the request may use, whose limit that is): the user's tier
+    (:func:`~onepiece_platform.accounts.models.tier_of`: the operator's setting, else high for staff and
+    normal for others), or with an API key :attr:`ApiKey.max_priority_allowed` (the same tier, or the
+    key's own setting where lower)."""
+    if api_key is not None:
+        return api_key.max_priority_allowed, "this API key"
+    return tier_of(user), "this account"
+
+
 def check_priority(user: Any, api_key: Any, priority: object) -> str:
     """The request's priority once it is one of ``low``, ``normal``, ``high`` (else 400) and no higher than
-    its API key's tier allows (:attr:`ApiKey.max_priority_allowed`: the key's own setting, else high for
-    staff users' keys and normal for others; a signed-in session gets the same rule by its user); over it
-    is a 403. Both name ``priority``."""
+    :func:`priority_ceiling` (else 403); both name ``priority``. A request that names none (None) runs at
+    the highest its ceiling allows, up to ``normal``."""
+    ceiling, whose = priority_ceiling(user, api_key)
+    if priority is None:
+        return lowest(ceiling, "normal")
     if not isinstance(priority, str) or priority not in PRIORITIES:
         raise Invalid("priority", f"priority must be one of {', '.join(PRIORITIES)}")
-    if api_key is not None:
-        ceiling, whose = api_key.max_priority_allowed, "this API key"
-    else:
-        ceiling, whose = ("high" if getattr(user, "is_staff", False) else "normal"), "this account"
     if PRIORITIES.index(priority) > PRIORITIES.index(ceiling):
         raise Invalid("priority", f"priority {priority} is over what {whose} may use (at most {ceiling})", 403)
     return priority
+
+
+def inherited_priority(user: Any, api_key: Any, source: str) -> str:
+    """The priority of a request made from an earlier job (a remix): the source's, capped by what this
+    request's key (or account) may use now."""
+    return lowest(source if source in PRIORITIES else "normal", priority_ceiling(user, api_key)[0])
 
 
 def resolve(workflow: str, params: dict[str, Any], inputs: dict[str, bytes], limits: Limits) -> tuple[dict[str, Any], float]:
@@ -201,15 +215,16 @@ def _ask_engine(job: Job, inputs: dict[str, bytes]) -> None:
 def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
            idempotency_key: str = "", api: str = "native", deadline_s: float | None = None,
            api_key: Any = None, webhook_url: str = "", scope: str = SCOPE_JOBS,
-           priority: str = "normal") -> Submitted:
+           priority: str | None = None) -> Submitted:
     """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError.
 
     ``scope``: the route and operation an ``idempotency_key`` belongs to (``SCOPE_*``, :func:`remix_scope`).
 
     ``api_key``: the key the request came with (its webhook endpoint gets the job's completion event);
     ``webhook_url``: a per-request receiver of that event, vetted by the caller.
-    ``priority``: ``low``, ``normal`` or ``high``, within the key's tier (:func:`check_priority`); every
-    stage serves higher priority first, with aging (engine.worker.order), and the ledger row records it.
+    ``priority``: ``low``, ``normal`` or ``high``, within the user's tier and the key's cap
+    (:func:`check_priority`; None: the highest allowed, up to normal); every stage serves higher priority
+    first, with aging (engine.worker.order), and the ledger row records it.
     """
     if idempotency_key:
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()

@@ -13,8 +13,9 @@ class ApiKeySerializer(serializers.ModelSerializer):
 
     active = serializers.BooleanField(read_only=True)
     max_priority = serializers.CharField(source="max_priority_allowed", read_only=True,
-                                         help_text="the highest request priority this key may use (set by an "
-                                                   "operator; by default high for staff, normal for others)")
+                                         help_text="the highest request priority this key may use: its "
+                                                   "owner's tier (set by an operator; by default high for "
+                                                   "staff, normal for others), or lower where the key is capped")
 
     class Meta:
         model = ApiKey

@@ -21,7 +21,7 @@ class ApiKeyListView(APIView):
 
     @extend_schema(operation_id="listApiKeys", responses={200: ApiKeySerializer(many=True), **native_errors()})
     def get(self, request: Request) -> Response:
-        keys = ApiKey.objects.filter(user=request.user)
+        keys = ApiKey.objects.filter(user=request.user).select_related("user", "user__priority_tier")
         return Response(ApiKeySerializer(keys, many=True).data)
 
     @extend_schema(operation_id="createApiKey", request=ApiKeySerializer, responses={201: NewApiKeySerializer, **native_errors(400, 403)})

@@ -252,14 +252,16 @@ _SENT_AS = {"width": "size", "height": "size", "num_frames": "seconds"}
 
 
 def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: dict[str, bytes],
-                  scope: str = services.SCOPE_VIDEOS, priority: str = "normal") -> Job:
+                  scope: str = services.SCOPE_VIDEOS, priority: str | None = None,
+                  deadline_s: float | None = None) -> Job:
     """Submit as the native API does; a size or length the workflow refuses is reported on the field the
     client sent (``size`` / ``seconds``, or ``width`` / ``num_frames`` when it sent those). The Idempotency-Key is taken whole (over the limit:
     400) and belongs to ``scope``, the route and operation (a remix: of that one source)."""
     key = services.idempotency_key(request.headers)
     try:
         return services.submit(request.user, model, params, inputs, key, "openai",
-                               api_key=api_key_of(request), scope=scope, priority=priority).job
+                               api_key=api_key_of(request), scope=scope, priority=priority,
+                               deadline_s=deadline_s).job
     except services.Invalid as exc:
         sent = _SENT_AS.get(exc.field)
         if sent is not None and sent in request.data and exc.field not in request.data:
@@ -362,7 +364,8 @@ class VideoRemixView(OpenAIView):
     @extend_schema(operation_id="remixVideo", request=s.VideoRemixSerializer,
                    responses={200: s.VideoSerializer, **_errors(400, 401, 404, 409, 413, 429, 503)})
     def post(self, request: Request, video_id: str) -> Response:
-        """A new video with the source's parameters (size, frames, steps, seed, ...) and a new prompt."""
+        """A new video with the source's parameters (size, frames, steps, seed, lora, ...) and options
+        (priority, capped by what this key may use now; deadline_s), and a new prompt."""
         from django.db import transaction
 
         from onepiece_platform.videos.models import Remix
@@ -374,7 +377,9 @@ class VideoRemixView(OpenAIView):
         params = {**source.params, "prompt": v.validated_data["prompt"]}
         job = _submit_video(request, source.workflow, params,
                             _image_input(source.workflow, v.validated_data.get("input_reference")),
-                            services.remix_scope(source.uid))
+                            services.remix_scope(source.uid), deadline_s=source.deadline_s,
+                            priority=services.inherited_priority(request.user, api_key_of(request),
+                                                                 source.priority))
         with transaction.atomic():
             Remix.objects.get_or_create(job=job, defaults={"source_uid": source.uid})
         return Response(_video(job))

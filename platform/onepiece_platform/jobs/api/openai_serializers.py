@@ -14,7 +14,13 @@ from engine.workflow import workflows
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.jobs.api.serializers import EtaSerializer
-from onepiece_platform.strict import AsciiIntegerField, RefuseUnknownFields, StrictCharField, StrictRegexField
+from onepiece_platform.strict import (
+    AsciiFloatField,
+    AsciiIntegerField,
+    RefuseUnknownFields,
+    StrictCharField,
+    StrictRegexField,
+)
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$", re.ASCII)  # ASCII digits only: \d alone matches "６４"
 # A prompt: something besides whitespace, and no NUL (the schema says so, and DRF refuses NULs)
@@ -24,6 +30,8 @@ IMAGE_SIZES = ["64x64", "256x256", "512x512", "768x768", "1024x1024", "512x768",
 # quality, style and moderation have no counterpart in the engine's workflows; background "auto" and "opaque"
 # are what every image is; stream false is what this route does. Values that would need more are refused.
 IMAGE_NO_OPS = ("quality", "style", "moderation", "background", "stream", "partial_images")
+# ``model: "default"`` (vLLM-Omni's client sends it when no model is named): the route's own default workflow
+DEFAULT_MODEL = "default"
 
 
 def offered_sizes() -> list[str]:
@@ -128,15 +136,25 @@ class _GenerateSerializer(RefuseUnknownFields):
     # (No docstring: it would become the request's description in the OpenAPI schema.)
     output: ClassVar[str]
     lora = LoraField(required=False)  # OnePiece extension (extra_body): LoRA adapters of the operators' registry
-    # OnePiece extension (extra_body): low, normal or high, within the API key's tier (403 over it)
-    priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default="normal")
+    # OnePiece extension (extra_body): low, normal or high, within the account's tier and the API key's cap
+    # (403 over it); None (not sent): the highest allowed, up to normal (services.check_priority)
+    priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default=None)
     # OnePiece extension (extra_body): a live preview every N denoising steps (0: off; the loaded model's
     # step limit is checked where the request is resolved)
     preview_every = AsciiIntegerField(required=False, min_value=0, max_value=10_000)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["model"].choices = models_for(self.output)
+        self.fields["model"].choices = [*models_for(self.output), DEFAULT_MODEL]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("model") == DEFAULT_MODEL:  # as if none was named: the field's default, or the view's
+            default = self.fields["model"].default
+            if default is serializers.empty:
+                del attrs["model"]
+            else:
+                attrs["model"] = default
+        return attrs
 
 
 class VideoCreateSerializer(_GenerateSerializer):
@@ -144,7 +162,8 @@ class VideoCreateSerializer(_GenerateSerializer):
 
     prompt = StrictRegexField(PROMPT, max_length=4000)
     model = serializers.ChoiceField(choices=[], required=False,
-                                    help_text="the workflow; default wan2.1-i2v with input_reference, else wan2.1-t2v")
+                                    help_text="the workflow; default (or \"default\") wan2.1-i2v with "
+                                              "input_reference, else wan2.1-t2v")
     seconds = AsciiIntegerField(required=False, min_value=1, max_value=60,
                                 help_text="clip length; frames = seconds x fps + 1 (default: the model's)")
     size = StrictCharField(required=False, max_length=16, help_text="WIDTHxHEIGHT (default: the model's)")
@@ -156,11 +175,11 @@ class VideoCreateSerializer(_GenerateSerializer):
     height = AsciiIntegerField(required=False, min_value=1, max_value=99_999, help_text="with width, instead of size")
     num_frames = AsciiIntegerField(required=False, min_value=1, max_value=10_000, help_text="instead of seconds")
     fps = AsciiIntegerField(required=False, min_value=1, max_value=240, help_text="frames per second of the clip")
-    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=50)
+    guidance_scale = AsciiFloatField(required=False, min_value=0, max_value=50)
     # OnePiece extensions (the openai client sends them through extra_body)
     # the low-noise expert's guidance (the Wan2.2 A14B models; the workflow's own bounds, and a model without a
     # second expert refuses it, naming it)
-    guidance_scale_2 = serializers.FloatField(required=False)
+    guidance_scale_2 = AsciiFloatField(required=False)
     num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=1000)
     seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 1)
     negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
@@ -170,6 +189,7 @@ class VideoCreateSerializer(_GenerateSerializer):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
         if ("width" in attrs) != ("height" in attrs):
             missing = "height" if "width" in attrs else "width"
             raise serializers.ValidationError({missing: ["width and height go together (or send size)"]})
@@ -226,8 +246,9 @@ class VideoListQuerySerializer(serializers.Serializer):
 
     def to_internal_value(self, data: Any) -> Any:
         # DRF reads an empty query value of an optional field as absent (the default); a client that sent
-        # ``order=`` or ``limit=`` asked for something, and is told it is not a value
-        for name in ("after", "limit", "order"):
+        # ``order=`` or ``limit=`` asked for something, and is told it is not a value. ``after=`` is absent
+        # (OpenAI's spec allows an empty cursor: the first page), as DRF reads it
+        for name in ("limit", "order"):
             if hasattr(data, "get") and name in data and data.get(name) == "":
                 raise serializers.ValidationError({name: ["must not be empty"]})
         return super().to_internal_value(data)
@@ -257,7 +278,8 @@ class ImageGenerateSerializer(_GenerateSerializer):
     output = "image"
 
     prompt = StrictRegexField(PROMPT, max_length=4000)
-    model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i")
+    model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i",
+                                    help_text='the workflow; default (or "default") sd-t2i')
     n = AsciiIntegerField(required=False, default=1, min_value=1, max_value=4)
     size = serializers.ChoiceField(choices=IMAGE_SIZES, required=False,
                                    help_text="WIDTHxHEIGHT, or auto (default: the model's own size)")
@@ -274,13 +296,17 @@ class ImageGenerateSerializer(_GenerateSerializer):
     partial_images = NoPartialImagesField(required=False)
     user = StrictCharField(required=False, max_length=200)
     num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=150)
-    guidance_scale = serializers.FloatField(required=False, min_value=0, max_value=50)
+    guidance_scale = AsciiFloatField(required=False, min_value=0, max_value=50)
     seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 5)
     negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["size"].choices = ["auto", *offered_sizes()]
+        sizes = self.fields["size"]
+        sizes.choices = ["auto", *offered_sizes()]
+        # DRF's message names only the value: the client is told what it may send (str.format'ed: {input})
+        served = ", ".join(sizes.choices)
+        sizes.error_messages["invalid_choice"] = f'"{{input}}" is not a valid choice; the sizes served: {served}'
 
 
 

@@ -13,7 +13,7 @@ from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.api_schema import PageSerializer
 from onepiece_platform.jobs.models import STATES, Job
-from onepiece_platform.strict import RefuseUnknownFields
+from onepiece_platform.strict import AsciiFloatField, RefuseUnknownFields
 
 
 class SubmitSerializer(RefuseUnknownFields):
@@ -21,12 +21,14 @@ class SubmitSerializer(RefuseUnknownFields):
     params = serializers.DictField(required=False, default=dict, help_text="the workflow's parameters")
     inputs = serializers.DictField(child=serializers.CharField(), required=False, default=dict,
                                    help_text="input name -> base64 bytes (e.g. image for image-to-video)")
-    deadline_s = serializers.FloatField(required=False, min_value=1.0, max_value=86400.0)
+    deadline_s = AsciiFloatField(required=False, min_value=1.0, max_value=86400.0)
     lora = LoraField(required=False)
-    priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default="normal",
+    # default None: the highest the user's tier (and the key's cap) allows, up to normal (services.check_priority)
+    priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default=None,
                                        help_text="every stage serves higher priority first (a request waiting "
-                                                 "10 s at a stage counts as high: none starves); the API key's "
-                                                 "tier sets the highest allowed (403 over it)")
+                                                 "10 s at a stage counts as high: none starves); the account's "
+                                                 "tier, or the API key's lower cap, sets the highest allowed (403 "
+                                                 "over it); default: the highest allowed, up to normal")
     webhook_url = serializers.CharField(required=False, max_length=2000,
                                         help_text="also send the job's terminal event (job.completed, job.failed, "
                                                   "job.cancelled, job.expired) here, signed with the secret of "

@@ -25,6 +25,7 @@ from engine.proxy import eta
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
 from onepiece_platform.accounts.models import ApiKey
+from onepiece_platform.adapters.fields import lora_from_form
 from onepiece_platform.api_errors import error
 from onepiece_platform.api_schema import native_errors
 from onepiece_platform.jobs import control, services
@@ -113,6 +114,8 @@ class JobListCreateView(APIView):
         s = SubmitSerializer(data=doc)
         s.is_valid(raise_exception=True)
         for name, value in s.validated_data["inputs"].items():
+            if name in inputs:
+                raise services.Invalid(name, f"input {name!r} is given twice (a file and in inputs)")
             try:
                 inputs[name] = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
@@ -138,7 +141,9 @@ class JobListCreateView(APIView):
 
     @staticmethod
     def _read(request: Request) -> tuple[dict[str, Any], dict[str, bytes]]:
-        """(the JSON document, uploaded inputs); multipart carries ``params`` as a JSON string."""
+        """(the JSON document, uploaded inputs). A multipart form carries every field of the JSON document,
+        ``params`` and ``inputs`` as JSON strings, ``lora`` as one JSON string or as ``lora[][name]`` /
+        ``lora[][scale]`` entries; an unknown field is refused by the serializer, a repeated one here."""
         if not request.content_type.startswith("multipart/"):
             data = request.data
             return (dict(data) if isinstance(data, dict) else {"workflow": None}), {}
@@ -147,13 +152,19 @@ class JobListCreateView(APIView):
             if f.size > conf.get("MAX_UPLOAD_BYTES"):
                 raise services.Invalid(name, f"{name} is over {conf.get('MAX_UPLOAD_BYTES')} bytes", 413)
             inputs[name] = f.read()
-        try:
-            params = strict_loads(request.data.get("params") or "{}")
-        except ValueError:
-            raise services.Invalid("params", "params must be a JSON object") from None
-        doc = {"workflow": request.data.get("workflow"), "params": params}
-        if request.data.get("webhook_url") is not None:
-            doc["webhook_url"] = request.data.get("webhook_url")
+        form = lora_from_form(request.data)
+        doc: dict[str, Any] = {"workflow": None}
+        for name in form:
+            if name in request.FILES:
+                continue
+            if not name.startswith("lora[") and len(request.data.getlist(name)) > 1:
+                raise services.Invalid(name, f"{name} is given more than once")
+            doc[name] = form[name]
+            if name in ("params", "inputs"):
+                try:
+                    doc[name] = strict_loads(form[name] or "{}")
+                except ValueError:
+                    raise services.Invalid(name, f"{name} must be a JSON object") from None
         return doc, inputs
 
 
