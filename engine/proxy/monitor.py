@@ -34,6 +34,11 @@ import math
 from dataclasses import dataclass
 
 
+def _secs(s: float) -> str:
+    """Seconds as a refusal says them: whole from 10 s up, else to the hundredth."""
+    return f"{s:.0f}s" if s >= 10 else f"{s:.2f}s"
+
+
 @dataclass(frozen=True)
 class Load:
     """What the Proxy knows about one workflow when a request arrives."""
@@ -130,8 +135,8 @@ class RequestMonitor:
             return Decision(False, "no instance serves this workflow yet", retry, wait)
         if deadline is not None and own_s is not None and self.margin * own_s > deadline - now:
             # even on an idle engine it would not finish in time: refused at once, whatever the queue, for good
-            return Decision(False, f"this request needs about {own_s:.0f}s of stage work here (priced from the "
-                                   f"stage times measured on this deployment), over its {deadline - now:.0f}s "
+            return Decision(False, f"this request needs about {_secs(own_s)} of stage work here (priced from the "
+                                   f"stage times measured on this deployment), over its {_secs(deadline - now)} "
                                    "deadline even on an idle engine: ask for fewer steps or a smaller size, or "
                                    "submit it without a deadline (the native API)",
                             retry, wait, own_s, final=True)
