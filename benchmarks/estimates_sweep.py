@@ -190,7 +190,7 @@ def main() -> None:
     p.add_argument("--models", default=None, help="<workflow>/ folders (default: tiny models built here)")
     p.add_argument("--calibrate-s", default=None, help="the node's --calibrate-s (default: the node's)")
     p.add_argument("--steps-512", type=int, default=5, help="sd-t2i 512x512's steps (default 5)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds to wait for the calibration")
+    p.add_argument("--timeout", type=float, default=180, help="seconds to wait for the calibration")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "estimates" / f"{dt.date.today()}.json")
     args = p.parse_args()
     os.environ.setdefault("ONEPIECE_PROXY_TOKEN", secrets.token_urlsafe(24))
@@ -222,7 +222,8 @@ def main() -> None:
     args.out.write_text(json.dumps({"calibration": calibration, "rows": rows, "models": args.models or "tiny",
                                     "calibrate_s": args.calibrate_s or "default", "steps_512": args.steps_512,
                                     "cpus": os.cpu_count(),
-                                    "provenance": {**before, "load_average_before": before.pop("load_average"),
+                                    "provenance": {**{k: v for k, v in before.items() if k != "load_average"},
+                                                   "load_average_before": before["load_average"],
                                                    "load_average_after": list(os.getloadavg())}}, indent=1))
     print(f"written {args.out}")
 

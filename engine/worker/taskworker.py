@@ -223,11 +223,13 @@ class TaskWorker:
         waits at most for the one in hand. ``should_stop`` itself where there is nothing to calibrate."""
         from engine.worker import calibrate
 
-        if self.config.calibrate_s <= 0 or self.collab is not None:
-            return should_stop
-        self.calibrator = calibrate.Calibrator.of(self.executor, self.config.model_dir, list(self.chains),
-                                                  self.config.calibrate_s, self._calibrated)
-        if self.calibrator is None:
+        if self.config.calibrate_s > 0 and self.collab is None:
+            self.calibrator = calibrate.Calibrator.of(self.executor, self.config.model_dir, list(self.chains),
+                                                      self.config.calibrate_s, self._calibrated)
+        if self.calibrator is None:  # said, so that whoever waits for the calibration does not wait for this
+            why = "off" if self.config.calibrate_s <= 0 else "not calibrated here (learns from its runs)"
+            for workflow, _stage in self.chains:
+                self._publish(f"calibration.{workflow}", json.dumps({"points": 0, "done": True, "notes": [why]}))
             return should_stop
 
         def check() -> bool:

@@ -120,3 +120,19 @@ def test_the_budget_flag_reads_a_default_and_per_stage_values() -> None:
             assert "calibrate-s" in str(exc)
         else:
             raise AssertionError(bad)
+
+
+def test_an_instance_with_calibration_off_says_so(redis_server: Any, etcd_server: Any,
+                                                  ring: tuple[RingConsumer, Any]) -> None:
+    """Whoever waits for every instance's calibration (benchmarks/estimates_sweep.py) is told at once that
+    this one has none, rather than waiting for a report that never comes."""
+    consumer, _producer = ring
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    store.r.delete(keys.instance_key(INSTANCE))
+    worker = image_encode_worker(store, consumer, etcd_server.url, calibrate_s=0.0)
+    check = _idle_loop(worker)
+    assert check() is False and worker.calibrator is None
+    report = json.loads(store.instance_stats(INSTANCE)["calibration.sd-t2i"])
+    assert report == {"points": 0, "done": True, "notes": ["off"]}
+    assert store.price_fits([(INSTANCE, "sd-t2i")]) == {}
+    store.close()
