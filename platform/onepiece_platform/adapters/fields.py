@@ -63,6 +63,8 @@ def lora_from_form(data: Any) -> Any:
                                                     'entry, or as one JSON string']})
 
     def number(v: str) -> Any:
+        if not v.isascii():  # float() also reads full-width digits ("０.５"): left as text, refused as a scale
+            return v
         try:
             return float(v)
         except ValueError:

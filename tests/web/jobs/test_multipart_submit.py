@@ -64,6 +64,8 @@ def test_multipart_records_priority_deadline_and_lora(registry: Any, alice: Any,
     ({"lora": json.dumps([{"name": "nope"}])}, "lora"),
     ({"colour": "red"}, "colour"),  # unknown: refused, never ignored
     ({"params": "[1"}, "params"),
+    ({"lora[][name]": "ink", "lora[][scale]": "\uff10.\uff15"}, "lora"),  # a full-width scale, "０.５"
+    ({"deadline_s": "\uff16\uff10"}, "deadline_s"),  # "６０"
 ])
 def test_multipart_refuses_what_json_refuses(registry: Any, alice: Any, store: Any, fields: dict, field: str) -> None:
     _, client, _ = alice
