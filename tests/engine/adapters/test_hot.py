@@ -182,9 +182,10 @@ def test_the_lru_keeps_at_most_max_adapters(sd: Any) -> None:
     from engine.stages.base import StageContext
 
     den = sd.executors["denoise"]
-    original = den.hot
-    original.model.delete_adapters(list(original.loaded))
-    original.loaded.clear()
+    original = den.hot  # None when this test runs first in its process: no adapter loaded yet
+    if original is not None:
+        original.model.delete_adapters(list(original.loaded))
+        original.loaded.clear()
     lru = HotAdapters(den.pipe.unet, "sd-t2i", max_adapters=1)
     den.hot = lru
     try:
