@@ -78,7 +78,10 @@ class PrivateEngine:
         (self.work / "assignment.json").write_text(self.assignment_json)
         env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
         env.update(ONEPIECE_REDIS_URL=redis.url, ONEPIECE_ETCD_URL=etcd.url, ONEPIECE_DEVICE="cpu",
-                   ONEPIECE_PROXY_TOKEN=self.token, ONEPIECE_STATE_DIR=str(self.work / "state"))
+                   ONEPIECE_PROXY_TOKEN=self.token, ONEPIECE_STATE_DIR=str(self.work / "state"),
+                   # no warm-up calibration (engine.worker.calibrate): it would run inside the capacity
+                   # windows, which the one-call baselines beside it do not pay; pricing is not measured here
+                   ONEPIECE_CALIBRATE_S="0")
         if self.bench_workflows:
             env["ONEPIECE_BENCH_WORKFLOWS"] = ",".join(self.bench_workflows)
         cli = [sys.executable, "-m", "engine.cli"]
