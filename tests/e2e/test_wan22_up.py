@@ -71,10 +71,9 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
         assert video.status == "completed" and video.model == WF, video
         assert video.size == "112x64" and video.seconds == "1", video
         mp4 = client.videos.download_content(video.id).content
-        status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
-        assert status == 200 and job["state"] == "completed", job
-        assert [r["stage"] for r in job["stage_runs"]] == ["text_encode", "denoise_high", "denoise_low",
-                                                            "vae_decode", "video_encode"], job["stage_runs"]
+        job = _ledger_job(lines, video.id, ["text_encode", "denoise_high", "denoise_low", "vae_decode",
+                                            "video_encode"])
+        assert job["state"] == "completed", job
         params = job["params"]
         assert (params["num_inference_steps"], params["num_frames"]) == (8, 17), params
         # the same bytes as the one-call pipeline with those parameters
@@ -124,6 +123,24 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
     assert proc.returncode == 0, out
 
 
+def _ledger_job(lines: dict[str, str], uid: str, route: list[str]) -> dict[str, Any]:
+    """The ledger's job once it holds a finished run of each stage of ``route``, in order. The video's state
+    can come from the engine's status (a poll refreshes an unfinished job) a moment before the reconciler
+    has applied the last stage events to the ledger's stage runs (docs/web-platform.md): wait for them."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        status, job = _call(lines, "GET", f"api/v1/jobs/{uid}")
+        assert status == 200, job
+        runs = job["stage_runs"]
+        if [r["stage"] for r in runs] == route and all(r["finished"] is not None for r in runs):
+            return job
+        assert [r["stage"] for r in runs] == route[:len(runs)], runs
+        assert time.monotonic() < deadline, f"the ledger never finished every stage run: {runs}"
+        time.sleep(0.2)
+
+
 def _six_stages(lines: dict[str, str], client: Any, state: Path) -> None:
     """wan2.2-i2v-a14b, six stages: its default request with a first frame completes through every stage, the
     ledger records a run of each, and the Node Manager publishes its capacity over all six."""
@@ -140,16 +157,7 @@ def _six_stages(lines: dict[str, str], client: Any, state: Path) -> None:
                                           input_reference=("first.png", png(64, 64), "image/png"))
     assert video.status == "completed" and video.model == I2V and video.size == "112x64", video
     assert client.videos.download_content(video.id).content[4:8] == b"ftyp"
-    # The video's state can come from the engine's status (a poll refreshes an unfinished job) a moment before
-    # the reconciler has applied the last stage events to the ledger's stage runs: wait for the ledger.
-    deadline = time.monotonic() + 30
-    while True:
-        status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
-        assert status == 200 and [r["stage"] for r in job["stage_runs"]] == route, job
-        if all(r["finished"] is not None for r in job["stage_runs"]):
-            break
-        assert time.monotonic() < deadline, f"the ledger never finished every stage run: {job['stage_runs']}"
-        time.sleep(0.2)
+    _ledger_job(lines, video.id, route)
     password = (state / "secrets" / "etcd-password").read_text().strip()
     etcd = etcd_client(lines["etcd"].replace("***", quote(password, safe=""), 1))
     deadline = time.monotonic() + 60
@@ -165,8 +173,6 @@ def _ti2v_text_only(lines: dict[str, str], client: Any, state: Path) -> None:
     noise) and the mp4 is WanPipeline's over the TI2V folder."""
     video = client.videos.create_and_poll(prompt="a cat walks on the beach", model=TI2V, poll_interval_ms=200)
     assert video.status == "completed" and video.model == TI2V, video
-    status, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
-    assert status == 200 and [r["stage"] for r in job["stage_runs"]] == [
-        "text_encode", "vae_encode", "denoise", "vae_decode", "video_encode"], job["stage_runs"]
+    job = _ledger_job(lines, video.id, ["text_encode", "vae_encode", "denoise", "vae_decode", "video_encode"])
     mp4 = client.videos.download_content(video.id).content
     assert mp4[4:8] == b"ftyp" and mp4 == _reference_mp4(state / "models" / TI2V, job["params"])

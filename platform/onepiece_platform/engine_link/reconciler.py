@@ -114,10 +114,12 @@ class Reconciler:
         # under such load, and a dead letter per event. (Skipping the query for them too lost a platform
         # job under PostgreSQL, in the ledger load test: its acceptance was read before its row committed.)
         self._foreign: OrderedDict[str, None] = OrderedDict()
+        self.caught_up = 0  # stream events a sweep read before it finished jobs (sweep)
 
     # -- the stream ---------------------------------------------------------------------------------
-    def step(self) -> int:
-        """Deal with held events, then the next batch from the stream; returns how many stream events."""
+    def step(self, block: bool = True) -> int:
+        """Deal with held events, then the next batch from the stream; returns how many stream events.
+        ``block=False``: read only what is there now (no wait for more, no linger)."""
         cursor: dict[str, str] = {}
 
         def read_cursor(_: int) -> None:
@@ -132,10 +134,11 @@ class Reconciler:
         from onepiece_platform.redis_conn import get_redis
 
         store = JobStore(get_redis())
-        entries = store.read_entries(last_id, self.block_ms or None, self.count)
+        entries = store.read_entries(last_id, (self.block_ms or None) if block else None, self.count)
         if not entries:
             return 0
-        if len(entries) < min(self.batch, self.count) and self.linger_s and not self.stop.wait(self.linger_s):
+        if block and len(entries) < min(self.batch, self.count) and self.linger_s and \
+                not self.stop.wait(self.linger_s):
             # under load events come a few at a time: a moment's wait makes one transaction of many
             entries += store.read_entries(entries[-1][0], None, self.count - len(entries))
         done = 0
@@ -260,12 +263,14 @@ class Reconciler:
 
     # -- the sweep ------------------------------------------------------------------------------------
     def sweep(self) -> int:
-        """Check every unfinished job against the engine; returns how many were finished here."""
+        """Check every unfinished job against the engine; returns how many of them it found finished (or
+        lost) there and brought to their terminal state in the ledger, from their events or here."""
         finished = 0
         now = timezone.now()
         lost_before = now - dt.timedelta(seconds=float(conf.get("LOST_AFTER_S")))
         # a row still being submitted is the web process's until its call to the engine has timed out
         abandoned_before = lost_before - dt.timedelta(seconds=float(conf.get("PROXY_TIMEOUT_S")))
+        ended = []  # (job, the engine's status): finished in the engine, not yet in the ledger
         for job in Job.objects.filter(state__in=NON_TERMINAL, uid__isnull=False):
             st = self.engine.status(job.uid)
             if st is None:
@@ -274,10 +279,31 @@ class Reconciler:
                 if verdict is not None and ledger.finish(job.uid, *verdict):
                     finished += 1
             elif st.state in keys.TERMINAL:
-                finished += ledger.finish(job.uid, st.state, st.detail, st.stage or None)
+                ended.append((job, st))
+        if ended:
+            # their events are most likely in the stream still (a restarted reconciler sweeps first): applied
+            # in order, each job's stage runs land before its terminal state, so no reader of the ledger sees
+            # a finished job without them; the sweep finishes only those whose events never came
+            self.caught_up += self._catch_up()
+            for job, st in ended:
+                # counted whether its own terminal event or this call finished it
+                finished += ledger.finish(job.uid, st.state, st.detail, st.stage or None) or \
+                    Job.objects.filter(pk=job.pk, state__in=TERMINAL).exists()
         for job in Job.objects.filter(state__in=TERMINAL, charge_settled__lt=F("charge_version"))[:1000]:
             ledger.settle(job)
         return finished
+
+    def _catch_up(self, limit: int = 20) -> int:
+        """Apply what the stream holds now, up to ``limit`` reads (the rest waits for the loop); returns
+        how many events."""
+        n = 0
+        for _ in range(limit):
+            if self.stop.is_set():
+                break
+            n += (got := self.step(block=False))
+            if got < self.count:
+                break
+        return n
 
     def run(self, stop: threading.Event, sweep_every_s: float = 10.0) -> None:
         """Loop until ``stop`` is set; a sweep first (catches up after a restart), then every ``sweep_every_s``."""

@@ -40,7 +40,11 @@ ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]
 SLOTS = 6
 SHORT, LONG = 2, 20
 STEP_S, VAE_S = 0.15, 0.9
-WINDOW_S = 30  # ~25 long requests a window; rebalanced vs the next-best allocation measured 1.40-1.43x
+WINDOW_S = 20  # ~17 long requests a window; rebalanced vs the next-best allocation measured 1.40-1.52x
+# each allocation's rate is the better of two windows, the same protocol for both sides: the suite's other
+# xdist worker runs model tests meanwhile, and one window that meets one of them says nothing of the manager
+# (a CI run measured 0.13 rps rebalanced against 0.47 static that way)
+WINDOWS = 2
 CLIENTS = 8
 TTL = 3
 
@@ -194,7 +198,7 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
         startups = [m for m in report["moves"] if m["event"] == "ready" and m["at"] > shift]
         time.sleep(8)  # let the queues built during the move drain out
         phases.append(("long settled", time.monotonic()))
-        rebalanced = load.measure(WINDOW_S)
+        rebalanced = max(load.measure(WINDOW_S) for _ in range(WINDOWS))
         kept = json.loads(c.etcd.get(KEYS.assignment("n1"))[0])["decided_at"] == assignment["decided_at"]
         service = _capacity(c)["service_s"]
 
@@ -225,7 +229,8 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
                     time.sleep(0.02)
                 failover = time.monotonic() - killed
             time.sleep(max(0.0, WINDOW_S - (time.monotonic() - t0)))
-            static[n["denoise"]] = load.rate(t0, time.monotonic())
+            static[n["denoise"]] = max([load.rate(t0, time.monotonic())] +
+                                       [load.measure(WINDOW_S) for _ in range(WINDOWS - 1)])
             phases.append((f"static {n['denoise']}", time.monotonic()))
         _pin(live, dict.fromkeys(ROUTE))  # back to automatic
     finally:

@@ -75,6 +75,25 @@ def test_sweep_picks_up_terminal_states_the_stream_lost(alice, store) -> None:
     assert Job.objects.get(uid=a).state == "expired"
 
 
+def test_a_sweep_applies_the_stream_before_it_finishes_a_job(alice, store) -> None:
+    """A restarted reconciler sweeps first: a job that finished in the engine meanwhile is finished from its
+    events, in order, so the ledger never shows it terminal without its stage runs (as the list route,
+    which reads the ledger as it is, would otherwise for a moment: tests/e2e/test_up.py)."""
+    _, c, _ = alice
+    (a,) = _submit(c, 1)
+    for stage in ("text_encode", "denoise", "vae_decode", "image_encode"):
+        store.event(a, keys.STAGE_STARTED, stage, 0, state=keys.IN_PROGRESS)
+        store.event(a, keys.STAGE_FINISHED, stage, 90)
+    store.finish(a, "sd-t2i", keys.COMPLETED, "image_encode", result=b"png")
+    r = Reconciler(block_ms=0)
+    assert r.sweep() == 1
+    assert r.caught_up == 10  # its acceptance, eight stage events and terminal event, read before it finished
+    job = Job.objects.get(uid=a)
+    assert job.state == "completed"
+    assert set(job.stage_times) == {"text_encode", "denoise", "vae_decode", "image_encode"}
+    assert all("finished" in t for t in job.stage_times.values())
+
+
 def test_young_unknown_jobs_are_left_alone(alice, store) -> None:
     _, c, _ = alice
     (a,) = _submit(c, 1)

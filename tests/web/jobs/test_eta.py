@@ -48,7 +48,7 @@ def test_job_status_and_video_object_carry_the_engines_eta(proxy_url: str, alice
 async def test_job_socket_sends_the_eta_after_the_state(proxy_url: str, alice: Any) -> None:
     uid = (await database_sync_to_async(alice[1].post)("/api/v1/jobs", sd_body(), format="json")).json()["uid"]
     ws = _connect(f"/ws/jobs/{uid}", await database_sync_to_async(_session)(alice[0]))
-    connected, _ = await ws.connect()
+    connected, _ = await ws.connect(timeout=10)
     assert connected
     first = await ws.receive_json_from(timeout=5)
     assert first["type"] == "job" and first["job"]["state"] == "queued"

@@ -89,7 +89,7 @@ async def test_the_websocket_sends_previews_in_step_order(alice, store) -> None:
     store.add_preview(uid, "denoise", 1, 3, b"\x89PNG one")  # written before the socket: sent first
     ws = WebsocketCommunicator(application, f"/ws/jobs/{uid}", headers=[
         (b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", f"sessionid={session}".encode())])
-    assert (await ws.connect())[0]
+    assert (await ws.connect(timeout=10))[0]
     steps = []
     pending = [2, 3]
     while len(steps) < 3:

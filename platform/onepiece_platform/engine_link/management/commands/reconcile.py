@@ -25,7 +25,7 @@ class Command(LoopCommand):
     def run_once(self, worker: Reconciler, opts: dict[str, Any]) -> str:
         """One sweep and one batch of events."""
         n = worker.sweep()
-        m = worker.step()
+        m = worker.caught_up + worker.step(block=False)
         return f"swept {n} finished, applied {m} events"
 
     def run_loop(self, worker: Reconciler, stop: threading.Event, opts: dict[str, Any]) -> None:
