@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from engine.stages.base import StageContext
+from engine.stages import invariant
+from engine.stages.base import StageContext, SteppedStage
 from engine.stages.components import TorchStage, read_config
 
 _MODULAR = "diffusers.modular_pipelines"
@@ -131,6 +133,98 @@ class ModularStage(TorchStage):
             return loop(self.pipe, state)[1]
         finally:
             del loop.loop_step
+
+
+class _Own:
+    """The block pipeline's components as one request's blocks see them: its own scheduler (a scheduler keeps
+    the run's step index), everything else the pipeline's."""
+
+    def __init__(self, pipe: Any, scheduler: Any) -> None:
+        self._pipe, self.scheduler = pipe, scheduler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
+
+
+@dataclass
+class _Stepping:
+    """One request inside a stepped modular stage: its pipeline state, its denoise loop's block state, its
+    own components (scheduler) and how far it is."""
+
+    state: Any
+    block_state: Any
+    components: _Own
+    timesteps: list[Any]
+    i: int = 0
+
+
+class SteppedModularStage(ModularStage, SteppedStage):
+    """A modular stage whose denoise loop block (``loop``, by name) advances one step at a time, so that an
+    instance's requests can share one transformer call per step (engine.worker.batching).
+
+    ``begin`` runs the blocks before the loop with the request's own scheduler, ``step`` runs the loop's
+    sub-blocks once, exactly as the loop block's ``__call__`` would (alone: the same calls, the same bytes as
+    the one-call pipeline), ``end`` the blocks after it. Several requests at once: :meth:`step_batch` (a
+    model's own, since what a denoiser stacks differs), each request's 2-D linears run apart
+    (engine.stages.invariant) so that its rows get the bytes they get alone; the tests check every item
+    against its solo run on the host.
+    """
+
+    loop: ClassVar[str] = "denoise"
+
+    run = SteppedStage.run  # begin, step, end: a request alone takes the path it takes in a batch of one
+
+    def _loop_block(self) -> Any:
+        return self.block_seq.sub_blocks[self.loop]
+
+    @torch.no_grad()
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _Stepping:
+        self.prepare(params)
+        state = self._state(self.block_inputs(inputs, params))
+        scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
+        own = _Own(self.pipe, scheduler)
+        for name, block in self.block_seq.sub_blocks.items():
+            if name == self.loop:
+                break
+            _, state = block(own, state)
+        block_state = self._loop_block().get_block_state(state)
+        return _Stepping(state, block_state, own, list(block_state.timesteps))
+
+    @torch.no_grad()
+    def step(self, states: list[_Stepping]) -> None:
+        if len(states) == 1:
+            st = states[0]
+            self.before_step(st.block_state)
+            # the loop block's loop_step: its sub-blocks in order, as its __call__ runs them
+            self._loop_block().loop_step(st.components, st.block_state, i=st.i, t=st.timesteps[st.i])
+            st.i += 1
+            return
+        for st in states:
+            self.before_step(st.block_state)
+        with invariant.rows_per_request(1):
+            self.step_batch(states)
+        for st in states:
+            st.i += 1
+
+    def step_batch(self, states: list[_Stepping]) -> None:
+        """One step of several requests of one batch key (their ``i`` not yet moved on)."""
+        raise NotImplementedError(f"{type(self).__name__} steps one request at a time")
+
+    def progress(self, state: _Stepping) -> tuple[int, int]:
+        return state.i, len(state.timesteps)
+
+    def estimate(self, state: _Stepping) -> Any:
+        return getattr(state.block_state, "latents", None)
+
+    @torch.no_grad()
+    def end(self, st: _Stepping) -> dict[str, Any]:
+        blocks = list(self.block_seq.sub_blocks.items())
+        at = [n for n, _ in blocks].index(self.loop)
+        self._loop_block().set_block_state(st.state, st.block_state)
+        state = st.state
+        for _, block in blocks[at + 1:]:
+            _, state = block(st.components, state)
+        return {out: state.get(name) for out, name in self.outputs.items()}
 
 
 def seeded(params: Mapping[str, Any]) -> torch.Generator:

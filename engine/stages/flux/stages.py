@@ -7,13 +7,14 @@ a stage boundary is the spec's outputs (flux_common.py): the two text embeddings
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 
 from engine.stages.components import to_uint8
-from engine.stages.modular import ModularStage, seeded
+from engine.stages.modular import ModularStage, SteppedModularStage, seeded
 
 
 def _vae_scale(vae: dict[str, Any]) -> int:
@@ -40,9 +41,12 @@ class FluxTextEncode(_Flux):
         return {"prompt": params["prompt"], "max_sequence_length": int(params["max_sequence_length"])}
 
 
-class FluxDenoise(_Flux):
+class FluxDenoise(_Flux, SteppedModularStage):
     """Embeddings -> ``denoised`` latents (unpacked): noise from the seed, timesteps shifted by the image's
-    token count where the scheduler says so (dev), the transformer's guidance embedding where it has one."""
+    token count where the scheduler says so (dev), the transformer's guidance embedding where it has one.
+
+    Steps batch (engine.worker.batching): requests of one size and text length share one transformer call
+    per step, each with its own timestep, guidance, scheduler and generator."""
 
     classes: ClassVar[dict[str, tuple[str, str]]] = {
         "transformer": ("diffusers", "FluxTransformer2DModel"),
@@ -69,6 +73,25 @@ class FluxDenoise(_Flux):
         if "guidance_scale" in params:  # dev: embedded guidance (ignored by a transformer without the embedding)
             out["guidance_scale"] = float(params["guidance_scale"])
         return out
+
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        # the packed latents' token count and the T5 text length make the shapes; the RoPE ids follow from them
+        return (int(params["height"]), int(params["width"]), int(params["max_sequence_length"]))
+
+    def step_batch(self, states: list[Any]) -> None:
+        """The loop's denoiser once over every request's rows (FluxLoopDenoiser reads ``t.flatten()``: a
+        timestep per row), then each request's own scheduler step (FluxLoopAfterDenoiser) on its rows."""
+        loop = self._loop_block()
+        denoiser, after = loop.sub_blocks["denoiser"], loop.sub_blocks["after_denoiser"]
+        together = copy.copy(states[0].block_state)
+        for name in ("latents", "prompt_embeds", "pooled_prompt_embeds", "guidance"):
+            parts = [getattr(st.block_state, name, None) for st in states]
+            setattr(together, name, None if parts[0] is None else torch.cat(parts))
+        t = torch.stack([st.timesteps[st.i] for st in states])
+        denoiser(self.pipe, together, i=states[0].i, t=t)
+        for k, st in enumerate(states):
+            st.block_state.noise_pred = together.noise_pred[k:k + 1]
+            after(st.components, st.block_state, i=st.i, t=st.timesteps[st.i])
 
 
 class FluxVaeDecode(_Flux):

@@ -84,28 +84,29 @@ def tick_until(tm: Any, cond: Callable[[], bool], timeout: float = 90, every: fl
         time.sleep(every)
 
 
-# -- a step-batching denoise instance of sd-t2i ------------------------------------------------------------
+# -- a step-batching denoise instance (sd-t2i by default) ------------------------------------------------
 
 class DenoiseRig:
     """A denoise instance's inbox ring (with a producer), the vae_decode ring its results go to (published as
     the route, in a key space of its own) and the job store; :meth:`close` closes them and the worker."""
 
-    def __init__(self, redis_url: str, etcd_url: str) -> None:
+    def __init__(self, redis_url: str, etcd_url: str, workflow: str = "sd-t2i") -> None:
         tag = _tag()
+        self.workflow, self.spec = workflow, get_workflow(workflow)
         self.address, self.etcd_url = f"shm://test-{tag}-dn", etcd_url
         self.inbox = RingConsumer.create(self.address, RingConfig(slots=32, buffer_bytes=8 << 20))
         self.outbox = RingConsumer.create(f"shm://test-{tag}-vd", RingConfig(slots=32, buffer_bytes=8 << 20))
         self.producer = attach_producer(self.address)
         self.etcd = etcd_client(etcd_url)
         self.space = Keyspace(f"/test-{tag}")
-        publish_route(self.etcd, Route("sd-t2i", "vae_decode", "sd-t2i.vae_decode.0", f"shm://test-{tag}-vd"),
+        publish_route(self.etcd, Route(workflow, "vae_decode", f"{workflow}.vae_decode.0", f"shm://test-{tag}-vd"),
                       keys=self.space)
         self.store = JobStore.from_url(redis_url, ttl=60)
         self._worker: TaskWorker | None = None
 
     def worker(self, denoise: Any, max_batch: int = 4) -> TaskWorker:
         """The denoise instance's TaskWorker on the inbox (closed by :meth:`close`, with the inbox)."""
-        cfg = WorkerConfig(instance="sd-t2i.denoise.0", workflow="sd-t2i", stage="denoise", model_dir="/",
+        cfg = WorkerConfig(instance=f"{self.workflow}.denoise.0", workflow=self.workflow, stage="denoise", model_dir="/",
                            address=self.address, redis_url="", etcd_url=self.etcd_url, max_batch=max_batch)
         self._worker = TaskWorker(cfg, self.store, RouteTable(self.etcd, keys=self.space), denoise, self.inbox)
         return self._worker
@@ -114,8 +115,8 @@ class DenoiseRig:
         """Send these requests to the worker's inbox and serve until each was handed on or ended."""
         store = self.store
         for u in uids:
-            store.accept(u, "sd-t2i", 1.0)
-            h = wm.Header(uid=u, workflow="sd-t2i", stage="denoise", route=SPEC.route(), params=reqs[u])
+            store.accept(u, self.workflow, 1.0)
+            h = wm.Header(uid=u, workflow=self.workflow, stage="denoise", route=self.spec.route(), params=reqs[u])
             self.producer.send(wm.encode(h, {k: wm.from_numpy(v.numpy()) for k, v in embeds[u].items()}))
         deadline = time.monotonic() + 120
 
