@@ -1,11 +1,12 @@
 """Step-level batching of a modular denoise stage against the one-call pipeline batched at the same sizes
-(issue 37, item 1): FLUX.1-schnell and FLUX.1-dev on the tiny models, one thread.
+(issue 37, item 1): FLUX.1-schnell, FLUX.1-dev and Qwen-Image (its default request: no negative prompt,
+one pass a step) on the tiny models, one thread.
 
 For each workflow and batch size N (1, 2, 4, 8), in this process, alternating the two sides rep by rep:
   * stepped: N requests begun on the denoise stage and stepped together (engine.worker.batching's call),
     each with its own seed, timesteps and scheduler; every item's latents are checked byte for byte against
     the same request run alone;
-  * pipeline: ``FluxPipeline`` called once with N images' embeddings (``prompt_embeds`` given, so it runs
+  * pipeline: ``FluxPipeline`` (``QwenImagePipeline``) called once with N images' embeddings (given, so it runs
     the same work: noise, timesteps, the transformer loop; ``output_type="latent"``, no VAE).
 The gain of each side is its requests/s at N over its own requests/s at 1; the figure the issue sets a goal
 on is ``stepped gain / pipeline gain`` at 4 (goal: at least 0.9); ``stepped_vs_pipeline_rps`` is the absolute
@@ -28,7 +29,8 @@ import subprocess
 import time
 from typing import Any
 
-WORKFLOWS = ("flux.1-schnell", "flux.1-dev")
+WORKFLOWS = ("flux.1-schnell", "flux.1-dev", "qwen-image")
+PIPELINES = {"flux.1-schnell": "FluxPipeline", "flux.1-dev": "FluxPipeline", "qwen-image": "QwenImagePipeline"}
 SIZES = (1, 2, 4, 8)
 
 
@@ -44,8 +46,8 @@ def _requests(spec: Any, n: int, steps: int) -> list[dict[str, Any]]:
 
 
 def measure(workflow: str, folder: str, steps: int, reps: int) -> dict[str, Any]:
+    import diffusers
     import torch
-    from diffusers import FluxPipeline
 
     from engine.stages.base import StageContext
     from engine.stages.runner import LocalRunner
@@ -55,7 +57,7 @@ def measure(workflow: str, folder: str, steps: int, reps: int) -> dict[str, Any]
     spec = spec.bound(spec.limits_of(folder))
     runner = LocalRunner(workflow, folder, "cpu")
     den = runner.executors["denoise"]
-    pipe = FluxPipeline.from_pretrained(folder)
+    pipe = getattr(diffusers, PIPELINES[workflow]).from_pretrained(folder)
     out: dict[str, Any] = {"steps": steps, "sizes": {}}
     for n in SIZES:
         reqs = _requests(spec, n, steps)
@@ -69,9 +71,9 @@ def measure(workflow: str, folder: str, steps: int, reps: int) -> dict[str, Any]
                 den.step(states)
             stepped_t.append(time.perf_counter() - t0)
             equal &= all(torch.equal(den.end(st)["denoised"], s) for st, s in zip(states, solo, strict=True))
-            kwargs = dict(prompt_embeds=torch.cat([e["prompt_embeds"] for e in embeds]),
-                          pooled_prompt_embeds=torch.cat([e["pooled_prompt_embeds"] for e in embeds]),
-                          height=64, width=64, num_inference_steps=steps, output_type="latent",
+            kwargs = {name: torch.cat([e[name] for e in embeds])
+                      for name in ("prompt_embeds", "pooled_prompt_embeds", "prompt_embeds_mask") if name in embeds[0]}
+            kwargs.update(height=64, width=64, num_inference_steps=steps, output_type="latent",
                           generator=[torch.Generator().manual_seed(int(r["seed"])) for r in reqs])
             if "guidance_scale" in reqs[0]:
                 kwargs["guidance_scale"] = float(reqs[0]["guidance_scale"])

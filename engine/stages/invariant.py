@@ -6,7 +6,11 @@ time embedding and each resnet's time projection: one row per sample) does not o
 picks its kernel by the number of rows, and on AVX-512 (seen on an AMD EPYC, Zen 4) two rows and four
 differ in the last bits, where the host of the earlier sessions (its CPU not recorded) gave
 equal bytes up to 14 rows. So inside :func:`rows_per_request` a 2-D linear runs once per request's rows,
-the call it gets alone, and its bytes cannot depend on the batch. Linears over 3-D inputs (tokens x
+the call it gets alone, and its bytes cannot depend on the batch. The same for a SiLU over a 2-D input
+(the modulation's ``Sequential(SiLU, Linear)`` of a timestep embedding): torch's vectorised loop takes
+elements in chunks of twice the vector width and the tail one by one with another ``exp``, so where a
+row's width is not a multiple of the chunk (the tiny Qwen-Image's 48 on AVX-512: 32 + 16) an element's
+bytes depend on where its row starts. Linears over 3-D inputs (tokens x
 channels) and convolutions of guided pairs measured equal (``benchmarks/batch_equality.py``); the batch
 tests check the whole model's bytes on the host they run on.
 
@@ -41,8 +45,16 @@ def install() -> None:
                 return torch.cat([F.linear(part, self.weight, self.bias) for part in x.split(rows)])
             return F.linear(x, self.weight, self.bias)
 
+        def silu(self: torch.nn.SiLU, x: torch.Tensor) -> torch.Tensor:
+            rows = getattr(_local, "rows", 0)
+            if rows and x.dim() == 2 and x.shape[0] > rows:
+                return torch.cat([F.silu(part, inplace=self.inplace) for part in x.split(rows)])
+            return F.silu(x, inplace=self.inplace)
+
         forward.__doc__ = torch.nn.Linear.forward.__doc__
+        silu.__doc__ = torch.nn.SiLU.forward.__doc__
         torch.nn.Linear.forward = forward  # type: ignore[method-assign]
+        torch.nn.SiLU.forward = silu  # type: ignore[method-assign]
         _installed = True
 
 

@@ -18,6 +18,7 @@ Two things the blocks do not do for a stage, done here:
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -137,10 +138,11 @@ class ModularStage(TorchStage):
 
 class _Own:
     """The block pipeline's components as one request's blocks see them: its own scheduler (a scheduler keeps
-    the run's step index), everything else the pipeline's."""
+    the run's step index) and guider (its scale is the request's), everything else the pipeline's."""
 
-    def __init__(self, pipe: Any, scheduler: Any) -> None:
-        self._pipe, self.scheduler = pipe, scheduler
+    def __init__(self, pipe: Any, **own: Any) -> None:
+        self._pipe = pipe
+        self.__dict__.update(own)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pipe, name)
@@ -181,14 +183,24 @@ class SteppedModularStage(ModularStage, SteppedStage):
     def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _Stepping:
         self.prepare(params)
         state = self._state(self.block_inputs(inputs, params))
-        scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
-        own = _Own(self.pipe, scheduler)
+        mine: dict[str, Any] = {"scheduler": type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)}
+        if getattr(self.pipe, "guider", None) is not None:  # prepare() set its scale for this request
+            mine["guider"] = copy.deepcopy(self.pipe.guider)
+        own = _Own(self.pipe, **mine)
         for name, block in self.block_seq.sub_blocks.items():
             if name == self.loop:
                 break
             _, state = block(own, state)
         block_state = self._loop_block().get_block_state(state)
+        self.setup_loop(own, block_state)
         return _Stepping(state, block_state, own, list(block_state.timesteps))
+
+    def setup_loop(self, components: Any, block_state: Any) -> None:
+        """What the loop block's ``__call__`` sets on its block state before its first step (the wrappers'
+        lines, which no method of theirs exposes; a model whose wrapper sets more overrides this, and the
+        solo-equals-pipeline tests catch a wrapper that changed)."""
+        block_state.num_warmup_steps = max(
+            len(block_state.timesteps) - block_state.num_inference_steps * components.scheduler.order, 0)
 
     @torch.no_grad()
     def step(self, states: list[_Stepping]) -> None:

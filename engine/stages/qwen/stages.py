@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.stages.components import to_uint8
-from engine.stages.modular import ModularStage, seeded
+from engine.stages.modular import ModularStage, SteppedModularStage, seeded
 
 
 def _vae_scale(vae: dict[str, Any]) -> int:
@@ -55,7 +55,7 @@ class QwenTextEncode(_Qwen):
                 "max_sequence_length": int(params["max_sequence_length"])}
 
 
-class QwenDenoise(_Qwen):
+class QwenDenoise(_Qwen, SteppedModularStage):
     """Embeddings -> ``denoised`` latents (B, C, 1, H, W): noise from the seed, the exponential time shift
     by the image's token count, cond/uncond passes combined and renormalised as the pipeline does."""
 
@@ -86,6 +86,72 @@ class QwenDenoise(_Qwen):
             mask = getattr(block_state, key, None)
             if mask is not None and bool(mask.all()):
                 setattr(block_state, key, None)
+
+    def setup_loop(self, components: Any, block_state: Any) -> None:
+        super().setup_loop(components, block_state)
+        block_state.additional_cond_kwargs = {}  # as QwenImageDenoiseLoopWrapper.__call__ starts it
+
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        # one latent shape; the text lengths may differ (each step groups the rows by length: step_batch)
+        if type(self.pipe.guider).__name__ != "ClassifierFreeGuidance":
+            return None  # another guider may change the model between its passes (prepare_models)
+        return (int(params["height"]), int(params["width"]))
+
+    def step_batch(self, states: list[Any]) -> None:
+        """QwenImageLoopDenoiser's work for several requests: each request's guider (its own scale) splits it
+        into its cond (and uncond) pass; the passes of every request whose text has one length run in one
+        transformer call (a timestep per row), then each request's guider combines its passes, the norm
+        rescale follows, and its own scheduler steps (the loop's after_denoiser)."""
+        loop = self._loop_block()
+        before, after = loop.sub_blocks["before_denoiser"], loop.sub_blocks["after_denoiser"]
+        transformer = self.pipe.transformer
+        accepted = self._transformer_args()
+        plans = []
+        rows: dict[tuple[int, bool], list[tuple[Any, Any]]] = {}
+        for st in states:
+            bs, t = st.block_state, st.timesteps[st.i]
+            before(st.components, bs, i=st.i, t=t)
+            guider_inputs = {
+                "encoder_hidden_states": (getattr(bs, "prompt_embeds", None), getattr(bs, "negative_prompt_embeds", None)),
+                "encoder_hidden_states_mask": (getattr(bs, "prompt_embeds_mask", None),
+                                               getattr(bs, "negative_prompt_embeds_mask", None)),
+            }
+            bs.additional_cond_kwargs.update({k: v for k, v in bs.denoiser_input_fields.items()
+                                              if k in accepted and k not in guider_inputs})
+            guider = st.components.guider
+            guider.set_state(step=st.i, num_inference_steps=bs.num_inference_steps, timestep=t)
+            passes = guider.prepare_inputs(guider_inputs)
+            plans.append((st, passes))
+            for p in passes:
+                key = (int(p.encoder_hidden_states.shape[1]), p.encoder_hidden_states_mask is None)
+                rows.setdefault(key, []).append((st, p))
+        for group in rows.values():
+            bss = [st.block_state for st, _ in group]
+            masks = [p.encoder_hidden_states_mask for _, p in group]
+            extra: dict[str, Any] = {}
+            for k in bss[0].additional_cond_kwargs:
+                vals = [b.additional_cond_kwargs[k] for b in bss]
+                extra[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else torch.cat(vals)
+            out = transformer(
+                hidden_states=torch.cat([b.latent_model_input for b in bss]),
+                timestep=torch.cat([b.timestep for b in bss]) / 1000,
+                attention_kwargs=bss[0].attention_kwargs, return_dict=False,
+                encoder_hidden_states=torch.cat([p.encoder_hidden_states for _, p in group]),
+                encoder_hidden_states_mask=None if masks[0] is None else torch.cat(masks),
+                **extra)[0]
+            for k, (_, p) in enumerate(group):
+                p.noise_pred = out[k:k + 1]
+        for st, passes in plans:
+            guided = st.components.guider(passes)
+            pred_cond_norm = torch.norm(guided.pred_cond, dim=-1, keepdim=True)
+            pred_norm = torch.norm(guided.pred, dim=-1, keepdim=True)
+            st.block_state.noise_pred = guided.pred * (pred_cond_norm / pred_norm)
+            after(st.components, st.block_state, i=st.i, t=st.timesteps[st.i])
+
+    def _transformer_args(self) -> set[str]:
+        import inspect
+
+        return set(inspect.signature(self.pipe.transformer.forward).parameters)
 
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         guided = cfg_scale(params) > 1.0

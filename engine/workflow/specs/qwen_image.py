@@ -77,7 +77,15 @@ SPEC = WorkflowSpec(
                   inputs=("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask"),
                   outputs=(TensorSpec("denoised", shape=(1, "C_lat", 1, "H_lat", "W_lat")),),
                   components=("transformer", "scheduler"),
-                  doc="noise from the seed, the QwenImage transformer's loop (true CFG when guided)"),
+                  doc="noise from the seed, the QwenImage transformer's loop (true CFG when guided)",
+                  # step-level batches of one latent size, guided and unguided together: each step runs the
+                  # cond and uncond passes whose texts have one length in one transformer call, each request
+                  # keeping its own guider scale; each item's solo bytes up to 8 (2-D linears and SiLUs per
+                  # request: engine.stages.invariant) (tests/engine/stages/test_modular_batching.py). The
+                  # tiny model, one thread, 4 steps (benchmarks/stepped_batching.md): 1.37x the requests/s at
+                  # 2, 1.80x at 4, 2.12x at 8 (one prompt length), the same requests/s as QwenImagePipeline
+                  # batched at each size
+                  max_batch=8),
         StageSpec("vae_decode", f"{_P}.QwenVaeDecode", inputs=("denoised",),
                   outputs=(TensorSpec("pixels", "uint8", (1, "H", "W", 3)),),
                   components=("vae",), doc="VAE decode to uint8 RGB pixels"),

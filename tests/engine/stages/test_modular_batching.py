@@ -1,7 +1,8 @@
-"""FLUX.1's denoise stepped in batches (engine.stages.modular.SteppedModularStage) gives every request the
-bytes it gets alone: requests joining at step boundaries, with other step counts, seeds and (dev) embedded
-guidance scales; and an instance serving them through its real inbox ring and job store batches them, a
-request cancelled mid-batch leaving the others untouched. The solo run itself is the one-call pipeline's
+"""FLUX.1's and Qwen-Image's denoise stepped in batches (engine.stages.modular.SteppedModularStage) give
+every request the bytes it gets alone: requests joining at step boundaries, with other step counts, seeds,
+(dev) embedded guidance scales and (Qwen-Image) true-CFG scales, guided and unguided, prompts of other
+lengths; and an instance serving them through its real inbox ring and job store batches them, a request
+cancelled mid-batch leaving the others untouched. The solo run itself is the one-call pipeline's
 (tests/engine/stages/test_flux_qwen.py)."""
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from engine.workflow import get_workflow
 pytestmark = pytest.mark.models
 
 FLUX = ("flux.1-schnell", "flux.1-dev")
+STEPPED = (*FLUX, "qwen-image")
 
 
 @pytest.fixture(scope="module")
 def runners(tiny_models: dict[str, Path]) -> dict[str, Any]:
     from engine.stages.runner import LocalRunner
 
-    return {w: LocalRunner(w, tiny_models[w], "cpu") for w in FLUX}
+    return {w: LocalRunner(w, tiny_models[w], "cpu") for w in STEPPED}
 
 
 def _requests(workflow: str, folder: Path, rows: list[tuple[str, int, int, float]],
@@ -36,6 +38,8 @@ def _requests(workflow: str, folder: Path, rows: list[tuple[str, int, int, float
                              "seed": seed}
         if workflow == "flux.1-dev":
             p["guidance_scale"] = guidance
+        if workflow == "qwen-image" and guidance > 1.0:  # true CFG: a negative prompt and a scale over 1
+            p.update(negative_prompt="blurry", true_cfg_scale=guidance)
         out.append(spec.resolve_params(p))
     return out
 
@@ -46,7 +50,7 @@ def _embeds(runner: Any, params: dict[str, Any]) -> dict[str, Any]:
     return runner.executors["text_encode"].run({}, params, StageContext())
 
 
-@pytest.mark.parametrize("workflow", FLUX)
+@pytest.mark.parametrize("workflow", STEPPED)
 def test_requests_joining_mid_batch_with_other_step_counts_equal_their_solo_runs(
         workflow: str, runners: dict[str, Any], tiny_models: dict[str, Path]) -> None:
     import torch
@@ -55,8 +59,9 @@ def test_requests_joining_mid_batch_with_other_step_counts_equal_their_solo_runs
 
     runner = runners[workflow]
     denoise = runner.executors["denoise"]
+    # (Qwen-Image: the third is unguided, a cond pass only, beside the others' cond and uncond passes)
     reqs = _requests(workflow, tiny_models[workflow], [("a red boat", 6, 1, 3.5), ("a green tree", 3, 2, 5.0),
-                                                       ("a blue car", 5, 3, 2.0), ("a grey cat", 4, 4, 3.5)])
+                                                       ("a blue car", 5, 3, 1.0), ("a grey cat", 4, 4, 3.5)])
     embeds = [_embeds(runner, r) for r in reqs]
     solo = [denoise.run(e, r, StageContext())["denoised"] for e, r in zip(embeds, reqs, strict=True)]
     assert len({denoise.batch_key(r) for r in reqs}) == 1
@@ -98,6 +103,37 @@ def test_each_request_keeps_its_own_timesteps_and_guidance(runners: dict[str, An
         denoise.step(states)
     first, second = (denoise.end(st)["denoised"] for st in states)
     assert not torch.equal(first, second)
+
+
+def test_qwen_passes_of_one_text_length_share_a_call_each_request_its_own_scale(
+        runners: dict[str, Any], tiny_models: dict[str, Path]) -> None:
+    """Three guided requests with one negative prompt and two prompts of one length: each step makes two
+    transformer calls (the three uncond passes; the two equal-length cond passes with the third's cond pass
+    apart only if its length differs), and requests interleaved alone keep their own true-CFG scale (the
+    guider is the request's, not the last begun one's)."""
+    import torch
+
+    from engine.stages.base import StageContext
+
+    runner = runners["qwen-image"]
+    denoise = runner.executors["denoise"]
+    reqs = _requests("qwen-image", tiny_models["qwen-image"], [("a cat", 2, 1, 2.0), ("a dog", 2, 2, 6.0),
+                                                               ("a cat", 2, 3, 4.0)])
+    embeds = [_embeds(runner, r) for r in reqs]
+    assert embeds[0]["prompt_embeds"].shape == embeds[1]["prompt_embeds"].shape
+    solo = [denoise.run(e, r, StageContext())["denoised"] for e, r in zip(embeds, reqs, strict=True)]
+    calls: list[int] = []
+    hook = denoise.pipe.transformer.register_forward_hook(lambda m, i, o: calls.append(1))
+    try:
+        states = [denoise.begin(e, r) for e, r in zip(embeds, reqs, strict=True)]
+        denoise.step(states)
+        assert len(calls) == 2  # 6 passes, 2 text lengths (prompts of one length; one negative prompt)
+        for st in states:  # the second step one by one, in the order begun: each with its own guider
+            denoise.step([st])
+    finally:
+        hook.remove()
+    for k, st in enumerate(states):
+        assert torch.equal(denoise.end(st)["denoised"], solo[k]), f"request {k} differs from its solo run"
 
 
 def test_other_sizes_or_text_lengths_never_share_a_step(runners: dict[str, Any],
