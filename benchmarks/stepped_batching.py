@@ -84,7 +84,7 @@ def measure(workflow: str, folder: str, steps: int, reps: int) -> dict[str, Any]
         out["sizes"][n] = {"stepped_rps": n / statistics.median(stepped_t),
                            "pipeline_rps": n / statistics.median(pipe_t), "items_equal_solo": bool(equal)}
     one = out["sizes"][1]
-    for n, row in out["sizes"].items():
+    for row in out["sizes"].values():
         row["stepped_gain"] = row["stepped_rps"] / one["stepped_rps"]
         row["pipeline_gain"] = row["pipeline_rps"] / one["pipeline_rps"]
         row["gain_ratio"] = row["stepped_gain"] / row["pipeline_gain"]
