@@ -86,7 +86,8 @@ def test_video_workflows_say_video() -> None:
 
 
 def test_stage_events_read_after_the_row_finished_still_complete_the_timeline(alice, store) -> None:
-    """The sweep (or a status read) can finish a row before the reconciler reaches its last stage events."""
+    """A status read can finish a row before the reconciler reaches its last stage events (the sweep applies
+    the stream first: tests/web/engine_link/test_reconciler.py)."""
     from onepiece_platform.engine_link.reconciler import Reconciler
     from onepiece_platform.jobs.models import Job
 
@@ -94,7 +95,7 @@ def test_stage_events_read_after_the_row_finished_still_complete_the_timeline(al
     uid = api.post("/api/v1/jobs", sd_body(), format="json").json()["uid"]
     stages = ["text_encode", "denoise", "vae_decode", "image_encode"]
     _run(store, uid, stages)
-    assert Reconciler().sweep() == 1  # finished from the engine's status, no event applied yet
+    assert api.get(f"/api/v1/jobs/{uid}").json()["state"] == "completed"  # from the engine's status
     job = Job.objects.get(uid=uid)
     assert job.state == "completed" and job.stage_times == {}
     Reconciler(block_ms=0).step()
