@@ -14,7 +14,8 @@ bytes depend on where its row starts. Linears over 3-D inputs (tokens x
 channels) and convolutions of guided pairs measured equal (``benchmarks/batch_equality.py``); the batch
 tests check the whole model's bytes on the host they run on.
 
-:func:`install` replaces ``torch.nn.Linear.forward`` once per process with one that reads a thread-local
+:func:`install` replaces ``torch.nn.Linear.forward`` and ``torch.nn.SiLU.forward`` once per process with
+ones that read a thread-local
 (outside a batched step, one attribute read more per call); PEFT's LoRA layers call ``nn.Linear``
 modules, so an adapter's projections are chunked too.
 """

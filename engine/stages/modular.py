@@ -11,9 +11,11 @@ Two things the blocks do not do for a stage, done here:
 * A block pipeline holding no VAE assumes an 8x VAE (``vae_scale_factor``, the pitfall in MODELS.md): the
   denoise stage of a model with another VAE would draw latents of the wrong size. The pipeline class is
   subclassed once per stage with the factor read from the folder's ``vae/config.json``.
-* A denoise loop block (``LoopSequentialPipelineBlocks``) runs every step in one call: here its
-  ``loop_step`` is wrapped for the run, so the request's cancellation and deadline are checked before each
-  step and its progress published after, as every denoise stage does (the loop's own setup still runs).
+* A denoise loop block (``LoopSequentialPipelineBlocks``) runs every step in one call. A denoise stage is a
+  :class:`SteppedModularStage`: it runs the loop block's sub-blocks one step at a time itself (the
+  request's checks before each step and its progress after come from ``SteppedStage.run`` or the batcher),
+  so an instance's requests can share a step. A plain :class:`ModularStage` that holds a loop block wraps
+  its ``loop_step`` for the run instead (:meth:`ModularStage._loop`).
 """
 
 from __future__ import annotations

@@ -82,6 +82,8 @@ class FluxDenoise(_Flux, SteppedModularStage):
         """The loop's denoiser once over every request's rows (FluxLoopDenoiser reads ``t.flatten()``: a
         timestep per row), then each request's own scheduler step (FluxLoopAfterDenoiser) on its rows."""
         loop = self._loop_block()
+        # what this reproduces: FluxDenoiseStep's sub-blocks (another set, as a controlnet's, would be skipped)
+        assert list(loop.sub_blocks) == ["denoiser", "after_denoiser"], list(loop.sub_blocks)
         denoiser, after = loop.sub_blocks["denoiser"], loop.sub_blocks["after_denoiser"]
         together = copy.copy(states[0].block_state)
         for name in ("latents", "prompt_embeds", "pooled_prompt_embeds", "guidance"):

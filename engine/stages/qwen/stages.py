@@ -103,6 +103,9 @@ class QwenDenoise(_Qwen, SteppedModularStage):
         transformer call (a timestep per row), then each request's guider combines its passes, the norm
         rescale follows, and its own scheduler steps (the loop's after_denoiser)."""
         loop = self._loop_block()
+        # what this reproduces: QwenImageDenoiseStep's sub-blocks, the denoiser's by hand (another set, as
+        # inpainting's or a controlnet's, would be skipped)
+        assert list(loop.sub_blocks) == ["before_denoiser", "denoiser", "after_denoiser"], list(loop.sub_blocks)
         before, after = loop.sub_blocks["before_denoiser"], loop.sub_blocks["after_denoiser"]
         transformer = self.pipe.transformer
         accepted = self._transformer_args()

@@ -96,11 +96,11 @@ def flux_spec(name: str, description: str, steps: int, max_steps: int, sequence:
                       outputs=(TensorSpec("denoised", shape=(1, "C_lat", "H_lat", "W_lat")),),
                       components=("transformer", "scheduler"), doc="noise from the seed, the Flux transformer's loop",
                       # step-level batches: each item's solo bytes up to 8 requests at 64x64 on one and two
-                      # threads, with each request's 2-D linears run alone (engine.stages.invariant; without it
-                      # they differ by 5e-7) (tests/engine/stages/test_flux_batching.py). Tiny models, one
-                      # thread, Intel Xeon (benchmarks/stepped_batching.md): schnell 1.21x the requests/s at 2,
-                      # 1.25x at 4, 1.34x at 8; dev 1.09x, 1.15x, 1.12x; 0.90-0.94x of FluxPipeline's own
-                      # batched gain at the same sizes. 4: past it dev gains nothing here
+                      # threads, with each request's 2-D linears run apart (engine.stages.invariant; without it
+                      # they differ by 5e-7) (tests/engine/stages/test_modular_batching.py). Tiny models, one
+                      # thread, Intel Xeon (benchmarks/stepped_batching.md, the record): schnell 1.29x the
+                      # requests/s at 2, 1.42x at 4, 1.40x at 8; dev 1.19x, 1.29x, 1.21x; at 4, 0.89x (schnell)
+                      # and 0.95x (dev) of FluxPipeline's own batched gain. 4: past it neither gains here
                       max_batch=4),
             StageSpec("vae_decode", f"{_P}.FluxVaeDecode", inputs=("denoised",),
                       outputs=(TensorSpec("pixels", "uint8", (1, "H", "W", 3)),),

@@ -80,11 +80,12 @@ SPEC = WorkflowSpec(
                   doc="noise from the seed, the QwenImage transformer's loop (true CFG when guided)",
                   # step-level batches of one latent size, guided and unguided together: each step runs the
                   # cond and uncond passes whose texts have one length in one transformer call, each request
-                  # keeping its own guider scale; each item's solo bytes up to 8 (2-D linears and SiLUs per
-                  # request: engine.stages.invariant) (tests/engine/stages/test_modular_batching.py). The
-                  # tiny model, one thread, 4 steps (benchmarks/stepped_batching.md): 1.37x the requests/s at
-                  # 2, 1.80x at 4, 2.12x at 8 (one prompt length), the same requests/s as QwenImagePipeline
-                  # batched at each size
+                  # keeping its own guider scale; each item's solo bytes (2-D linears and SiLUs per request:
+                  # engine.stages.invariant), tested with up to 4 at once, guided and unguided
+                  # (tests/engine/stages/test_modular_batching.py), and 8 unguided in the benchmark. The tiny
+                  # model, one thread, 8 steps (benchmarks/stepped_batching.md, the record): 1.23x the
+                  # requests/s at 2, 1.72x at 4, 2.02x at 8 (one prompt length), 0.93-0.99x of
+                  # QwenImagePipeline's own requests/s batched at the same sizes
                   max_batch=8),
         StageSpec("vae_decode", f"{_P}.QwenVaeDecode", inputs=("denoised",),
                   outputs=(TensorSpec("pixels", "uint8", (1, "H", "W", 3)),),

@@ -28,6 +28,24 @@ def test_each_requests_rows_get_the_bytes_of_their_own_call() -> None:
             assert torch.equal(lin(x), F.linear(x, lin.weight, lin.bias))  # outside: the plain call
 
 
+def test_a_silu_over_rows_gives_each_request_the_bytes_of_its_own_call() -> None:
+    """torch's vectorised SiLU takes the tail of a tensor element by element with another exp: a row 48 wide
+    (the tiny Qwen transformer's) starts at another place in the loop in a batch than alone. Inside the
+    batched call each request's rows are their own call; whether the plain call differs depends on the
+    host's vector width, so only the chunked bytes are asserted."""
+    from engine.stages import invariant
+
+    torch.manual_seed(0)
+    act = torch.nn.SiLU()
+    for width in (48, 40, 3072):
+        x = torch.randn(5, width)
+        alone = torch.cat([F.silu(x[i:i + 1]) for i in range(5)])
+        with invariant.rows_per_request(1):
+            assert torch.equal(act(x), alone)
+            assert torch.equal(act(x.reshape(1, 5, width)), F.silu(x.reshape(1, 5, width)))  # 3-D: one call
+        assert torch.equal(act(x), F.silu(x))  # outside: the plain call
+
+
 def test_only_the_thread_in_the_batched_call_chunks() -> None:
     from engine.stages import invariant
 

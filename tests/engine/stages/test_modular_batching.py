@@ -107,10 +107,10 @@ def test_each_request_keeps_its_own_timesteps_and_guidance(runners: dict[str, An
 
 def test_qwen_passes_of_one_text_length_share_a_call_each_request_its_own_scale(
         runners: dict[str, Any], tiny_models: dict[str, Path]) -> None:
-    """Three guided requests with one negative prompt and two prompts of one length: each step makes two
-    transformer calls (the three uncond passes; the two equal-length cond passes with the third's cond pass
-    apart only if its length differs), and requests interleaved alone keep their own true-CFG scale (the
-    guider is the request's, not the last begun one's)."""
+    """Three guided requests, one negative prompt, prompts of one length: a batched step makes one
+    transformer call per text length among the six passes (two here: the prompts' and the negative's), and
+    requests stepped alone afterwards keep their own true-CFG scale (the guider is the request's, not the
+    last begun one's)."""
     import torch
 
     from engine.stages.base import StageContext
@@ -127,7 +127,8 @@ def test_qwen_passes_of_one_text_length_share_a_call_each_request_its_own_scale(
     try:
         states = [denoise.begin(e, r) for e, r in zip(embeds, reqs, strict=True)]
         denoise.step(states)
-        assert len(calls) == 2  # 6 passes, 2 text lengths (prompts of one length; one negative prompt)
+        lengths = {e[k].shape[1] for e in embeds for k in ("prompt_embeds", "negative_prompt_embeds")}
+        assert len(lengths) == 2 and len(calls) == 2  # 6 passes, 2 text lengths: 2 calls
         for st in states:  # the second step one by one, in the order begun: each with its own guider
             denoise.step([st])
     finally:
