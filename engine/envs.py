@@ -142,6 +142,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     # <state dir>/adapters), and how many adapters a denoise instance keeps loaded (its LRU; --max-adapters).
     "ADAPTER_STORE": _str("ONEPIECE_ADAPTER_STORE", None),
     "MAX_ADAPTERS": _int("ONEPIECE_MAX_ADAPTERS", 8),
+    # The quality levels' step-cache settings, per workflow, over the defaults (engine.stages.caching), JSON:
+    # {"flux.1-dev": {"high": {"cache_interval": 4}}}
+    "QUALITY_MAP": _str("ONEPIECE_QUALITY_MAP", None),
 }
 
 

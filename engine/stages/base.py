@@ -110,6 +110,9 @@ class StageExecutor(ABC):
     def __init__(self) -> None:
         self.device: str = "cpu"
         self.model_dir: Path | None = None
+        #: the workflow this instance serves (set by whoever makes it: the worker process, the LocalRunner);
+        #: where a stage's settings are per workflow (engine.stages.caching)
+        self.served_workflow: str | None = None
 
     @abstractmethod
     def load(self, model_dir: str | Path, device: str | None = None) -> None:

@@ -160,6 +160,7 @@ class _Stepping:
     components: _Own
     timesteps: list[Any]
     i: int = 0
+    cache: Any = None  # engine.stages.caching.StepCache of a request that asked for a quality below lossless
 
 
 class SteppedModularStage(ModularStage, SteppedStage):
@@ -175,6 +176,10 @@ class SteppedModularStage(ModularStage, SteppedStage):
     """
 
     loop: ClassVar[str] = "denoise"
+    #: the loop's sub-block that calls the transformer (its output: ``block_state.noise_pred``). A stage that
+    #: sets it serves ``quality`` below lossless (engine.stages.caching): on a step a request's cache predicts,
+    #: this sub-block is skipped and the others run on the predicted ``noise_pred``.
+    denoiser: ClassVar[str | None] = None
 
     run = SteppedStage.run  # begin, step, end: a request alone takes the path it takes in a batch of one
 
@@ -195,7 +200,12 @@ class SteppedModularStage(ModularStage, SteppedStage):
             _, state = block(own, state)
         block_state = self._loop_block().get_block_state(state)
         self.setup_loop(own, block_state)
-        return _Stepping(state, block_state, own, list(block_state.timesteps))
+        cache = None
+        if self.denoiser is not None:
+            from engine.stages import caching
+
+            cache = caching.for_request(self.served_workflow or "", params)
+        return _Stepping(state, block_state, own, list(block_state.timesteps), cache=cache)
 
     def setup_loop(self, components: Any, block_state: Any) -> None:
         """What the loop block's ``__call__`` sets on its block state before its first step (the wrappers'
@@ -206,6 +216,27 @@ class SteppedModularStage(ModularStage, SteppedStage):
 
     @torch.no_grad()
     def step(self, states: list[_Stepping]) -> None:
+        """One step of every state: those whose cache predicts this step skip the transformer (each from its
+        own factors); the rest compute, alone or in one batched call, and their caches take the output."""
+        predicted = [st for st in states if st.cache is not None and not st.cache.should_compute()]
+        if predicted:
+            loop = self._loop_block()
+            for st in predicted:
+                self.before_step(st.block_state)
+                st.block_state.noise_pred = st.cache.predict()
+                for name, block in loop.sub_blocks.items():
+                    if name != self.denoiser:
+                        block(st.components, st.block_state, i=st.i, t=st.timesteps[st.i])
+                st.i += 1
+            states = [st for st in states if all(st is not p for p in predicted)]
+            if not states:
+                return
+        self._compute(states)
+        for st in states:
+            if st.cache is not None:
+                st.cache.update(st.block_state.noise_pred)
+
+    def _compute(self, states: list[_Stepping]) -> None:
         if len(states) == 1:
             st = states[0]
             self.before_step(st.block_state)

@@ -76,6 +76,7 @@ class LocalRunner:
 
             def load(name: str = stage.name) -> StageExecutor:
                 ex = executor_class(self.spec.name, name)()
+                ex.served_workflow = self.spec.name
                 ex.load(self.model_dir, device)
                 return ex
 

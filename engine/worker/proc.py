@@ -111,6 +111,7 @@ def _load(config: WorkerConfig) -> tuple[Any, Any, int]:
     if "torch" in sys.modules:  # torch's pools sized to the budget before the first op (its env vars are set)
         threads = apply_torch(config.threads or None)
     executor = executor_type()
+    executor.served_workflow = config.workflow  # per-workflow settings (engine.stages.caching)
     executor.load(config.model_dir, config.device)
     # test and benchmark hook, off in production: the same executor, its runs slept to a chosen profile
     return executor, stretched(executor, config.stage_time_s, config.stage_stretch, config.step_delay_s), threads

@@ -111,6 +111,7 @@ class ParamSpec:
     doc: str = ""
     max_length: int | None = None  # characters, for str parameters
     why: str = ""  # the loaded model's fact behind ``maximum``, when it is tighter than the spec's (limits.py)
+    choices: tuple[str, ...] = ()  # a str parameter's allowed values (empty: any text within max_length)
 
     def __post_init__(self) -> None:
         if self.type is str and (self.max_length is None or self.max_length < 1):
@@ -339,6 +340,9 @@ class WorkflowSpec:
                 raise InvalidRequest(p.name, f"{p.name} must be a string, got {type(value).__name__}")
             if p.type is str:
                 _check_text(p, value)
+                if p.choices and value not in p.choices:
+                    raise InvalidRequest(p.name, f"{p.name} must be one of {', '.join(p.choices)} for {self.name}, "
+                                                 f"got {value!r}")
                 out[p.name] = value
                 continue
             if isinstance(value, float) and not math.isfinite(value):

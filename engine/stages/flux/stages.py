@@ -62,6 +62,7 @@ class FluxDenoise(_Flux, SteppedModularStage):
     }
     outputs: ClassVar[dict[str, str]] = {"denoised": "latents"}
     preview_family: ClassVar[str] = "flux"  # engine.stages.preview: packed tokens, scaling and shift
+    denoiser: ClassVar[str | None] = "denoiser"  # quality below lossless: TaylorSeer lite (engine.stages.caching)
 
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         out = {

@@ -22,7 +22,13 @@ from typing import Any
 
 from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import MAX_PROMPT_CHARS, preview_every, require_multiple, require_prompt
+from engine.workflow.specs.common import (
+    MAX_PROMPT_CHARS,
+    preview_every,
+    quality,
+    require_multiple,
+    require_prompt,
+)
 
 # The latent is packed 2x2 on top of the VAE's 8x: sides are multiples of 16 (FluxPipeline otherwise resizes
 # the request down, silently); the tiny model's 2x VAE needs multiples of 4, which 16 satisfies.
@@ -80,6 +86,7 @@ def flux_spec(name: str, description: str, steps: int, max_steps: int, sequence:
         ParamSpec("max_sequence_length", int, sequence, 1, T5_MAX, doc="T5 tokens of the prompt (padded)"),
         ParamSpec("seed", int, 0, 0, 2**63 - 1),
         preview_every(max_steps),
+        quality(("lossless", "extra-high", "high")),  # engine.stages.caching.LEVELS: TaylorSeer lite
     ]
     if guidance is not None:
         params.insert(4, ParamSpec("guidance_scale", float, guidance, 0.0, 20.0,
