@@ -241,10 +241,16 @@ def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
             raise services.Invalid("num_frames", f"num_frames {d['num_frames']} disagrees with seconds "
                                    f"{d['seconds']} ({frames} frames at {d.get('fps') or 'the default'} fps)")
         params["num_frames"] = frames
-    for name in ("lora", "preview_every"):
+    for name in ("lora", "preview_every", "quality"):
         if name in d:
             params[name] = d[name]
     return params
+
+
+def _levels(workflow: str) -> tuple[str, ...]:
+    """The quality levels ``workflow`` serves (its spec's ``quality`` choices; none: the parameter is not its)."""
+    spec = get_workflow(workflow)
+    return next((p.choices for p in spec.params if p.name == "quality"), ())
 
 
 # the workflow's parameter -> the field a client of this route sent it as, when that is not its own name
@@ -420,6 +426,11 @@ class ImageGenerationView(OpenAIView):
         for name in ("num_inference_steps", "negative_prompt", "guidance_scale", "lora", "preview_every"):
             if name in d:
                 params[name] = d[name]
+        # SGLang's quality levels are the engine's; OpenAI's values change nothing. "high" is both: the level
+        # where the model serves it, else OpenAI's no-op as before (an OpenAI client's request stays valid)
+        level = d.get("quality")
+        if level in ("lossless", "extra-high") or (level == "high" and "high" in _levels(model)):
+            params["quality"] = level
         seed = d.get("seed", 0)
         jobs: list[Job] = []
         try:

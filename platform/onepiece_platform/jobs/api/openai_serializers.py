@@ -27,7 +27,8 @@ SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$", re.ASCII)  # ASCII digits only: \d a
 PROMPT = r"^[^\u0000]*\S[^\u0000]*$"
 IMAGE_SIZES = ["64x64", "256x256", "512x512", "768x768", "1024x1024", "512x768", "768x512"]
 # OpenAI's image parameters that change nothing here, each with what it is taken as (docs/web-platform.md):
-# quality, style and moderation have no counterpart in the engine's workflows; background "auto" and "opaque"
+# quality (OpenAI's values; SGLang's levels are the engine's ``quality``), style and moderation have no
+# counterpart in the engine's workflows; background "auto" and "opaque"
 # are what every image is; stream false is what this route does. Values that would need more are refused.
 IMAGE_NO_OPS = ("quality", "style", "moderation", "background", "stream", "partial_images")
 # ``model: "default"`` (vLLM-Omni's client sends it when no model is named): the route's own default workflow
@@ -142,6 +143,9 @@ class _GenerateSerializer(RefuseUnknownFields):
     # OnePiece extension (extra_body): a live preview every N denoising steps (0: off; the loaded model's
     # step limit is checked where the request is resolved)
     preview_every = AsciiIntegerField(required=False, min_value=0, max_value=10_000)
+    # OnePiece extension (extra_body, SGLang's name and levels): lossless (default, bit-exact), extra-high or
+    # high (step caching); which a model serves is checked where the request is resolved (its spec)
+    quality = serializers.CharField(required=False, max_length=16)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -287,8 +291,10 @@ class ImageGenerateSerializer(_GenerateSerializer):
     output_format = serializers.ChoiceField(choices=["png", "jpeg", "webp"], required=False, default="png")
     output_compression = AsciiIntegerField(required=False, min_value=0, max_value=100,
                                            help_text="jpeg and webp quality, 0-100 (default 100); png is lossless")
-    # accepted as the no-ops they are here (IMAGE_NO_OPS)
-    quality = serializers.ChoiceField(choices=["auto", "low", "medium", "high", "standard", "hd"], required=False)
+    # OpenAI's values are accepted as no-ops (IMAGE_NO_OPS); SGLang's levels (lossless, extra-high, high) ask
+    # for step caching where the model serves it (engine.stages.caching; "high" is a no-op on a model without)
+    quality = serializers.ChoiceField(choices=["auto", "low", "medium", "high", "standard", "hd", "lossless",
+                                               "extra-high"], required=False)
     style = serializers.ChoiceField(choices=["vivid", "natural"], required=False)
     moderation = serializers.ChoiceField(choices=["auto", "low"], required=False)
     background = OpaqueBackgroundField(required=False)

@@ -75,13 +75,19 @@ class JobSerializer(serializers.ModelSerializer):
     cancel_requested = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
     eta = serializers.SerializerMethodField()
+    quality = serializers.SerializerMethodField(
+        help_text="lossless (bit-exact), extra-high or high: the step caching the job asked for (params.quality)")
 
     class Meta:
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
-                  "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "priority", "created_at", "started_at",
+                  "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "priority", "quality",
+                  "created_at", "started_at",
                   "finished_at", "cancel_requested", "webhook_url", "resubmissions", "eta", "links"]
         read_only_fields = fields
+
+    def get_quality(self, job: Job) -> str:
+        return str((job.params or {}).get("quality") or "lossless")
 
     def get_queue_position(self, job: Job) -> int | None:
         return job.queue_position()
