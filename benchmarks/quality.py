@@ -22,7 +22,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import time
 from typing import Any
 
@@ -121,14 +120,13 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    from engine.bench.figures import provenance
     from engine.stages.tiny import models_or_tiny
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    cpu = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-    load = os.getloadavg()
+    prov = provenance()  # before the models load: the load average is the host's own
+    commit, cpu, load = (prov["commit"] or "")[:7], prov["cpu_model"], prov["load_average"]
     with models_or_tiny(args.models, list(WORKFLOWS)) as models:
-        result = {"commit": commit, "cpu": cpu, "threads": 1, "load_average_before": load,
+        result = {"commit": commit, "cpu": cpu, "threads": 1, "load_average_before": load, "provenance": prov,
                   "workflows": {w: measure(w, f"{models}/{w}", args.reps) for w in WORKFLOWS}}
     if args.json:
         print(json.dumps(result, indent=1, default=str))

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import time
 from typing import Any
 
@@ -92,11 +91,6 @@ def measure(workflow: str, folder: str, steps: int, reps: int) -> dict[str, Any]
     return out
 
 
-def _cpu() -> str:
-    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    return next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=None, help="a folder of tiny models (default: built here)")
@@ -108,12 +102,14 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    from engine.bench.figures import provenance
     from engine.stages.tiny import models_or_tiny
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    load = os.getloadavg()
+    prov = provenance()  # before the models load: the load average is the host's own
+    commit, load = (prov["commit"] or "")[:7], prov["load_average"]
     with models_or_tiny(args.models, list(WORKFLOWS)) as models:
-        result = {"commit": commit, "cpu": _cpu(), "threads": 1, "load_average_before": load,
+        result = {"commit": commit, "cpu": prov["cpu_model"], "threads": 1, "load_average_before": load,
+                  "provenance": prov,
                   "workflows": {w: measure(w, f"{models}/{w}", args.steps, args.reps) for w in WORKFLOWS}}
     if args.json:
         print(json.dumps(result, indent=1))

@@ -1,5 +1,6 @@
-"""A staged run of a video workflow with the frames its vae_decode stage produced captured, for comparing
-with the one-call pipeline (the final stage encodes them to mp4, which would hide a pixel difference)."""
+"""Helpers of the stage tests: a staged run of a video workflow with the frames its vae_decode stage produced
+captured, for comparing with the one-call pipeline (the final stage encodes them to mp4, which would hide a
+pixel difference); requests stepped together on a stepped stage, joining at chosen steps."""
 
 from __future__ import annotations
 
@@ -25,3 +26,26 @@ def staged_frames(runner: Any, params: dict[str, Any], inputs: dict[str, bytes])
     finally:
         del decode.run
     return captured["frames"], result
+
+
+def step_joining(denoise: Any, embeds: list[Any], reqs: list[dict[str, Any]],
+                 joins: dict[int, list[int]], ticks: int = 20) -> tuple[dict[int, Any], list[int]]:
+    """Step a SteppedStage's requests together as a batcher would: request ``k`` begins at tick ``t`` for each
+    ``k`` in ``joins[t]``, and leaves when its own steps are done. Returns (each request's ``denoised``, the
+    batch width at each tick)."""
+    states: dict[int, Any] = {}
+    out: dict[int, Any] = {}
+    widths: list[int] = []
+    for tick in range(ticks):
+        for k in joins.get(tick, []):
+            states[k] = denoise.begin(embeds[k], reqs[k])
+        if not states:
+            break
+        widths.append(len(states))
+        denoise.step(list(states.values()))
+        for k, st in list(states.items()):
+            done, total = denoise.progress(st)
+            if done == total:
+                out[k] = denoise.end(st)["denoised"]
+                del states[k]
+    return out, widths

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from tests.engine.stages.staged import step_joining
+
 pytestmark = pytest.mark.models
 
 
@@ -45,22 +47,7 @@ def test_requests_joining_mid_batch_with_other_step_counts_equal_their_solo_runs
     solo = [denoise.run(e, r, StageContext())["denoised"] for e, r in zip(embeds, reqs, strict=True)]
     assert len({denoise.batch_key(r) for r in reqs}) == 1
     # request 0 starts alone; 1 and 2 join after its second step; 3 joins when 1 has left
-    states = {0: denoise.begin(embeds[0], reqs[0])}
-    joins = {2: [1, 2], 5: [3]}
-    out: dict[int, Any] = {}
-    widths = []
-    for tick in range(20):
-        for k in joins.get(tick, []):
-            states[k] = denoise.begin(embeds[k], reqs[k])
-        if not states:
-            break
-        widths.append(len(states))
-        denoise.step(list(states.values()))
-        for k, st in list(states.items()):
-            done, total = denoise.progress(st)
-            if done == total:
-                out[k] = denoise.end(st)["denoised"]
-                del states[k]
+    out, widths = step_joining(denoise, embeds, reqs, {0: [0], 2: [1, 2], 5: [3]})
     assert max(widths) == 3 and sorted(out) == [0, 1, 2, 3]
     for k in range(4):
         assert torch.equal(out[k], solo[k]), f"request {k} differs from its solo run"
