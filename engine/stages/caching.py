@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine import envs
@@ -86,7 +86,6 @@ class StepCache:
     state: Any = None
     computed: int = 0
     predicted: int = 0
-    _fields: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         import torch

@@ -228,7 +228,8 @@ class SteppedModularStage(ModularStage, SteppedStage):
                     if name != self.denoiser:
                         block(st.components, st.block_state, i=st.i, t=st.timesteps[st.i])
                 st.i += 1
-            states = [st for st in states if all(st is not p for p in predicted)]
+            skipped = {id(st) for st in predicted}
+            states = [st for st in states if id(st) not in skipped]
             if not states:
                 return
         self._compute(states)
