@@ -149,12 +149,17 @@ def _settled(c: Cluster, want: dict[str, int], timeout: float) -> float:
     deadline = time.monotonic() + timeout
     while True:
         raw = c.etcd.get(KEYS.assignment("n1"))
+        assigned = json.loads(raw[0])["instances"] if raw else []
         have: dict[str, int] = {}
-        for i in json.loads(raw[0])["instances"] if raw else []:
+        for i in assigned:
             have[i["stage"]] = have.get(i["stage"], 0) + 1
         report = json.loads(c.etcd.get(KEYS.node("n1"))[0])
         ready = all(i["ready"] for i in report["instances"].values())
-        if have == want and ready and not report["draining"] and len(report["instances"]) == sum(want.values()):
+        # the node reports every 2 s: a report written before it applied the assignment still shows the old
+        # instances, all ready and none draining, so the report must serve exactly the assignment's instances
+        # (a CI run took such a stale report for "settled" and measured the move itself as the new allocation)
+        serving = set(report["instances"]) == {i["id"] for i in assigned}
+        if have == want and ready and serving and not report["draining"]:
             return time.monotonic()
         assert time.monotonic() < deadline, (have, want, report["draining"], json.dumps({k: _capacity(c).get(k) for k in ("service_s", "recommended", "rps")}))
         time.sleep(0.2)
