@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.fixtures.workers",
     "tests.fixtures.proxy",
     "tests.fixtures.postgres",
+    "tests.fixtures.objects",
 ]

@@ -1,0 +1,339 @@
+"""Outputs in an S3-compatible object store: put (multipart when large), ranged get, delete, presigned URLs.
+
+The client is boto3/botocore, a well-kept library, rather than a SigV4 signer of our own: it signs
+requests and presigned URLs, retries, pools connections and speaks to AWS S3, Ceph's RADOS Gateway,
+MinIO-compatible servers and Swift's ``s3api`` alike. boto3 is imported when the first client is made,
+never by ``import engine``.
+
+Configuration is one URL (``ONEPIECE_OBJECT_STORE``, :func:`parse_url`), bucket included::
+
+    http://127.0.0.1:9000/outputs                 endpoint + bucket (path-style: the default)
+    https://s3.example.net/outputs/prod?region=eu-west-1&addressing=virtual
+    http://ACCESS:SECRET@127.0.0.1:9000/outputs   credentials in the URL (percent-encoded), as for Redis
+    s3://outputs/prod?region=eu-west-1            AWS S3 itself (its endpoint for the region)
+
+Without credentials in the URL they come from botocore's usual chain: the environment
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``), the files (``AWS_SHARED_CREDENTIALS_FILE``,
+``~/.aws/credentials``), a web-identity token file, an instance role. A path after the bucket is a key
+prefix, so deployments can share a bucket.
+
+Every object written through :meth:`ObjectStore.put` carries its SHA-256 in its metadata
+(``x-amz-meta-sha256``) and :class:`ObjectRef` records key, size and digest, so a result can be checked
+and found again from the store alone (Redis may have lost what it knew).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+MULTIPART_THRESHOLD = 16 << 20  # objects above this go up in parts
+PART_SIZE = 8 << 20  # S3's minimum is 5 MiB for every part but the last
+MAX_PRESIGN_S = 7 * 24 * 3600  # SigV4's ceiling for a presigned URL
+
+
+class ObjectStoreError(RuntimeError):
+    """The object store refused or failed an operation; the message names the operation and the key."""
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """Where an output is and what it is: its key in the bucket, its size in bytes, its SHA-256 (hex)."""
+
+    key: str
+    size: int
+    sha256: str
+    content_type: str = "application/octet-stream"
+
+    def to_json(self) -> str:
+        return json.dumps({"key": self.key, "size": self.size, "sha256": self.sha256,
+                           "content_type": self.content_type}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ObjectRef:
+        d = json.loads(raw)
+        return cls(str(d["key"]), int(d["size"]), str(d["sha256"]),
+                   str(d.get("content_type") or "application/octet-stream"))
+
+
+@dataclass(frozen=True)
+class Presigned:
+    """A presigned URL, the method it is good for, and the Unix time it stops working."""
+
+    url: str
+    method: str
+    expires_at: int
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An object being read: ``body`` (``read()``, ``iter_chunks(n)``, ``close()``), the bytes it will
+    give (``length``), the whole object's size (``total``), its content type and recorded sha256."""
+
+    body: Any
+    length: int
+    total: int
+    content_type: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """A parsed ``ONEPIECE_OBJECT_STORE`` URL (see the module's docstring)."""
+
+    endpoint: str | None  # None: AWS S3's endpoint for the region
+    bucket: str
+    prefix: str = ""
+    region: str = "us-east-1"
+    addressing: str = "path"  # path | virtual
+    access_key: str | None = None
+    secret_key: str | None = None
+
+    def redacted(self) -> str:
+        """The configuration for logs: no secret."""
+        where = self.endpoint or "s3"
+        return f"{where}/{self.bucket}/{self.prefix}".rstrip("/") + f" ({self.addressing}-style, {self.region})"
+
+
+def parse_url(url: str) -> StoreConfig:
+    """``ONEPIECE_OBJECT_STORE``'s URL as a :class:`StoreConfig`; ValueError says what is wrong with it."""
+    parts = urlsplit(url)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(query) - {"region", "addressing"}
+    if unknown:
+        raise ValueError(f"object store URL: unknown parameter(s) {sorted(unknown)} (known: region, addressing)")
+    addressing = query.get("addressing", "path")
+    if addressing not in ("path", "virtual"):
+        raise ValueError(f"object store URL: addressing must be path or virtual, not {addressing!r}")
+    if parts.scheme == "s3":
+        bucket, _, prefix = (parts.netloc + parts.path).partition("/")
+        endpoint = None
+    elif parts.scheme in ("http", "https"):
+        if not parts.hostname:
+            raise ValueError(f"object store URL has no host: {url!r}")
+        bucket, _, prefix = parts.path.lstrip("/").partition("/")
+        host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+        endpoint = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    else:
+        raise ValueError(f"object store URL must be http://, https:// or s3://, not {url!r}")
+    if not bucket:
+        raise ValueError(f"object store URL names no bucket: {url!r} (e.g. http://127.0.0.1:9000/outputs)")
+    prefix = prefix.strip("/")
+    access = unquote(parts.username) if parts.username else None
+    secret = unquote(parts.password) if parts.password else None
+    if (access is None) != (secret is None):
+        raise ValueError("object store URL: give both the access key and the secret (ACCESS:SECRET@host), or neither")
+    return StoreConfig(endpoint, bucket, prefix + "/" if prefix else "", query.get("region", "us-east-1"),
+                       addressing, access, secret)
+
+
+def _recorded_sha256(response: dict[str, Any]) -> str:
+    """The sha256 :meth:`ObjectStore.put` recorded, from a HEAD or GET response (servers differ in the case
+    they give metadata names: Swift answers ``Sha256``)."""
+    return next((v for k, v in response.get("Metadata", {}).items() if k.lower() == "sha256"), "")
+
+
+def result_key(uid: str) -> str:
+    """The object key (under the store's prefix) of a job's final output: derived from the UID alone, so
+    the output is found again after Redis lost the job's metadata."""
+    return f"results/{uid}"
+
+
+class ObjectStore:
+    """One bucket of an S3-compatible store. Thread-safe: boto3's clients are, and the client is made once."""
+
+    def __init__(self, config: StoreConfig, connect_timeout: float = 5.0, read_timeout: float = 60.0,
+                 multipart_threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE) -> None:
+        self.config = config
+        self.multipart_threshold, self.part_size = int(multipart_threshold), int(part_size)
+        self._timeouts = (connect_timeout, read_timeout)
+        self._client: Any = None
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> ObjectStore:
+        return cls(parse_url(url), **kwargs)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+            from botocore.config import Config
+
+            c = self.config
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=c.endpoint, region_name=c.region,
+                aws_access_key_id=c.access_key, aws_secret_access_key=c.secret_key,
+                config=Config(
+                    signature_version="s3v4", s3={"addressing_style": c.addressing},
+                    connect_timeout=self._timeouts[0], read_timeout=self._timeouts[1],
+                    retries={"max_attempts": 4, "mode": "standard"}, max_pool_connections=16,
+                    # integrity is ours (Content-MD5 on every put, the sha256 in the metadata); the newer
+                    # default checksums (CRC32 trailers) are refused by some S3-compatible servers
+                    request_checksum_calculation="when_required", response_checksum_validation="when_required",
+                ))
+        return self._client
+
+    def key(self, name: str) -> str:
+        return self.config.prefix + name
+
+    def _fail(self, op: str, key: str, exc: Exception) -> ObjectStoreError:
+        return ObjectStoreError(f"object store {self.config.redacted()}: {op} {key!r} failed: {exc}")
+
+    # -- bucket ---------------------------------------------------------------------------------
+    def ensure_bucket(self) -> None:
+        """Create the bucket when it does not exist (an embedded or new store); fine when it does."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.config.bucket)
+            return
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
+                raise self._fail("head bucket", self.config.bucket, exc) from exc
+        try:
+            self.client.create_bucket(Bucket=self.config.bucket)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise self._fail("create bucket", self.config.bucket, exc) from exc
+
+    # -- objects --------------------------------------------------------------------------------
+    def put(self, name: str, data: bytes | bytearray | memoryview,
+            content_type: str = "application/octet-stream") -> ObjectRef:
+        """Store ``data`` under ``name`` (the prefix added): in one request up to ``multipart_threshold``
+        bytes, else in parts of ``part_size``. The object appears whole or not at all: a failed multipart
+        upload is aborted. Returns its :class:`ObjectRef`."""
+        import base64
+
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        view = memoryview(data).cast("B")
+        key = self.key(name)
+        ref = ObjectRef(key, view.nbytes, hashlib.sha256(view).hexdigest(), content_type)
+        meta = {"sha256": ref.sha256}
+        try:
+            if view.nbytes <= self.multipart_threshold:
+                md5 = base64.b64encode(hashlib.md5(view, usedforsecurity=False).digest()).decode()
+                self.client.put_object(Bucket=self.config.bucket, Key=key, Body=bytes(view), ContentMD5=md5,
+                                       ContentType=content_type, Metadata=meta)
+            else:
+                self._put_parts(key, view, content_type, meta)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("put", key, exc) from exc
+        return ref
+
+    def _put_parts(self, key: str, view: memoryview, content_type: str, meta: dict[str, str]) -> None:
+        import base64
+
+        bucket = self.config.bucket
+        upload = self.client.create_multipart_upload(Bucket=bucket, Key=key, ContentType=content_type,
+                                                     Metadata=meta)["UploadId"]
+        try:
+            parts = []
+            for n, start in enumerate(range(0, view.nbytes, self.part_size), start=1):
+                chunk = view[start:start + self.part_size]
+                md5 = base64.b64encode(hashlib.md5(chunk, usedforsecurity=False).digest()).decode()
+                got = self.client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=n,
+                                              Body=bytes(chunk), ContentMD5=md5)
+                parts.append({"PartNumber": n, "ETag": got["ETag"]})
+            self.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
+                                                  MultipartUpload={"Parts": parts})
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
+            except Exception:  # the original failure is the one to report; the store expires stale uploads
+                pass
+            raise
+
+    def head(self, name: str) -> ObjectRef | None:
+        """The object's :class:`ObjectRef` as the store has it (size, the recorded sha256), or None."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(name)
+        try:
+            h = self.client.head_object(Bucket=self.config.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._fail("head", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._fail("head", key, exc) from exc
+        return ObjectRef(key, int(h["ContentLength"]), _recorded_sha256(h),
+                         h.get("ContentType") or "application/octet-stream")
+
+    def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes | None:
+        """The object's bytes, or bytes ``start`` to ``end`` inclusive (HTTP's Range; ``end`` None: to the
+        end); None when there is no such object."""
+        opened = self.open(name, start, end)
+        if opened is None:
+            return None
+        try:
+            return opened.body.read()
+        finally:
+            opened.body.close()
+
+    def open(self, name: str, start: int | None = None, end: int | None = None) -> Opened | None:
+        """The object (or a range of it, as :meth:`get`) as a stream to read and close, or None when there
+        is no such object: what a download that must not hold the whole object in memory reads."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(name)
+        kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Key": key}
+        if start is not None or end is not None:
+            kwargs["Range"] = f"bytes={start or 0}-{'' if end is None else end}"
+        try:
+            got = self.client.get_object(**kwargs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._fail("get", key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._fail("get", key, exc) from exc
+        length = int(got["ContentLength"])
+        content_range = got.get("ContentRange") or ""  # "bytes 5-15/11000" for a range
+        total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else length
+        return Opened(got["Body"], length, total, got.get("ContentType") or "application/octet-stream",
+                      _recorded_sha256(got))
+
+    def delete(self, name: str) -> None:
+        """Delete the object (no error when it is already gone)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(name)
+        try:
+            self.client.delete_object(Bucket=self.config.bucket, Key=key)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("delete", key, exc) from exc
+
+    # -- presigned URLs -------------------------------------------------------------------------
+    def presign_get(self, name: str, expires_s: int = 3600) -> Presigned:
+        """A URL anyone holding it can GET the object with (Range included) until ``expires_at``."""
+        return self._presign("get_object", "GET", name, expires_s, {})
+
+    def presign_put(self, name: str, expires_s: int = 3600, content_type: str | None = None) -> Presigned:
+        """A URL to PUT the object with until ``expires_at`` (with ``content_type``, the PUT must send it)."""
+        extra = {"ContentType": content_type} if content_type else {}
+        return self._presign("put_object", "PUT", name, expires_s, extra)
+
+    def _presign(self, op: str, method: str, name: str, expires_s: int, extra: dict[str, Any]) -> Presigned:
+        if not 1 <= int(expires_s) <= MAX_PRESIGN_S:
+            raise ValueError(f"a presigned URL lasts 1 s to 7 days, not {expires_s} s")
+        now = int(time.time())
+        url = self.client.generate_presigned_url(
+            op, Params={"Bucket": self.config.bucket, "Key": self.key(name), **extra}, ExpiresIn=int(expires_s))
+        return Presigned(url, method, now + int(expires_s))
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def from_config(url: str | None) -> ObjectStore | None:
+    """The store ``url`` names, or None for Redis-only mode (``None``, empty, or ``none``)."""
+    if not url or url.strip().lower() == "none":
+        return None
+    return ObjectStore.from_url(url.strip())

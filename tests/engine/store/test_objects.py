@@ -1,0 +1,192 @@
+"""The object-store client against a real S3 server (the embedded Swift with s3api; tests/fixtures/objects.py)."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pytest
+
+from engine.store.objects import ObjectRef, ObjectStore, ObjectStoreError, from_config, parse_url, result_key
+from tests.fixtures import REPO_ROOT
+
+MiB = 1 << 20
+
+
+def _http(url: str, method: str = "GET", data: bytes | None = None, headers: dict[str, str] | None = None
+          ) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _with_query(url: str, **changes: str) -> str:
+    parts = urlsplit(url)
+    q = dict(parse_qsl(parts.query, keep_blank_values=True))
+    q.update(changes)
+    return urlunsplit(parts._replace(query=urlencode(q)))
+
+
+# -- configuration (no server) ------------------------------------------------------------------------
+def test_parse_url_forms() -> None:
+    c = parse_url("http://127.0.0.1:9000/outputs")
+    assert (c.endpoint, c.bucket, c.prefix, c.addressing, c.access_key) == \
+        ("http://127.0.0.1:9000", "outputs", "", "path", None)
+    c = parse_url("https://onepiece%3Aengine:s%2Fecret@s3.example.net/outs/prod/a/?region=eu-west-1&addressing=virtual")
+    assert (c.endpoint, c.bucket, c.prefix, c.region, c.addressing) == \
+        ("https://s3.example.net", "outs", "prod/a/", "eu-west-1", "virtual")
+    assert (c.access_key, c.secret_key) == ("onepiece:engine", "s/ecret")
+    assert "s/ecret" not in c.redacted()
+    c = parse_url("s3://outs/p?region=eu-central-1")
+    assert (c.endpoint, c.bucket, c.prefix, c.region) == (None, "outs", "p/", "eu-central-1")
+
+
+@pytest.mark.parametrize("url", ["ftp://h/b", "http://h:9000/", "s3://", "http://h/b?addressing=sideways",
+                                 "http://h/b?bucket=x", "http://onlykey@h/b"])
+def test_parse_url_refuses(url: str) -> None:
+    with pytest.raises(ValueError):
+        parse_url(url)
+
+
+def test_none_means_redis_only() -> None:
+    assert from_config(None) is None and from_config("") is None and from_config("none") is None
+    assert isinstance(from_config("http://127.0.0.1:1/b"), ObjectStore)
+
+
+def test_ref_round_trips_as_json() -> None:
+    ref = ObjectRef("results/u1", 12, "ab" * 32, "image/png")
+    assert ObjectRef.from_json(ref.to_json()) == ref
+    assert result_key("u1") == "results/u1"
+
+
+def test_importing_the_store_loads_no_client() -> None:
+    """boto3 is imported by the first client, never by ``import engine.store`` (nor the embedded server's
+    module, which must not pull in eventlet)."""
+    code = ("import sys; import engine.store, engine.store.objects, engine.embedded.s3;"
+            "print([m for m in ('boto3', 'botocore', 'eventlet', 'swift') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+# -- against the server -------------------------------------------------------------------------------
+def test_put_get_round_trip_records_size_and_digest(object_store: ObjectStore) -> None:
+    data = os.urandom(300_001)
+    ref = object_store.put("results/a", data, content_type="image/png")
+    assert ref == ObjectRef("results/a", len(data), hashlib.sha256(data).hexdigest(), "image/png")
+    assert object_store.get("results/a") == data
+    assert object_store.head("results/a") == ref  # the digest is in the object's metadata, not only ours
+    assert object_store.get("results/missing") is None and object_store.head("results/missing") is None
+
+
+def test_multipart_put_is_byte_exact(s3_server, object_store: ObjectStore) -> None:
+    store = ObjectStore(object_store.config, multipart_threshold=6 * MiB, part_size=5 * MiB)
+    data = os.urandom(12 * MiB + 123)
+    ref = store.put("big", data)
+    assert ref.size == len(data) and ref.sha256 == hashlib.sha256(data).hexdigest()
+    etag = store.client.head_object(Bucket=store.config.bucket, Key="big")["ETag"]
+    assert etag.strip('"').endswith("-3")  # really three parts, not one PUT
+    got = store.get("big")
+    assert got is not None and hashlib.sha256(got).hexdigest() == ref.sha256
+    assert store.client.list_multipart_uploads(Bucket=store.config.bucket).get("Uploads", []) == []
+
+
+def test_failed_multipart_upload_leaves_no_object(object_store: ObjectStore, monkeypatch) -> None:
+    store = ObjectStore(object_store.config, multipart_threshold=6 * MiB, part_size=5 * MiB)
+
+    def broken(**kwargs):
+        raise ConnectionResetError("the network went away before the upload completed")
+
+    monkeypatch.setattr(store.client, "complete_multipart_upload", broken)
+    with pytest.raises(ConnectionResetError):
+        store.put("half", os.urandom(11 * MiB))
+    assert store.head("half") is None
+    assert store.client.list_multipart_uploads(Bucket=store.config.bucket).get("Uploads", []) == []
+
+
+def test_range_get_returns_exactly_those_bytes(object_store: ObjectStore) -> None:
+    store = ObjectStore(object_store.config, multipart_threshold=6 * MiB, part_size=5 * MiB)
+    data = os.urandom(11 * MiB)
+    store.put("ranged", data)
+    for start, end in [(0, 0), (5, 15), (5 * MiB - 3, 5 * MiB + 3), (len(data) - 10, len(data) - 1)]:
+        assert store.get("ranged", start, end) == data[start:end + 1], (start, end)
+    assert store.get("ranged", 10 * MiB) == data[10 * MiB:]
+    opened = store.open("ranged", 100, 199)
+    assert opened is not None and (opened.length, opened.total) == (100, len(data))
+    assert opened.body.read() == data[100:200]
+    opened.body.close()
+    # and through a presigned URL, as a browser seeking in a video asks
+    url = store.presign_get("ranged", 60).url
+    status, body = _http(url, headers={"Range": "bytes=1000-1999"})
+    assert (status, body) == (206, data[1000:2000])
+
+
+def test_presigned_get_works_and_tampering_is_refused(object_store: ObjectStore) -> None:
+    object_store.put("p/one", b"first object")
+    object_store.put("p/two", b"second object")
+    signed = object_store.presign_get("p/one", 120)
+    assert signed.method == "GET" and signed.expires_at > 0
+    assert _http(signed.url) == (200, b"first object")
+    # another key under the same signature, a longer life, a changed signature: each refused
+    assert _http(signed.url.replace("/p/one?", "/p/two?"))[0] == 403
+    assert _http(_with_query(signed.url, **{"X-Amz-Expires": "604800"}))[0] == 403
+    sig = dict(parse_qsl(urlsplit(signed.url).query))["X-Amz-Signature"]
+    flipped = ("0" if sig[0] != "0" else "1") + sig[1:]
+    assert _http(_with_query(signed.url, **{"X-Amz-Signature": flipped}))[0] == 403
+
+
+def test_expired_presigned_url_is_refused(object_store: ObjectStore, monkeypatch) -> None:
+    object_store.put("old", b"gone by now")
+    fresh = object_store.presign_get("old", 60)
+    import botocore.auth
+
+    real = botocore.auth.get_current_datetime
+    # the client's clock two hours back: a 60 s URL signed then expired long ago (the server's clock decides)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: real() - datetime.timedelta(hours=2))
+    expired = object_store.presign_get("old", 60)
+    assert _http(expired.url)[0] == 403
+    assert _http(fresh.url) == (200, b"gone by now")  # the same request signed now is accepted
+
+
+def test_presigned_put_from_plain_http(object_store: ObjectStore) -> None:
+    signed = object_store.presign_put("uploads/x.png", 60, content_type="image/png")
+    assert _http(signed.url, "PUT", b"\x89PNG...", {"Content-Type": "image/png"})[0] == 200
+    assert object_store.get("uploads/x.png") == b"\x89PNG..."
+    assert _http(signed.url.replace("uploads/x.png", "uploads/y.png"), "PUT", b"evil",
+                 {"Content-Type": "image/png"})[0] == 403
+    assert object_store.head("uploads/y.png") is None
+
+
+def test_wrong_secret_is_refused(object_store: ObjectStore) -> None:
+    object_store.put("secret", b"s")
+    c = object_store.config
+    wrong = ObjectStore(type(c)(c.endpoint, c.bucket, c.prefix, c.region, c.addressing, c.access_key, "not-it"))
+    with pytest.raises(ObjectStoreError, match="SignatureDoesNotMatch|AccessDenied|403"):
+        wrong.put("secret", b"overwritten")
+    assert object_store.get("secret") == b"s"
+    wrong.close()
+
+
+def test_delete(object_store: ObjectStore) -> None:
+    object_store.put("d", b"x")
+    object_store.delete("d")
+    assert object_store.get("d") is None
+    object_store.delete("d")  # already gone: fine
+
+
+def test_prefix_keeps_deployments_apart(s3_server, object_store: ObjectStore) -> None:
+    url = s3_server.url.rsplit("/", 1)[0] + f"/{object_store.config.bucket}/tenant-a"
+    scoped = ObjectStore.from_url(url)
+    ref = scoped.put("results/u", b"scoped")
+    assert ref.key == "tenant-a/results/u"
+    assert object_store.get("tenant-a/results/u") == b"scoped" and object_store.get("results/u") is None
+    scoped.close()

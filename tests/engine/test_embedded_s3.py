@@ -1,0 +1,53 @@
+"""The embedded S3 server (engine.embedded.s3): a real Swift s3api, its secret kept private and across restarts."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from engine.embedded.s3 import SwiftS3Server
+from engine.embedded.services import ServiceError
+from engine.store.objects import ObjectStore
+
+
+def test_restart_keeps_credentials_port_and_objects(tmp_path) -> None:
+    server = SwiftS3Server(tmp_path / "s3").start()
+    try:
+        store = ObjectStore.from_url(server.url)
+        ref = store.put("results/u1", b"kept across restarts")
+        url = server.url
+        signed = store.presign_get("results/u1", 300)
+    finally:
+        server.stop()
+    assert server.proc is not None and server.proc.poll() is not None
+    creds = tmp_path / "s3" / "s3-credentials.json"
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+    assert server.secret_key not in " ".join(server._argv("python"))  # never on a command line
+
+    again = SwiftS3Server(tmp_path / "s3", port=server.port).start()
+    try:
+        assert again.url == url  # clients' URLs stay valid ...
+        store = ObjectStore.from_url(again.url)
+        assert store.head("results/u1") == ref and store.get("results/u1") == b"kept across restarts"
+        import urllib.request
+
+        with urllib.request.urlopen(signed.url, timeout=10) as r:  # ... and so do the URLs it signed
+            assert r.read() == b"kept across restarts"
+        store.close()
+    finally:
+        again.stop()
+
+
+def test_another_folder_has_another_secret(tmp_path) -> None:
+    a, b = SwiftS3Server(tmp_path / "a"), SwiftS3Server(tmp_path / "b")
+    assert a.secret_key != b.secret_key and len(a.secret_key) >= 32
+
+
+def test_missing_swift_says_how_to_get_it(tmp_path, monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swift" else real(name, *a))
+    with pytest.raises(ServiceError, match="quickstart installs it"):
+        SwiftS3Server(tmp_path / "s3").start()
