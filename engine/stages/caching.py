@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import envs
@@ -56,7 +56,9 @@ class CacheSettings:
 _TAYLORSEER = {"extra-high": CacheSettings(cache_interval=2, disable_cache_before_step=3),
                "high": CacheSettings(cache_interval=5, disable_cache_before_step=3)}
 #: workflow -> level -> settings, for the workflows whose denoise stage caches (the others serve lossless)
-LEVELS: dict[str, dict[str, CacheSettings]] = {"flux.1-schnell": _TAYLORSEER, "flux.1-dev": _TAYLORSEER}
+LEVELS: dict[str, dict[str, CacheSettings]] = {"flux.1-schnell": _TAYLORSEER, "flux.1-dev": _TAYLORSEER,
+                                               "qwen-image": _TAYLORSEER, "wan2.1-t2v": _TAYLORSEER,
+                                               "wan2.1-i2v": _TAYLORSEER}
 
 
 def levels(workflow: str) -> tuple[str, ...]:
@@ -118,7 +120,39 @@ class StepCache:
         return self.predicted / n if n else 0.0
 
 
-def for_request(workflow: str, params: Mapping[str, Any]) -> StepCache | None:
-    """The request's own cache, or None for lossless (or a workflow without the ``quality`` parameter)."""
+@dataclass
+class PassCaches:
+    """One request's caches when its step calls the transformer once per guidance pass (Qwen-Image's true
+    CFG: cond, then uncond): a :class:`StepCache` per pass, as QwenImagePipeline gives diffusers' hook one
+    state per ``cache_context("cond")`` / ``("uncond")``. Each pass's schedule counts its own calls, so both
+    compute or both predict at a step."""
+
+    settings: CacheSettings
+    passes: dict[int, StepCache] = field(default_factory=dict)
+
+    def of(self, n: int) -> StepCache:
+        """The cache of the request's ``n``-th pass at a step (0: cond), made at its first call."""
+        if n not in self.passes:
+            self.passes[n] = StepCache(self.settings)
+        return self.passes[n]
+
+    @property
+    def computed(self) -> int:
+        return sum(c.computed for c in self.passes.values())
+
+    @property
+    def predicted(self) -> int:
+        return sum(c.predicted for c in self.passes.values())
+
+    def skipped_share(self) -> float:
+        n = self.computed + self.predicted
+        return self.predicted / n if n else 0.0
+
+
+def for_request(workflow: str, params: Mapping[str, Any], per_pass: bool = False) -> StepCache | PassCaches | None:
+    """The request's own cache (``per_pass``: one per guidance pass), or None for lossless (or a workflow
+    without the ``quality`` parameter)."""
     s = settings(workflow, str(params.get("quality") or LOSSLESS))
-    return None if s is None else StepCache(s)
+    if s is None:
+        return None
+    return PassCaches(s) if per_pass else StepCache(s)

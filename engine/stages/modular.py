@@ -180,6 +180,9 @@ class SteppedModularStage(ModularStage, SteppedStage):
     #: sets it serves ``quality`` below lossless (engine.stages.caching): on a step a request's cache predicts,
     #: this sub-block is skipped and the others run on the predicted ``noise_pred``.
     denoiser: ClassVar[str | None] = None
+    #: the transformer runs once per guidance pass and each pass keeps its own cache (caching.PassCaches):
+    #: the model's :meth:`step_batch` asks each pass's cache, so a cached request always steps through it
+    cache_per_pass: ClassVar[bool] = False
 
     run = SteppedStage.run  # begin, step, end: a request alone takes the path it takes in a batch of one
 
@@ -204,7 +207,7 @@ class SteppedModularStage(ModularStage, SteppedStage):
         if self.denoiser is not None:
             from engine.stages import caching
 
-            cache = caching.for_request(self.served_workflow or "", params)
+            cache = caching.for_request(self.served_workflow or "", params, per_pass=self.cache_per_pass)
         return _Stepping(state, block_state, own, list(block_state.timesteps), cache=cache)
 
     def setup_loop(self, components: Any, block_state: Any) -> None:
@@ -218,6 +221,9 @@ class SteppedModularStage(ModularStage, SteppedStage):
     def step(self, states: list[_Stepping]) -> None:
         """One step of every state: those whose cache predicts this step skip the transformer (each from its
         own factors); the rest compute, alone or in one batched call, and their caches take the output."""
+        if self.cache_per_pass:
+            self._compute(states)  # step_batch asks each pass's cache
+            return
         predicted = [st for st in states if st.cache is not None and not st.cache.should_compute()]
         if predicted:
             loop = self._loop_block()
@@ -238,7 +244,7 @@ class SteppedModularStage(ModularStage, SteppedStage):
                 st.cache.update(st.block_state.noise_pred)
 
     def _compute(self, states: list[_Stepping]) -> None:
-        if len(states) == 1:
+        if len(states) == 1 and states[0].cache is None:
             st = states[0]
             self.before_step(st.block_state)
             # the loop block's loop_step: its sub-blocks in order, as its __call__ runs them

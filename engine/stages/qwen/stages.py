@@ -72,6 +72,10 @@ class QwenDenoise(_Qwen, SteppedModularStage):
         "after_denoise": "qwenimage.decoders.QwenImageAfterDenoiseStep",
     }
     outputs: ClassVar[dict[str, str]] = {"denoised": "latents"}
+    # quality below lossless: TaylorSeer lite (engine.stages.caching), a cache per guidance pass as
+    # QwenImagePipeline's cache_context("cond") / ("uncond") gives diffusers' hook
+    denoiser: ClassVar[str | None] = "denoiser"
+    cache_per_pass: ClassVar[bool] = True
     preview_family: ClassVar[str] = "qwen"  # engine.stages.preview: packed tokens, latents_mean / latents_std
 
     def prepare(self, params: Mapping[str, Any]) -> None:
@@ -101,7 +105,9 @@ class QwenDenoise(_Qwen, SteppedModularStage):
         """QwenImageLoopDenoiser's work for several requests: each request's guider (its own scale) splits it
         into its cond (and uncond) pass; the passes of every request whose text has one length run in one
         transformer call (a timestep per row), then each request's guider combines its passes, the norm
-        rescale follows, and its own scheduler steps (the loop's after_denoiser)."""
+        rescale follows, and its own scheduler steps (the loop's after_denoiser). A pass whose cache
+        predicts this step takes its prediction and joins no call (a request below lossless steps here even
+        alone)."""
         loop = self._loop_block()
         # what this reproduces: QwenImageDenoiseStep's sub-blocks, the denoiser's by hand (another set, as
         # inpainting's or a controlnet's, would be skipped)
@@ -110,7 +116,7 @@ class QwenDenoise(_Qwen, SteppedModularStage):
         transformer = self.pipe.transformer
         accepted = self._transformer_args()
         plans = []
-        rows: dict[tuple[int, bool], list[tuple[Any, Any]]] = {}
+        rows: dict[tuple[int, bool], list[tuple[Any, Any, Any]]] = {}
         for st in states:
             bs, t = st.block_state, st.timesteps[st.i]
             before(st.components, bs, i=st.i, t=t)
@@ -125,12 +131,16 @@ class QwenDenoise(_Qwen, SteppedModularStage):
             guider.set_state(step=st.i, num_inference_steps=bs.num_inference_steps, timestep=t)
             passes = guider.prepare_inputs(guider_inputs)
             plans.append((st, passes))
-            for p in passes:
+            for n, p in enumerate(passes):
+                cache = None if st.cache is None else st.cache.of(n)
+                if cache is not None and not cache.should_compute():
+                    p.noise_pred = cache.predict()  # this pass's transformer call is skipped
+                    continue
                 key = (int(p.encoder_hidden_states.shape[1]), p.encoder_hidden_states_mask is None)
-                rows.setdefault(key, []).append((st, p))
+                rows.setdefault(key, []).append((st, p, cache))
         for group in rows.values():
-            bss = [st.block_state for st, _ in group]
-            masks = [p.encoder_hidden_states_mask for _, p in group]
+            bss = [st.block_state for st, _, _ in group]
+            masks = [p.encoder_hidden_states_mask for _, p, _ in group]
             extra: dict[str, Any] = {}
             for k in bss[0].additional_cond_kwargs:
                 vals = [b.additional_cond_kwargs[k] for b in bss]
@@ -139,11 +149,13 @@ class QwenDenoise(_Qwen, SteppedModularStage):
                 hidden_states=torch.cat([b.latent_model_input for b in bss]),
                 timestep=torch.cat([b.timestep for b in bss]) / 1000,
                 attention_kwargs=bss[0].attention_kwargs, return_dict=False,
-                encoder_hidden_states=torch.cat([p.encoder_hidden_states for _, p in group]),
+                encoder_hidden_states=torch.cat([p.encoder_hidden_states for _, p, _ in group]),
                 encoder_hidden_states_mask=None if masks[0] is None else torch.cat(masks),
                 **extra)[0]
-            for k, (_, p) in enumerate(group):
+            for k, (_, p, cache) in enumerate(group):
                 p.noise_pred = out[k:k + 1]
+                if cache is not None:
+                    cache.update(p.noise_pred)
         for st, passes in plans:
             guided = st.components.guider(passes)
             pred_cond_norm = torch.norm(guided.pred_cond, dim=-1, keepdim=True)

@@ -67,17 +67,27 @@ class WanDenoise(TorchStage):
             hot.wait_any(0.05)
 
     def _predict(self, name: str, model_input: torch.Tensor, timestep: torch.Tensor, embeds: torch.Tensor,
-                 image_embeds: torch.Tensor | None, lora: Any = ()) -> torch.Tensor:
+                 image_embeds: torch.Tensor | None, lora: Any = (), cache: Any = None) -> torch.Tensor:
         """One transformer prediction. The one code path for both halves of a guided step, here and in a
         Collaboration-mode helper, so the two modes stay bit-identical. ``lora``: the request's adapter set,
         made the model's active set first (a helper's requests have none: a request with adapters computes
-        both halves itself)."""
+        both halves itself). ``cache``: the request's caches (engine.stages.caching.PassCaches) when it asked
+        for a quality below lossless: the pass's own cache predicts this step or takes what the model gave,
+        as diffusers' hook does in the pipeline's ``cache_context(name)``. The transformer's output is its
+        ``proj_out``'s (what the lite hook caches) rearranged into frames, element for element, so caching
+        it gives the hook's bytes."""
+        step = None if cache is None else cache.of(0 if name == "cond" else 1)
+        if step is not None and not step.should_compute():
+            return step.predict()
         model = self.transformer
         with self._model_lock, model.cache_context(name):
             if self.hot is not None:
                 self.hot.activate(lora)
-            return model(hidden_states=model_input, timestep=timestep, encoder_hidden_states=embeds,
-                         encoder_hidden_states_image=image_embeds, return_dict=False)[0]
+            out = model(hidden_states=model_input, timestep=timestep, encoder_hidden_states=embeds,
+                        encoder_hidden_states_image=image_embeds, return_dict=False)[0]
+        if step is not None:
+            step.update(out)
+        return out
 
     @torch.no_grad()
     def predict_uncond(self, session: Mapping[str, torch.Tensor], step: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -112,9 +122,11 @@ class WanDenoise(TorchStage):
         lora = adapter_set(params)
         if lora:
             self._await_adapters(lora, ctx)
+        cache = self._cache(params)
         # Collaboration mode: a peer computes the unconditional halves (engine.worker.collab); not for a
-        # request with adapters (the peer's model has other adapters active)
-        remote = ctx.cfg_parallel if guidance > 1.0 and not lora else None
+        # request with adapters (the peer's model has other adapters active), nor for one below lossless
+        # (its uncond cache is here: a predicted half costs nothing to send away)
+        remote = ctx.cfg_parallel if guidance > 1.0 and not lora and cache is None else None
         if remote is not None:
             fixed = {"negative_prompt_embeds": neg}
             if image_embeds is not None:
@@ -127,14 +139,14 @@ class WanDenoise(TorchStage):
                 timestep = t.expand(latents.shape[0])
                 sent = remote is not None and remote.send_step(i, {"model_input": model_input, "timestep": timestep})
                 t0 = time.perf_counter()
-                noise_pred = self._predict("cond", model_input, timestep, pos, image_embeds, lora)
+                noise_pred = self._predict("cond", model_input, timestep, pos, image_embeds, lora, cache)
                 if guidance > 1.0:
                     noise_uncond = None
                     if sent:
                         remote.local_time(time.perf_counter() - t0)
                         noise_uncond = remote.wait_step(i)
                     if noise_uncond is None:
-                        noise_uncond = self._predict("uncond", model_input, timestep, neg, image_embeds, lora)
+                        noise_uncond = self._predict("uncond", model_input, timestep, neg, image_embeds, lora, cache)
                     else:
                         noise_uncond = noise_uncond.to(self.device)
                     noise_pred = noise_uncond + guidance * (noise_pred - noise_uncond)
@@ -144,6 +156,12 @@ class WanDenoise(TorchStage):
             if remote is not None:
                 remote.end()
         return {"denoised": latents}
+
+    def _cache(self, params: Mapping[str, Any]) -> Any:
+        """The request's step caches, one per guidance pass (None: lossless)."""
+        from engine.stages import caching
+
+        return caching.for_request(self.served_workflow or "", params, per_pass=True)
 
 
 class WanT2VDenoise(WanDenoise):

@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import MAX_PROMPT_CHARS, preview_every, require_multiple, require_prompt
+from engine.workflow.specs.common import MAX_PROMPT_CHARS, preview_every, quality, require_multiple, require_prompt
 
 SIZE_MULTIPLE = 16  # the 8x VAE, then 2x2 patches (QwenImagePipeline warns and resizes otherwise)
 MAX_SIDE = 2048
@@ -104,6 +104,7 @@ SPEC = WorkflowSpec(
         ParamSpec("max_sequence_length", int, 512, 1, MAX_SEQUENCE, doc="prompt tokens kept after the template"),
         ParamSpec("seed", int, 0, 0, 2**63 - 1),
         preview_every(150),
+        quality(("lossless", "extra-high", "high")),  # engine.stages.caching.LEVELS: TaylorSeer lite, per pass
     ),
     derive=_derive, check=_check,
     # Priors for the 20B transformer in bf16 on one H100-class GPU: ~1 s a guided-half step at 1024x1024;

@@ -11,6 +11,7 @@ from engine.workflow.spec import CostModel, InvalidRequest, ParamSpec, StageSpec
 from engine.workflow.specs.common import (
     MAX_PROMPT_CHARS,
     preview_every,
+    quality,
     require_multiple,
     require_pixels,
     require_prompt,
@@ -139,6 +140,9 @@ PARAMS = (
     ParamSpec("max_sequence_length", int, 512, 1, 512),
     preview_every(MAX_STEPS),
 )
+#: Wan2.1's: PARAMS and ``quality`` (engine.stages.caching.LEVELS: TaylorSeer lite, a cache per guidance
+#: pass); Wan2.2's experts do not cache, and their parameters are PARAMS' own
+WAN21_PARAMS = (*PARAMS, quality(("lossless", "extra-high", "high")))
 
 # the smallest clip: every stage loads and runs once
 WARM_UP = {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": TEMPORAL + 1, "num_inference_steps": 1}
@@ -152,7 +156,7 @@ COSTS = {
 
 
 def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], costs: Mapping[str, CostModel],
-                 request_inputs: tuple[TensorSpec, ...] = (), params: tuple[ParamSpec, ...] = PARAMS,
+                 request_inputs: tuple[TensorSpec, ...] = (), params: tuple[ParamSpec, ...] = WAN21_PARAMS,
                  derive: Callable[[Mapping[str, Any]], dict[str, int]] = derive,
                  check: Callable[[Mapping[str, Any]], None] | None = None,
                  model_limits: Callable[[limits.Configs], limits.Overrides] = model_limits,

@@ -1,0 +1,142 @@
+"""``quality`` on Wan2.1 (engine.stages.caching): TaylorSeer lite with a cache per guidance pass. Each level
+of the staged run gives the denoised latents of the one-call WanPipeline / WanImageToVideoPipeline with
+diffusers' own hook in the same configuration (the pipelines run their passes in
+``cache_context("cond")`` / ``("uncond")``, one hook state each), guided and not; a cached request never
+sends its uncond half to a Collaboration-mode peer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.workflow import get_workflow
+from engine.workflow.spec import InvalidRequest
+
+pytestmark = pytest.mark.models
+
+BASE = dict(prompt="a cat on the moon", height=32, width=32, num_frames=5, num_inference_steps=10, seed=5)
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_models: dict[str, Path]) -> dict[str, Any]:
+    from engine.stages.runner import LocalRunner
+
+    return {w: LocalRunner(w, tiny_models[w], "cpu") for w in ("wan2.1-t2v", "wan2.1-i2v")}
+
+
+def _denoised(runner: Any, params: dict[str, Any], inputs: dict[str, bytes]) -> tuple[Any, Any]:
+    """(the latents the denoise stage produced, the request's caches) of a staged run."""
+    captured: dict[str, Any] = {}
+    denoise = runner.executors["denoise"]
+    original, make = denoise.run, denoise._cache
+
+    def spy(i: Any, p: Any, ctx: Any) -> Any:
+        out = original(i, p, ctx)
+        captured["denoised"] = out["denoised"].clone()
+        return out
+
+    def cache(p: Any) -> Any:
+        captured["cache"] = make(p)
+        return captured["cache"]
+
+    denoise.run, denoise._cache = spy, cache
+    try:
+        runner.run(runner.spec.resolve_params(params), inputs)
+    finally:
+        del denoise.run, denoise._cache
+    return captured["denoised"], captured["cache"]
+
+
+def _reference(folder: Path, workflow: str, params: dict[str, Any], png: bytes | None) -> Any:
+    """The pipeline's latents for ``params``, with diffusers' TaylorSeer hook as the level sets it."""
+    import torch
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    from engine.stages import caching
+    from engine.stages.components import decode_image
+
+    pipe = (WanPipeline if png is None else WanImageToVideoPipeline).from_pretrained(folder)
+    settings = caching.settings(workflow, params.get("quality", "lossless"))
+    if settings is not None:
+        pipe.transformer.enable_cache(settings.config())
+    kwargs = {k: v for k, v in params.items() if k not in ("seed", "quality")}
+    if png is not None:
+        kwargs["image"] = decode_image(png)
+    return pipe(generator=torch.Generator().manual_seed(params["seed"]), output_type="latent", **kwargs).frames
+
+
+@pytest.mark.parametrize(("workflow", "guidance"), [("wan2.1-t2v", 5.0), ("wan2.1-t2v", 1.0), ("wan2.1-i2v", 5.0)])
+def test_each_level_is_diffusers_own_hook(workflow: str, guidance: float, runners: dict[str, Any],
+                                          tiny_models: dict[str, Path], input_png: bytes) -> None:
+    import torch
+
+    png = input_png if workflow == "wan2.1-i2v" else None
+    inputs = {} if png is None else {"image": png}
+    out = {}
+    for q in ("lossless", "extra-high", "high"):
+        params = {**BASE, "guidance_scale": guidance, "quality": q}
+        out[q], cache = _denoised(runners[workflow], params, inputs)
+        assert torch.equal(out[q], _reference(tiny_models[workflow], workflow, params, png)), q
+        if q == "lossless":
+            assert cache is None
+        else:  # a cache per pass; high computes steps 0-2, 4 and 9 of 10
+            assert len(cache.passes) == (2 if guidance > 1.0 else 1)
+            if q == "high":
+                assert [(c.computed, c.predicted) for c in cache.passes.values()] == [(5, 5)] * len(cache.passes)
+    assert not torch.equal(out["high"], out["lossless"]) and not torch.equal(out["high"], out["extra-high"])
+
+
+def test_a_cached_request_keeps_its_uncond_half(runners: dict[str, Any]) -> None:
+    """Collaboration mode: a lossless request sends its uncond halves to the peer; one below lossless never
+    does (its uncond cache is local), and gets the bytes it gets alone."""
+    import torch
+
+    from engine.stages.base import StageContext
+
+    class Peer:
+        """A Collaboration-mode peer that computes nothing: it says it took the step, and returns None (the
+        request then computes the half itself), counting what it was sent."""
+
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def begin(self, fixed: Any) -> None: ...
+
+        def send_step(self, i: int, step: Any) -> bool:
+            self.sent += 1
+            return True
+
+        def local_time(self, seconds: float) -> None: ...
+
+        def wait_step(self, i: int) -> None:
+            return None
+
+        def end(self) -> None: ...
+
+    runner = runners["wan2.1-t2v"]
+    spec = runner.spec
+    embeds = runner.executors["text_encode"]
+    denoise = runner.executors["denoise"]
+    for q, sends in (("lossless", True), ("high", False)):
+        params = spec.resolve_params({**BASE, "quality": q})
+        inputs = embeds.run({}, params, StageContext())
+        peer = Peer()
+        ctx = StageContext()
+        ctx.cfg_parallel = peer
+        with_peer = denoise.run(inputs, params, ctx)["denoised"]
+        alone = denoise.run(inputs, params, StageContext())["denoised"]
+        assert (peer.sent > 0) == sends, q
+        assert torch.equal(with_peer, alone)
+
+
+def test_the_levels_are_wan21s_only() -> None:
+    from engine.stages import caching
+
+    for name in ("wan2.1-t2v", "wan2.1-i2v"):
+        assert get_workflow(name).param("quality").choices == caching.levels(name) == ("lossless", "extra-high",
+                                                                                        "high")
+    with pytest.raises(InvalidRequest) as err:  # Wan2.2's experts do not cache
+        get_workflow("wan2.2-t2v-a14b").resolve_params({"prompt": "x", "quality": "high"})
+    assert err.value.field == "quality"
