@@ -99,6 +99,10 @@ _VARS: dict[str, Callable[[], Any]] = {
     "BENCH_WORKFLOWS": _str("ONEPIECE_BENCH_WORKFLOWS", None),
     # Device for stage executors: auto | cpu | cuda.
     "DEVICE": _str("ONEPIECE_DEVICE", "auto"),
+    # Where final outputs go (engine.store.objects): an S3 URL with the bucket (http://HOST:PORT/BUCKET[/PREFIX],
+    # s3://BUCKET; credentials in it or from AWS_* / the AWS credential files), or "none" (unset: none) for
+    # the bytes in Redis. `onepiece up --object-store` sets it for the processes it starts.
+    "OBJECT_STORE": _str("ONEPIECE_OBJECT_STORE", None),
     # Seconds results, status hashes and cancel flags live in Redis.
     "RESULT_TTL_S": _int("ONEPIECE_RESULT_TTL_S", 3600),
     # A worker publishes progress events at most this often (milliseconds).

@@ -50,6 +50,7 @@ from engine.proxy.intake import BadRequest, Intake, Overloaded, Ticket
 from engine.proxy.monitor import RequestMonitor
 from engine.proxy.state import MAX_BODY, Limits, ProxyState
 from engine.store import JobStore, keys, outage
+from engine.store.objects import ObjectStoreError, sniff_content_type
 from engine.workflow import get_workflow, workflows
 
 __all__ = ["CONTENT_TYPES", "MAX_BODY", "STATE", "Limits", "make_app"]
@@ -283,16 +284,41 @@ async def cancel(request: web.Request, uid: str, st: Any) -> web.Response:
     return web.json_response({"uid": uid, "state": st.state, "cancel_requested": True}, status=202)
 
 
-@_job_route
-async def result(request: web.Request, uid: str, st: Any) -> web.Response:
+async def result(request: web.Request) -> web.Response:
+    """The result's bytes. With an object store, also for a job Redis no longer knows (restarted, expired):
+    its output is found in the store by the UID."""
+    found = await _lookup(request)
     store = request.app[STATE].store
+    uid = _uid(request)
+    if isinstance(found, web.Response):
+        if found.status != 404 or store.objects is None or uid is None:
+            return found
+        return await _stored_result(store, uid, found)
+    uid, st = found
     if st.state != keys.COMPLETED:
         return web.json_response({"uid": uid, "state": st.state, "error": "no result"}, status=409)
-    data = await asyncio.to_thread(store.result, uid)
+    try:
+        data = await asyncio.to_thread(store.result, uid)
+    except outage.UNAVAILABLE as exc:
+        return _store_down(exc)
+    except ObjectStoreError as exc:
+        return _busy(f"the object store is unavailable: {exc}", outage.RETRY_AFTER_S)
     if data is None:
         return _error(410, "the result expired")
     output = get_workflow(st.workflow).final_output
     return web.Response(body=data, content_type=CONTENT_TYPES.get(output, "application/octet-stream"))
+
+
+async def _stored_result(store: Any, uid: str, not_found: web.Response) -> web.Response:
+    try:
+        data = await asyncio.to_thread(store.result, uid)
+    except outage.UNAVAILABLE as exc:
+        return _store_down(exc)
+    except ObjectStoreError as exc:
+        return _busy(f"the object store is unavailable: {exc}", outage.RETRY_AFTER_S)
+    if data is None:
+        return not_found
+    return web.Response(body=data, content_type=sniff_content_type(data))
 
 
 @_job_route

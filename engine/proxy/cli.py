@@ -56,7 +56,10 @@ async def serve(args: argparse.Namespace) -> int:
     host = args.host or envs.BIND_HOST
     port = envs.PROXY_PORT if args.port is None else args.port
     port = port or free_port(host)
-    store = JobStore.from_url(redis_url, ttl=envs.RESULT_TTL_S)
+    from engine.store.objects import from_config
+
+    # results read from the object store when one is configured, by their UID even after Redis lost the job
+    store = JobStore.from_url(redis_url, ttl=envs.RESULT_TTL_S, objects=from_config(envs.OBJECT_STORE))
     workflow_set = args.workflow_set or envs.WORKFLOW_SET
     routes = RouteTable(etcd_client(etcd_url), envs.ROUTE_REFRESH_S, workflow_set=workflow_set).start()
     injector = Injector(routes, args.deliver or envs.DELIVER, envs.PROXY_SEND_TIMEOUT_S)

@@ -9,7 +9,12 @@ Contract:
     redelivered or recomputed request can never produce a second result or a
     second ``completed`` event;
   * everything expires (``ttl``): Redis holds transient state, the platform's
-    database ledger is the truth about jobs.
+    database ledger is the truth about jobs;
+  * with an object store (``objects``, :mod:`engine.store.objects`), the
+    result's bytes go there, uploaded by the worker before the transition,
+    and Redis keeps only their reference (key, size, sha256); the object
+    outlives Redis and its TTL, and :meth:`JobStore.result` finds it by the
+    UID when Redis has forgotten the job.
 
 Events go to one stream (``keys.EVENTS``, capped at ``maxlen`` entries) with
 the fields uid, type, stage, progress, ts, detail and attempt (1 + the times
@@ -27,9 +32,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.store import keys
+
+if TYPE_CHECKING:
+    from engine.store.objects import ObjectRef, ObjectStore
 
 
 def _lua(script: str) -> str:
@@ -212,8 +220,10 @@ class JobStore:
     the client is (redis-py's connection pool is).
     """
 
-    def __init__(self, client: Any, ttl: int = 3600, events_maxlen: int = 100_000) -> None:
+    def __init__(self, client: Any, ttl: int = 3600, events_maxlen: int = 100_000,
+                 objects: ObjectStore | None = None) -> None:
         self.r = client
+        self.objects = objects  # None: results' bytes in Redis (--object-store none)
         self.ttl = int(ttl)
         self.maxlen = int(events_maxlen)
         self._event = client.register_script(_EVENT)
@@ -231,6 +241,8 @@ class JobStore:
 
     def close(self) -> None:
         self.r.close()
+        if self.objects is not None:
+            self.objects.close()
 
     # -- intake --------------------------------------------------------------------------
     def accept(self, uid: str, workflow: str, cost: float, detail: str = "",
@@ -319,17 +331,40 @@ class JobStore:
 
         Returns True if this call made the transition, False if the job had
         already finished (the result, if any, is then not written).
+
+        With an object store the result is uploaded first (its own object for this attempt) and only its
+        reference goes into Redis with the transition; an upload that fails raises
+        (:class:`engine.store.objects.ObjectStoreError`) and the job is not completed, and an attempt that
+        loses the race to finish deletes its own object.
         """
         if state not in keys.TERMINAL:
             raise ValueError(f"not a terminal state: {state!r}")
         if (state == keys.COMPLETED) != (result is not None):
             raise ValueError("a result goes with the completed state, and only with it")
+        ref = None
+        if result is not None and self.objects is not None:
+            if self._field(uid, "state") in keys.TERMINAL:
+                return False  # already finished: nothing to upload
+            ref = self._upload(uid, result)
         progress = 100 if state == keys.COMPLETED else int(self._field(uid, "progress") or 0)
-        args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen,
-                           bytes(result) if result is not None else b"", ENDINGS_MAXLEN]
-        ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow), keys.result_key(uid), keys.input_key(uid),
+        value = ref.to_json().encode() if ref is not None else bytes(result) if result is not None else b""
+        args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen, value,
+                           ENDINGS_MAXLEN]
+        ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow),
+              keys.result_ref_key(uid) if ref is not None else keys.result_key(uid), keys.input_key(uid),
               keys.finished_key(workflow), keys.ENDINGS]
-        return bool(self._finish(keys=ks, args=args))
+        made = bool(self._finish(keys=ks, args=args))
+        if ref is not None and not made and self.objects is not None:
+            self.objects.delete(ref)  # another attempt finished the job: its object is the result
+        return made
+
+    def _upload(self, uid: str, result: bytes | bytearray | memoryview) -> ObjectRef:
+        import secrets
+
+        from engine.store.objects import result_key, sniff_content_type
+
+        assert self.objects is not None
+        return self.objects.put(result_key(uid, secrets.token_hex(8)), result, sniff_content_type(result))
 
     # -- where jobs are, and jobs whose node was lost -----------------------------------------------
     def located(self, uid: str, node: str, instance: str) -> None:
@@ -406,7 +441,28 @@ class JobStore:
         return v or None
 
     def result(self, uid: str) -> bytes | None:
-        return self.r.get(keys.result_key(uid))
+        """The job's result bytes: from Redis, or from the object store by the reference Redis keeps, or (Redis
+        has forgotten the job: a restart, the TTL) from the store by the UID alone. None when none is found."""
+        raw, ref = self.r.mget(keys.result_key(uid), keys.result_ref_key(uid))
+        if raw is not None:
+            return raw
+        found = self.result_ref(uid, ref)
+        return self.objects.get(found) if found is not None and self.objects is not None else None
+
+    def result_ref(self, uid: str, raw: bytes | None | bool = False) -> ObjectRef | None:
+        """Where the job's result is in the object store (key, size, sha256), or None (no store, a result
+        kept in Redis, none yet). ``raw``: the reference as already read from Redis (False: read it)."""
+        from engine.store.objects import ObjectRef, result_prefix
+
+        if self.objects is None:
+            return None
+        if raw is False:
+            raw = self.r.get(keys.result_ref_key(uid))
+        if raw:
+            return ObjectRef.from_json(raw)
+        if self.r.exists(keys.result_key(uid)):
+            return None
+        return self.objects.newest(result_prefix(uid))
 
     # -- live previews ---------------------------------------------------------------------
     #: previews kept per job (a stream capped at about this many; readers want the latest, the socket the rest)
@@ -450,11 +506,23 @@ class JobStore:
         return dropped
 
     def _unlink_results(self, result_keys: list[str]) -> int:
-        """UNLINK result keys and their streamed copies (engine.store.fragments); how many results existed."""
+        """UNLINK result keys and their streamed copies (engine.store.fragments), and delete the objects of
+        those in the object store; how many results existed."""
+        uids = [k.rsplit(":", 1)[1] for k in result_keys]
+        refs: list[bytes | None] = []
+        if self.objects is not None:
+            refs = self.r.mget([keys.result_ref_key(u) for u in uids])
+            for raw in refs:
+                if raw:
+                    from engine.store.objects import ObjectRef
+
+                    self.objects.delete(ObjectRef.from_json(raw))
         pipe = self.r.pipeline(transaction=False)
         pipe.unlink(*result_keys)
-        pipe.unlink(*(keys.fragments_key(k.rsplit(":", 1)[1]) for k in result_keys))
-        return int(pipe.execute()[0])
+        pipe.unlink(*(keys.fragments_key(u) for u in uids))
+        if self.objects is not None:
+            pipe.unlink(*(keys.result_ref_key(u) for u in uids))
+        return int(pipe.execute()[0]) + sum(1 for raw in refs if raw)
 
     def request_cancel(self, uid: str) -> None:
         """Flag ``uid`` so that the worker running it stops at its next step check."""

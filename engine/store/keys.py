@@ -48,6 +48,12 @@ def result_key(uid: str) -> str:
     return f"{PREFIX}:result:{uid}"
 
 
+def result_ref_key(uid: str) -> str:
+    """Where the final output is when an object store holds it (engine.store.objects): its key, size and
+    sha256 as JSON, written by the transition to ``completed`` in place of :func:`result_key`'s bytes."""
+    return f"{PREFIX}:result-ref:{uid}"
+
+
 def preview_key(uid: str) -> str:
     """A stream of the job's live previews (stage, step, total, png), oldest first; written only for a
     request with ``preview_every`` (engine.stages.preview), expiring with the job."""

@@ -137,10 +137,30 @@ def _recorded_sha256(response: dict[str, Any]) -> str:
     return next((v for k, v in response.get("Metadata", {}).items() if k.lower() == "sha256"), "")
 
 
-def result_key(uid: str) -> str:
-    """The object key (under the store's prefix) of a job's final output: derived from the UID alone, so
-    the output is found again after Redis lost the job's metadata."""
-    return f"results/{uid}"
+def result_prefix(uid: str) -> str:
+    """The names (under the store's prefix) of a job's final outputs start with this: the UID alone finds
+    them again after Redis lost the job's metadata (:meth:`ObjectStore.newest`)."""
+    return f"results/{uid}/"
+
+
+def result_key(uid: str, attempt: str) -> str:
+    """The name of one attempt's final output. Each attempt writes its own object, so a worker that loses
+    the race to complete a job (a redelivered request) deletes its own and never the winner's."""
+    return result_prefix(uid) + attempt
+
+
+def sniff_content_type(data: bytes | bytearray | memoryview) -> str:
+    """The content type of an output from its first bytes (the stages write PNG images and MP4 videos)."""
+    head = bytes(memoryview(data)[:12])
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "image/png"
+    if head[4:8] == b"ftyp":
+        return "video/mp4"
+    if head.startswith(b"\x1aE\xdf\xa3"):
+        return "video/webm"
+    if head.startswith(b"\xff\xd8\xff"):
+        return "image/jpeg"
+    return "application/octet-stream"
 
 
 class ObjectStore:
@@ -177,8 +197,9 @@ class ObjectStore:
                 ))
         return self._client
 
-    def key(self, name: str) -> str:
-        return self.config.prefix + name
+    def key(self, name: str | ObjectRef) -> str:
+        """The bucket key of ``name`` (under the store's prefix), or an :class:`ObjectRef`'s own key."""
+        return name.key if isinstance(name, ObjectRef) else self.config.prefix + name
 
     def _fail(self, op: str, key: str, exc: Exception) -> ObjectStoreError:
         return ObjectStoreError(f"object store {self.config.redacted()}: {op} {key!r} failed: {exc}")
@@ -248,7 +269,7 @@ class ObjectStore:
                 pass
             raise
 
-    def head(self, name: str) -> ObjectRef | None:
+    def head(self, name: str | ObjectRef) -> ObjectRef | None:
         """The object's :class:`ObjectRef` as the store has it (size, the recorded sha256), or None."""
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -264,7 +285,23 @@ class ObjectStore:
         return ObjectRef(key, int(h["ContentLength"]), _recorded_sha256(h),
                          h.get("ContentType") or "application/octet-stream")
 
-    def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes | None:
+    def newest(self, prefix: str) -> ObjectRef | None:
+        """The most recently written object whose name starts with ``prefix`` (under the store's prefix), as
+        :meth:`head` gives it, or None: how an output is found from its UID alone."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(prefix)
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.config.bucket, Prefix=key)
+            found = [o for page in pages for o in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("list", key, exc) from exc
+        if not found:
+            return None
+        latest = max(found, key=lambda o: (o["LastModified"], o["Key"]))
+        return self.head(ObjectRef(latest["Key"], int(latest["Size"]), ""))
+
+    def get(self, name: str | ObjectRef, start: int | None = None, end: int | None = None) -> bytes | None:
         """The object's bytes, or bytes ``start`` to ``end`` inclusive (HTTP's Range; ``end`` None: to the
         end); None when there is no such object."""
         opened = self.open(name, start, end)
@@ -275,7 +312,7 @@ class ObjectStore:
         finally:
             opened.body.close()
 
-    def open(self, name: str, start: int | None = None, end: int | None = None) -> Opened | None:
+    def open(self, name: str | ObjectRef, start: int | None = None, end: int | None = None) -> Opened | None:
         """The object (or a range of it, as :meth:`get`) as a stream to read and close, or None when there
         is no such object: what a download that must not hold the whole object in memory reads."""
         from botocore.exceptions import BotoCoreError, ClientError
@@ -298,7 +335,7 @@ class ObjectStore:
         return Opened(got["Body"], length, total, got.get("ContentType") or "application/octet-stream",
                       _recorded_sha256(got))
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str | ObjectRef) -> None:
         """Delete the object (no error when it is already gone)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -309,16 +346,16 @@ class ObjectStore:
             raise self._fail("delete", key, exc) from exc
 
     # -- presigned URLs -------------------------------------------------------------------------
-    def presign_get(self, name: str, expires_s: int = 3600) -> Presigned:
+    def presign_get(self, name: str | ObjectRef, expires_s: int = 3600) -> Presigned:
         """A URL anyone holding it can GET the object with (Range included) until ``expires_at``."""
         return self._presign("get_object", "GET", name, expires_s, {})
 
-    def presign_put(self, name: str, expires_s: int = 3600, content_type: str | None = None) -> Presigned:
+    def presign_put(self, name: str | ObjectRef, expires_s: int = 3600, content_type: str | None = None) -> Presigned:
         """A URL to PUT the object with until ``expires_at`` (with ``content_type``, the PUT must send it)."""
         extra = {"ContentType": content_type} if content_type else {}
         return self._presign("put_object", "PUT", name, expires_s, extra)
 
-    def _presign(self, op: str, method: str, name: str, expires_s: int, extra: dict[str, Any]) -> Presigned:
+    def _presign(self, op: str, method: str, name: str | ObjectRef, expires_s: int, extra: dict[str, Any]) -> Presigned:
         if not 1 <= int(expires_s) <= MAX_PRESIGN_S:
             raise ValueError(f"a presigned URL lasts 1 s to 7 days, not {expires_s} s")
         now = int(time.time())

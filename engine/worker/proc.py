@@ -122,10 +122,12 @@ def _connect(config: WorkerConfig, executor: Any, served: Any) -> tuple[Any, Any
     from engine.coord import etcd_client
     from engine.coord.routes import RouteTable
     from engine.store import JobStore
+    from engine.store.objects import from_config
     from engine.transport.ring import RingConfig
     from engine.worker.taskworker import TaskWorker, open_ring
 
-    store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s)
+    # a final stage writes its output to the object store, when one is configured (engine.store.jobs)
+    store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s, objects=from_config(envs.OBJECT_STORE))
     routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s,
                         workflow_set=config.workflow_set).start()
     consumer = open_ring(config.address, RingConfig(slots=config.ring_slots, buffer_bytes=config.ring_bytes))

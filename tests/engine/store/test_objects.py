@@ -13,7 +13,16 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
-from engine.store.objects import ObjectRef, ObjectStore, ObjectStoreError, from_config, parse_url, result_key
+from engine.store.objects import (
+    ObjectRef,
+    ObjectStore,
+    ObjectStoreError,
+    from_config,
+    parse_url,
+    result_key,
+    result_prefix,
+    sniff_content_type,
+)
 from tests.fixtures import REPO_ROOT
 
 MiB = 1 << 20
@@ -65,7 +74,10 @@ def test_none_means_redis_only() -> None:
 def test_ref_round_trips_as_json() -> None:
     ref = ObjectRef("results/u1", 12, "ab" * 32, "image/png")
     assert ObjectRef.from_json(ref.to_json()) == ref
-    assert result_key("u1") == "results/u1"
+    assert result_key("u1", "a1") == "results/u1/a1" and result_key("u1", "a1").startswith(result_prefix("u1"))
+    assert sniff_content_type(b"\x89PNG\r\n\x1a\n...") == "image/png"
+    assert sniff_content_type(b"\x00\x00\x00\x18ftypisom") == "video/mp4"
+    assert sniff_content_type(b"plain") == "application/octet-stream"
 
 
 def test_importing_the_store_loads_no_client() -> None:
@@ -86,6 +98,10 @@ def test_put_get_round_trip_records_size_and_digest(object_store: ObjectStore) -
     assert object_store.get("results/a") == data
     assert object_store.head("results/a") == ref  # the digest is in the object's metadata, not only ours
     assert object_store.get("results/missing") is None and object_store.head("results/missing") is None
+    assert object_store.get(ref) == data  # by its reference too
+    object_store.put("results/a-later", b"newer")
+    newest = object_store.newest("results/a")
+    assert newest is not None and newest.key == "results/a-later" and newest.size == 5
 
 
 def test_multipart_put_is_byte_exact(s3_server, object_store: ObjectStore) -> None:

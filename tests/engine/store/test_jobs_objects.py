@@ -1,0 +1,106 @@
+"""The result store with an object store behind it: real redis-server, real S3 server (Swift s3api)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from engine.store import JobStore, keys
+from engine.store.objects import ObjectRef, ObjectStore, ObjectStoreError, result_prefix
+
+PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(50_000)
+
+
+@pytest.fixture
+def stored(redis_server, object_store: ObjectStore) -> Iterator[JobStore]:
+    """The engine's result store on the session's Redis (emptied) with a fresh bucket behind it."""
+    s = JobStore.from_url(redis_server.url, ttl=60, objects=ObjectStore(object_store.config))
+    s.r.flushdb()
+    yield s
+    s.close()
+
+
+def _completed(store: JobStore, data: bytes = PNG) -> str:
+    uid = uuid.uuid4().hex
+    store.accept(uid, "sd-t2i", 1.0)
+    assert store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=data)
+    return uid
+
+
+def _listed(store: ObjectStore, uid: str) -> list[str]:
+    got = store.client.list_objects_v2(Bucket=store.config.bucket, Prefix=result_prefix(uid))
+    return [o["Key"] for o in got.get("Contents", [])]
+
+
+def test_completed_result_goes_to_the_store_and_redis_keeps_its_reference(stored: JobStore) -> None:
+    uid = _completed(stored)
+    assert stored.r.get(keys.result_key(uid)) is None  # no bytes in Redis
+    ref = ObjectRef.from_json(stored.r.get(keys.result_ref_key(uid)))
+    assert (ref.size, ref.sha256, ref.content_type) == (len(PNG), hashlib.sha256(PNG).hexdigest(), "image/png")
+    assert ref.key.startswith(result_prefix(uid))
+    assert stored.r.memory_usage(keys.result_ref_key(uid)) < 1000
+    assert stored.result(uid) == PNG
+    assert stored.result_ref(uid) == ref
+    assert 0 < stored.r.ttl(keys.result_ref_key(uid)) <= 60
+
+
+def test_result_outlives_redis_forgetting_the_job(stored: JobStore) -> None:
+    uid = _completed(stored)
+    stored.r.flushdb()  # what a restarted Redis (no persistence) knows
+    assert stored.status(uid) is None
+    assert stored.result(uid) == PNG
+    ref = stored.result_ref(uid)
+    assert ref is not None and ref.sha256 == hashlib.sha256(PNG).hexdigest()
+    assert stored.result(uuid.uuid4().hex) is None  # a UID never completed has none
+
+
+def test_a_finished_job_uploads_nothing(stored: JobStore) -> None:
+    uid = _completed(stored)
+    assert not stored.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"\x89PNG\r\n\x1a\nother")
+    assert len(_listed(stored.objects, uid)) == 1 and stored.result(uid) == PNG
+
+
+def test_the_attempt_that_loses_the_race_deletes_only_its_own_object(stored: JobStore, monkeypatch) -> None:
+    uid = _completed(stored)
+    winner = stored.result_ref(uid)
+    # a redelivered attempt that read the job's state before the winner's transition, then uploaded
+    monkeypatch.setattr(stored, "_field", lambda u, name: "" if name == "state" else "0")
+    assert not stored.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"\x89PNG\r\n\x1a\nlate")
+    assert _listed(stored.objects, uid) == [winner.key]
+    assert stored.result(uid) == PNG
+
+
+def test_failed_upload_does_not_complete_the_job(redis_server) -> None:
+    from engine.embedded import free_port
+
+    nowhere = ObjectStore.from_url(f"http://k:s@127.0.0.1:{free_port()}/b", connect_timeout=0.5)
+    nowhere.client.meta.config.retries = {"max_attempts": 1}
+    store = JobStore.from_url(redis_server.url, ttl=60, objects=nowhere)
+    uid = uuid.uuid4().hex
+    store.accept(uid, "sd-t2i", 1.0)
+    with pytest.raises(ObjectStoreError):
+        store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=PNG)
+    st = store.status(uid)
+    assert st is not None and not st.terminal  # never completed without its bytes
+    assert store.finish(uid, "sd-t2i", keys.FAILED, "image_encode", detail="upload failed")
+    store.close()
+
+
+def test_drop_results_deletes_the_object(stored: JobStore) -> None:
+    uid = _completed(stored)
+    assert stored.drop_results([uid]) == 1
+    assert _listed(stored.objects, uid) == []
+    assert stored.r.get(keys.result_ref_key(uid)) is None and stored.result(uid) is None
+
+
+def test_without_a_store_the_bytes_stay_in_redis(job_store: JobStore) -> None:
+    assert job_store.objects is None
+    uid = uuid.uuid4().hex
+    job_store.accept(uid, "sd-t2i", 1.0)
+    assert job_store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=PNG)
+    assert job_store.r.get(keys.result_key(uid)) == PNG and job_store.r.get(keys.result_ref_key(uid)) is None
+    assert job_store.result(uid) == PNG and job_store.result_ref(uid) is None
