@@ -26,6 +26,7 @@ import time
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine import envs
 from engine.coord import redact
@@ -33,6 +34,9 @@ from engine.embedded import EtcdServer, RedisServer, ServiceError, children, fre
 from engine.embedded.credentials import secret
 from engine.embedded.statelock import StateLock
 from engine.embedded.supervisor import STATUS_FILE, Child, Supervisor
+
+if TYPE_CHECKING:
+    from engine.embedded.s3 import SwiftS3Server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,6 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads-per-instance", default=None, metavar="N|auto",
                    help="CPU threads per stage instance (default: ONEPIECE_THREADS_PER_INSTANCE or auto: the "
                    "host's cores shared among the instances)")
+    p.add_argument("--object-store", default=None, metavar="embedded|URL|none",
+                   help="where final outputs go: 'embedded' starts an S3 server (OpenStack Swift with s3api) on "
+                   "loopback with its data in the state folder; an S3 URL with the bucket "
+                   "(http://HOST:PORT/BUCKET, s3://BUCKET; see docs/operations.md) uses that store; 'none' keeps "
+                   "the bytes in Redis (default: ONEPIECE_OBJECT_STORE, else none)")
     p.add_argument("--debug", action="store_true",
                    help="run the web platform with Django's DEBUG on (error pages show settings and service "
                    "URLs: never where others can reach it)")
@@ -141,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             sup = Supervisor(state, _say)
             stack.callback(sup.forget_status)
             env = _child_env(args, state, host, *_start_services(stack, sup, state, host))
+            env["ONEPIECE_OBJECT_STORE"] = _start_object_store(args.object_store, stack, sup, state, host)
             manage = [sys.executable, str(REPO_ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=REPO_ROOT)
             for db_file in state.glob("db.sqlite3*"):  # made by an earlier version with the default umask
@@ -209,7 +219,40 @@ def _start_services(stack: ExitStack, sup: Supervisor, state: Path, host: str) -
     return redis_url, etcd_url
 
 
-def _service_child(name: str, service: RedisServer | EtcdServer) -> Child:
+def _start_object_store(choice: str | None, stack: ExitStack, sup: Supervisor, state: Path, host: str) -> str:
+    """The ``ONEPIECE_OBJECT_STORE`` every child gets: ``none`` (outputs in Redis), the URL given, or the URL of
+    an embedded Swift s3api server of our own (``embedded``), supervised like Redis (its data and its
+    generated secret in the state folder, so outputs and presigned URLs outlive a restart)."""
+    from engine.store.objects import ObjectStore, ObjectStoreError, parse_url
+
+    choice = (choice or envs.OBJECT_STORE or "none").strip()
+    if choice.lower() == "none":
+        _say("object store: none (outputs in Redis)")
+        return "none"
+    if choice.lower() == "embedded":
+        from engine.embedded.s3 import SwiftS3Server
+
+        s3 = SwiftS3Server(state / "s3", host).start()
+        stack.callback(s3.stop)
+        sup.watch(_service_child("s3", s3))
+        choice = s3.url
+    else:
+        try:
+            config = parse_url(choice)
+        except ValueError as exc:
+            raise ServiceError(f"--object-store: {exc}") from exc
+        store = ObjectStore(config, connect_timeout=3.0)
+        try:
+            store.ensure_bucket()  # reachable, the credentials work, the bucket is there (made when missing)
+        except ObjectStoreError as exc:
+            raise ServiceError(f"--object-store: {exc}") from exc
+        finally:
+            store.close()
+    _say(f"object store: {parse_url(choice).redacted()}")
+    return choice
+
+
+def _service_child(name: str, service: RedisServer | EtcdServer | SwiftS3Server) -> Child:
     """A started embedded service as a supervised child: restarted through its own ``start`` (same ports,
     same password, ready before it counts as started)."""
     def start() -> subprocess.Popen[bytes]:

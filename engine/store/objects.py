@@ -207,7 +207,7 @@ class ObjectStore:
     # -- bucket ---------------------------------------------------------------------------------
     def ensure_bucket(self) -> None:
         """Create the bucket when it does not exist (an embedded or new store); fine when it does."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.head_bucket(Bucket=self.config.bucket)
@@ -215,11 +215,15 @@ class ObjectStore:
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchBucket", "NotFound"):
                 raise self._fail("head bucket", self.config.bucket, exc) from exc
+        except BotoCoreError as exc:  # unreachable, no credentials, ...
+            raise self._fail("head bucket", self.config.bucket, exc) from exc
         try:
             self.client.create_bucket(Bucket=self.config.bucket)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                 raise self._fail("create bucket", self.config.bucket, exc) from exc
+        except BotoCoreError as exc:
+            raise self._fail("create bucket", self.config.bucket, exc) from exc
 
     # -- objects --------------------------------------------------------------------------------
     def put(self, name: str, data: bytes | bytearray | memoryview,
