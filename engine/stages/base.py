@@ -193,6 +193,11 @@ class SteppedStage(StageExecutor):
     def end(self, state: Any) -> dict[str, Any]:
         """The stage's outputs once every step is done."""
 
+    def stats(self, state: Any) -> dict[str, Any]:
+        """What the request's run reports beside its time (``StageContext.stats``), e.g. the share of its
+        transformer calls its step cache skipped (``cache_skipped``)."""
+        return {}
+
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         state = self.begin(inputs, params)
         done, total = self.progress(state)
@@ -201,4 +206,6 @@ class SteppedStage(StageExecutor):
             self.step([state])
             done, total = self.progress(state)
             ctx.step_done(done, total, self.estimate(state))
-        return self.end(state)
+        out = self.end(state)
+        ctx.stats.update(self.stats(state))
+        return out

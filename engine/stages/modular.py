@@ -265,6 +265,9 @@ class SteppedModularStage(ModularStage, SteppedStage):
     def progress(self, state: _Stepping) -> tuple[int, int]:
         return state.i, len(state.timesteps)
 
+    def stats(self, state: _Stepping) -> dict[str, Any]:
+        return {} if state.cache is None else {"cache_skipped": round(state.cache.skipped_share(), 3)}
+
     def estimate(self, state: _Stepping) -> Any:
         return getattr(state.block_state, "latents", None)
 

@@ -353,6 +353,9 @@ class StepBatcher:
         h = a.w.msg.header
         try:
             out = self.ex.end(a.state)
+            stats = getattr(self.ex, "stats", None)  # a SteppedStage's; a duck-typed stepper may lack it
+            if a.run.ctx is not None and stats is not None:
+                a.run.ctx.stats.update(stats(a.state))
             # its share of the steps is what it cost the instance (pricing, the deadline check, Theorem 1);
             # the wall time since it began (others' shares included) is only reported
             self.w.close_run(h, a.run, a.values, out, a.share_s, a.widest, wall_s=time.perf_counter() - a.began)

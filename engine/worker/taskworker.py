@@ -510,9 +510,11 @@ class TaskWorker:
                 raise RuntimeError(f"last stage {st} did not produce {spec.final_output!r}")
         # Before the hand-off (or the terminal event): once the next stage has the message it may finish
         # the job before this line runs, and the stream must show this stage's end first.
+        skipped = ctx.stats.get("cache_skipped") if ctx is not None else None
         self.store.event(uid, keys.STAGE_FINISHED, st, int(100 * (run.before + share) / run.total),
                          detail=f"{elapsed if wall_s is None else wall_s:.3f}s{helped}"
-                                + (f" batch={batch}" if batch > 1 else ""))
+                                + (f" batch={batch}" if batch > 1 else "")
+                                + (f" cache_skipped={skipped:.3f}" if skipped is not None else ""))
         if chain.next_stage is None:
             self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
             self.store.mark_done(uid, st)

@@ -155,6 +155,8 @@ class WanDenoise(TorchStage):
         finally:
             if remote is not None:
                 remote.end()
+        if cache is not None:
+            ctx.stats["cache_skipped"] = round(cache.skipped_share(), 3)
         return {"denoised": latents}
 
     def _cache(self, params: Mapping[str, Any]) -> Any:

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 TIMELINE = (keys.STAGE_STARTED, keys.STAGE_FINISHED, keys.STAGE_STOPPED)
 # a stage_finished event's detail names the batch its run shared steps with (engine.worker.taskworker.close_run)
 BATCH = re.compile(r"\bbatch=(\d+)\b")
+CACHE_SKIPPED = re.compile(r"\bcache_skipped=(\d(?:\.\d+)?)\b")  # engine.worker.taskworker.close_run
 
 
 def _measured(job_pk: int) -> float | None:
@@ -121,6 +122,8 @@ def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail
     extra: dict[str, object] = {"stopped": True, "detail": detail[:500]} if type_ == keys.STAGE_STOPPED else {}
     if type_ == keys.STAGE_FINISHED and (m := BATCH.search(detail)):
         extra["batch_size"] = min(int(m.group(1)), 32767)
+    if type_ == keys.STAGE_FINISHED and (m := CACHE_SKIPPED.search(detail)):
+        extra["cache_skipped"] = min(1.0, float(m.group(1)))
     return bool(runs.filter(finished__isnull=True).update(finished=ts, **extra))
 
 

@@ -140,6 +140,8 @@ class StageRun(models.Model):
     detail = models.CharField(max_length=500, blank=True)
     batch_size = models.PositiveSmallIntegerField(default=1, help_text="the most requests it shared a step with "
                                                   "(itself included; engine.worker.batching)")
+    cache_skipped = models.FloatField(null=True, blank=True, help_text="the share of its transformer calls its "
+                                      "step cache skipped (a quality below lossless; engine.stages.caching)")
 
     class Meta:
         ordering = ["job", "attempt", "started", "id"]

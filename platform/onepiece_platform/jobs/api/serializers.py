@@ -54,6 +54,8 @@ class StageRunSerializer(serializers.Serializer):
     stopped = serializers.BooleanField(help_text="gave up early (cancel, deadline, error)")
     batch_size = serializers.IntegerField(help_text="the most requests this run shared a step with, itself included "
                                           "(1: alone)")
+    cache_skipped = serializers.FloatField(allow_null=True, help_text="the share of its transformer calls the step "
+                                           "cache skipped (a quality below lossless; null: no cache)")
 
 
 class EtaSerializer(serializers.Serializer):
