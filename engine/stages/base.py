@@ -169,6 +169,10 @@ class SteppedStage(StageExecutor):
     ``batch_key`` returns None for requests where that does not hold, and those run alone).
     """
 
+    #: whether a step is worth a progress event (a denoise loop's are; a one-call stage's single "step" is
+    #: its end, which stage_finished reports)
+    reports_steps: ClassVar[bool] = True
+
     def batch_key(self, params: Mapping[str, Any]) -> Any:
         """What must be equal for two requests to share a step (shapes, guidance mode...); None: alone."""
         return None
@@ -205,7 +209,52 @@ class SteppedStage(StageExecutor):
             ctx.check()
             self.step([state])
             done, total = self.progress(state)
-            ctx.step_done(done, total, self.estimate(state))
+            if self.reports_steps:
+                ctx.step_done(done, total, self.estimate(state))
         out = self.end(state)
         ctx.stats.update(self.stats(state))
         return out
+
+
+@dataclass
+class _Call:
+    """One request in a :class:`BatchedCallStage`: what it brought, and its outputs once the call ran."""
+
+    inputs: Mapping[str, Any]
+    params: Mapping[str, Any]
+    out: dict[str, Any] | None = None
+
+
+class BatchedCallStage(SteppedStage):
+    """A stage of one model call per request (a text encoder, an image encoder) whose compatible requests
+    (the same :meth:`batch_key`) run as one call: a one-step :class:`SteppedStage`, so the instance's step
+    batcher (engine.worker.batching) gathers them as it gathers denoise steps, with the same cancel,
+    deadline, priority and error handling. A request alone takes the same path, a batch of one.
+
+    :meth:`call` gets several requests and returns each one's outputs, each the bytes it gets alone (the
+    stage's tests check every item against its solo run on the host; a model where that does not hold
+    returns None from ``batch_key``).
+    """
+
+    reports_steps: ClassVar[bool] = False
+
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _Call:
+        return _Call(inputs, params)
+
+    def step(self, states: list[Any]) -> None:
+        outs = self.call([(s.inputs, s.params) for s in states])
+        if len(outs) != len(states):
+            raise RuntimeError(f"{type(self).__name__}.call returned {len(outs)} outputs for {len(states)} requests")
+        for s, out in zip(states, outs, strict=True):
+            s.out = out
+
+    def progress(self, state: Any) -> tuple[int, int]:
+        return (0 if state.out is None else 1), 1
+
+    def end(self, state: Any) -> dict[str, Any]:
+        assert state.out is not None, "ended before its call ran"
+        return state.out
+
+    @abstractmethod
+    def call(self, items: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
+        """The outputs of each (inputs, params), in order, from one call where the model allows."""

@@ -303,8 +303,10 @@ class StepBatcher:
             a.share_s += spent / len(group)
             a.widest = max(a.widest, len(group))
             done, total = self.ex.progress(a.state)
-            # each item its own preview, of its own latents (asked for only where the request wants previews)
-            a.run.ctx.step_done(done, total, self.ex.estimate(a.state) if a.run.ctx.preview else None)
+            # each item its own preview, of its own latents (asked for only where the request wants previews);
+            # a one-call stage's single step is its end: stage_finished says it (no progress event)
+            if getattr(self.ex, "reports_steps", True):
+                a.run.ctx.step_done(done, total, self.ex.estimate(a.state) if a.run.ctx.preview else None)
             if done >= total:
                 self._finish(a)
 

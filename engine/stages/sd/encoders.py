@@ -8,12 +8,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.stages.base import StageContext
+from engine.stages.base import BatchedCallStage
 from engine.stages.components import TorchStage
 
 
-class SDTextEncode(TorchStage):
-    """Prompt and negative prompt -> ``prompt_embeds``, ``negative_prompt_embeds``."""
+class SDTextEncode(TorchStage, BatchedCallStage):
+    """Prompt and negative prompt -> ``prompt_embeds``, ``negative_prompt_embeds``.
+
+    Several requests encode in one call (engine.stages.base.BatchedCallStage): CLIP's tokenizer pads every
+    prompt to the model's 77 tokens, so any prompts share a batch, and each item's embeddings are its solo
+    bytes (tests/engine/stages/test_light_batching.py)."""
 
     classes: ClassVar[dict[str, tuple[str, str]]] = {
         "tokenizer": ("transformers", "CLIPTokenizer"), "text_encoder": ("transformers", "CLIPTextModel"),
@@ -29,11 +33,15 @@ class SDTextEncode(TorchStage):
             safety_checker=None, feature_extractor=None, requires_safety_checker=False,
         )
 
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        return "clip"  # padded to one length: every request can share a call
+
     @torch.no_grad()
-    def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
+    def call(self, items: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
         # The negative embeddings are always computed so every request has the
         # same message shape; denoise ignores them when guidance_scale <= 1.
-        pos, neg = self.pipe.encode_prompt(
-            params["prompt"], self.device, 1, True, params.get("negative_prompt"),
-        )
-        return {"prompt_embeds": pos, "negative_prompt_embeds": neg}
+        # encode_prompt encodes "" for a missing negative prompt, as each item's "" here.
+        prompts = [str(p["prompt"]) for _, p in items]
+        negatives = [p.get("negative_prompt") or "" for _, p in items]
+        pos, neg = self.pipe.encode_prompt(prompts, self.device, 1, True, negatives)
+        return [{"prompt_embeds": pos[k:k + 1], "negative_prompt_embeds": neg[k:k + 1]} for k in range(len(items))]

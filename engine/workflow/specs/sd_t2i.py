@@ -60,6 +60,9 @@ SPEC = WorkflowSpec(
             outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
                      TensorSpec("negative_prompt_embeds", shape=(1, "L_text", "D_text"))),
             components=("tokenizer", "text_encoder"), doc="CLIP text embeddings of prompt and negative prompt",
+            # requests encode together (engine.stages.base.BatchedCallStage), each item its solo bytes
+            # (tests/engine/stages/test_light_batching.py); benchmarks/light_batching.md has the gain
+            max_batch=8,
         ),
         StageSpec(
             "denoise", f"{_P}.denoise.SDDenoise", inputs=("prompt_embeds", "negative_prompt_embeds"),

@@ -88,25 +88,28 @@ def tick_until(tm: Any, cond: Callable[[], bool], timeout: float = 90, every: fl
 
 class DenoiseRig:
     """A denoise instance's inbox ring (with a producer), the vae_decode ring its results go to (published as
-    the route, in a key space of its own) and the job store; :meth:`close` closes them and the worker."""
+    the route, in a key space of its own) and the job store; :meth:`close` closes them and the worker.
+    ``stage``: another stage that batches (text_encode), its results going to the stage after it."""
 
-    def __init__(self, redis_url: str, etcd_url: str, workflow: str = "sd-t2i") -> None:
+    def __init__(self, redis_url: str, etcd_url: str, workflow: str = "sd-t2i", stage: str = "denoise") -> None:
         tag = _tag()
-        self.workflow, self.spec = workflow, get_workflow(workflow)
+        self.workflow, self.spec, self.stage = workflow, get_workflow(workflow), stage
+        route = self.spec.route()
+        after = route[route.index(stage) + 1]
         self.address, self.etcd_url = f"shm://test-{tag}-dn", etcd_url
         self.inbox = RingConsumer.create(self.address, RingConfig(slots=32, buffer_bytes=8 << 20))
         self.outbox = RingConsumer.create(f"shm://test-{tag}-vd", RingConfig(slots=32, buffer_bytes=8 << 20))
         self.producer = attach_producer(self.address)
         self.etcd = etcd_client(etcd_url)
         self.space = Keyspace(f"/test-{tag}")
-        publish_route(self.etcd, Route(workflow, "vae_decode", f"{workflow}.vae_decode.0", f"shm://test-{tag}-vd"),
+        publish_route(self.etcd, Route(workflow, after, f"{workflow}.{after}.0", f"shm://test-{tag}-vd"),
                       keys=self.space)
         self.store = JobStore.from_url(redis_url, ttl=60)
         self._worker: TaskWorker | None = None
 
     def worker(self, denoise: Any, max_batch: int = 4) -> TaskWorker:
         """The denoise instance's TaskWorker on the inbox (closed by :meth:`close`, with the inbox)."""
-        cfg = WorkerConfig(instance=f"{self.workflow}.denoise.0", workflow=self.workflow, stage="denoise", model_dir="/",
+        cfg = WorkerConfig(instance=f"{self.workflow}.{self.stage}.0", workflow=self.workflow, stage=self.stage, model_dir="/",
                            address=self.address, redis_url="", etcd_url=self.etcd_url, max_batch=max_batch)
         self._worker = TaskWorker(cfg, self.store, RouteTable(self.etcd, keys=self.space), denoise, self.inbox)
         return self._worker
@@ -116,25 +119,25 @@ class DenoiseRig:
         store = self.store
         for u in uids:
             store.accept(u, self.workflow, 1.0)
-            h = wm.Header(uid=u, workflow=self.workflow, stage="denoise", route=self.spec.route(), params=reqs[u])
+            h = wm.Header(uid=u, workflow=self.workflow, stage=self.stage, route=self.spec.route(), params=reqs[u])
             self.producer.send(wm.encode(h, {k: wm.from_numpy(v.numpy()) for k, v in embeds[u].items()}))
         deadline = time.monotonic() + 120
 
         def settled() -> bool:
             assert time.monotonic() < deadline, {u: store.state(u) for u in uids}
-            return all(store.is_done(u, "denoise") or store.state(u) in keys.TERMINAL for u in uids)
+            return all(store.is_done(u, self.stage) or store.state(u) in keys.TERMINAL for u in uids)
 
         worker.serve(settled)  # max_batch 4 and a stage that steps: the batching loop serves it
         assert worker.batcher is not None and not worker.batcher.active
 
-    def collect(self, handed: dict[str, Any]) -> None:
-        """What reached the vae_decode ring, by UID (a UID handed on twice fails)."""
+    def collect(self, handed: dict[str, Any], output: str = "denoised") -> None:
+        """What reached the next stage's ring (its ``output`` tensor), by UID (a UID handed on twice fails)."""
         from engine.stages.components import to_torch
 
         while (d := self.outbox.recv(timeout=0.5)) is not None:
             msg = wm.decode(d.view)
             assert msg.header.uid not in handed, "handed on twice"
-            handed[msg.header.uid] = to_torch(msg.tensors["denoised"]).clone()
+            handed[msg.header.uid] = to_torch(msg.tensors[output]).clone()
             d.release()
 
     def close(self) -> None:

@@ -1,0 +1,109 @@
+"""Light-stage batching (issue 37, item 2): sd-t2i's text_encode stage serving requests one call each against
+several in one call (engine.stages.base.BatchedCallStage), side by side in one process, one torch thread;
+beside it the one-call pipeline's own ``encode_prompt`` alone and batched (the gain the model allows).
+
+Rounds interleave every configuration (after one untimed round); each figure is the median over the rounds.
+Each batched item is checked equal to its solo run before anything is timed.
+
+    python benchmarks/light_batching.py [--models DIR] [--rounds 7] [--batches 2,4,8] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+WF = "sd-t2i"
+
+
+def measure(folder: str, rounds: int, batches: list[int]) -> dict[str, Any]:
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    from engine.stages.base import StageContext
+    from engine.stages.runner import LocalRunner
+    from engine.workflow import get_workflow
+
+    enc = LocalRunner(WF, folder, "cpu").executors["text_encode"]
+    pipe = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None, requires_safety_checker=False)
+    spec = get_workflow(WF)
+    n = max(batches)
+    reqs = [spec.resolve_params({"prompt": f"a photo of thing {i} on a table", "num_inference_steps": 2})
+            for i in range(n)]
+    solo = [enc.run({}, r, StageContext()) for r in reqs]
+
+    def stage(b: int) -> None:  # n requests in calls of b
+        for k in range(0, n, b):
+            states = [enc.begin({}, r) for r in reqs[k:k + b]]
+            enc.step(states)
+            outs = [enc.end(s) for s in states]
+            if b > 1 and not all(torch.equal(o["prompt_embeds"], solo[k + j]["prompt_embeds"])
+                                 for j, o in enumerate(outs)):
+                raise SystemExit(f"a batched item differs from its solo run at batch {b}")
+
+    def pipeline(b: int) -> None:
+        with torch.no_grad():
+            for k in range(0, n, b):
+                pipe.encode_prompt([r["prompt"] for r in reqs[k:k + b]], "cpu", 1, True, [""] * len(reqs[k:k + b]))
+
+    configs = {f"stage b={b}": (stage, b) for b in [1, *batches]}
+    configs.update({f"pipeline b={b}": (pipeline, b) for b in [1, *batches]})
+    times: dict[str, list[float]] = {k: [] for k in configs}
+    for rnd in range(rounds + 1):
+        for name, (fn, b) in configs.items():
+            t0 = time.perf_counter()
+            fn(b)
+            if rnd:
+                times[name].append(time.perf_counter() - t0)
+    rps = {k: n / statistics.median(v) for k, v in times.items()}
+    out: dict[str, Any] = {"workflow": WF, "stage": "text_encode", "requests_per_round": n, "rounds": rounds,
+                           "rps": rps, "stage_gain": {}, "pipeline_gain": {}, "stage_gain_vs_pipeline_gain": {}}
+    for b in batches:
+        sg, pg = rps[f"stage b={b}"] / rps["stage b=1"], rps[f"pipeline b={b}"] / rps["pipeline b=1"]
+        out["stage_gain"][str(b)], out["pipeline_gain"][str(b)] = sg, pg
+        out["stage_gain_vs_pipeline_gain"][str(b)] = sg / pg
+    out["stage_vs_pipeline_alone"] = rps["stage b=1"] / rps["pipeline b=1"]
+    return out
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=None, help="a folder of tiny models (default: built here)")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--batches", type=_ints, default=[2, 4, 8])
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from engine.bench.figures import provenance
+    from engine.stages.tiny import models_or_tiny
+
+    prov = provenance()
+    with models_or_tiny(args.models, [WF]) as models:
+        result = {"provenance": prov, "threads": 1, **measure(f"{models}/{WF}", args.rounds, args.batches)}
+    result["load_average_after"] = os.getloadavg()
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+        return 0
+    print(f"cpu: {prov['cpu_model']}, commit {(prov['commit'] or '')[:7]}, load before {prov['load_average'][0]:.2f}, "
+          f"1 thread; {WF} text_encode, {result['requests_per_round']} requests a round")
+    print(f"alone: the stage {result['rps']['stage b=1']:.1f} requests/s, the pipeline's encode_prompt "
+          f"{result['rps']['pipeline b=1']:.1f} ({result['stage_vs_pipeline_alone']:.2f}x)")
+    for b in args.batches:
+        print(f"batch {b}: stage {result['stage_gain'][str(b)]:.2f}x its solo rate, pipeline "
+              f"{result['pipeline_gain'][str(b)]:.2f}x its own: {result['stage_gain_vs_pipeline_gain'][str(b)]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
