@@ -1,6 +1,7 @@
-"""Light-stage batching (issue 37, item 2): sd-t2i's text_encode stage serving requests one call each against
-several in one call (engine.stages.base.BatchedCallStage), side by side in one process, one torch thread;
-beside it the one-call pipeline's own ``encode_prompt`` alone and batched (the gain the model allows).
+"""Light-stage batching (issue 37, item 2): the text_encode stages of sd-t2i (CLIP) and FLUX.1-dev (CLIP and
+T5) serving requests one call each against several in one call (engine.stages.base.BatchedCallStage), side
+by side in one process, one torch thread; beside each the one-call pipeline's own ``encode_prompt`` alone
+and batched (the gain the model allows).
 
 Rounds interleave every configuration (after one untimed round); each figure is the median over the rounds.
 Each batched item is checked equal to its solo run before anything is timed.
@@ -17,23 +18,35 @@ import statistics
 import time
 from typing import Any
 
-WF = "sd-t2i"
+WORKFLOWS = ("sd-t2i", "flux.1-dev")
 
 
-def measure(folder: str, rounds: int, batches: list[int]) -> dict[str, Any]:
+def _pipeline_encode(workflow: str, folder: str) -> Any:
+    """The one-call pipeline's encode_prompt over a list of prompts, as its __call__ runs it."""
+    from diffusers import FluxPipeline, StableDiffusionPipeline
+
+    if workflow == "sd-t2i":
+        sd = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None, requires_safety_checker=False)
+        return lambda prompts, r: sd.encode_prompt(prompts, "cpu", 1, True, [""] * len(prompts))
+    flux = FluxPipeline.from_pretrained(folder, transformer=None, vae=None)
+    return lambda prompts, r: flux.encode_prompt(prompts, None, device="cpu",
+                                                 max_sequence_length=int(r["max_sequence_length"]))
+
+
+def measure(workflow: str, folder: str, rounds: int, batches: list[int]) -> dict[str, Any]:
     import torch
-    from diffusers import StableDiffusionPipeline
 
     from engine.stages.base import StageContext
     from engine.stages.runner import LocalRunner
     from engine.workflow import get_workflow
 
-    enc = LocalRunner(WF, folder, "cpu").executors["text_encode"]
-    pipe = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None, requires_safety_checker=False)
-    spec = get_workflow(WF)
+    enc = LocalRunner(workflow, folder, "cpu").executors["text_encode"]
+    encode = _pipeline_encode(workflow, folder)
+    spec = get_workflow(workflow)
+    spec = spec.bound(spec.limits_of(folder))
     n = max(batches)
-    reqs = [spec.resolve_params({"prompt": f"a photo of thing {i} on a table", "num_inference_steps": 2})
-            for i in range(n)]
+    reqs = [spec.resolve_params({"prompt": f"a photo of thing {i} on a table", "height": 64, "width": 64,
+                                 "num_inference_steps": 2}) for i in range(n)]
     solo = [enc.run({}, r, StageContext()) for r in reqs]
 
     def stage(b: int) -> None:  # n requests in calls of b
@@ -48,7 +61,7 @@ def measure(folder: str, rounds: int, batches: list[int]) -> dict[str, Any]:
     def pipeline(b: int) -> None:
         with torch.no_grad():
             for k in range(0, n, b):
-                pipe.encode_prompt([r["prompt"] for r in reqs[k:k + b]], "cpu", 1, True, [""] * len(reqs[k:k + b]))
+                encode([r["prompt"] for r in reqs[k:k + b]], reqs[0])
 
     configs = {f"stage b={b}": (stage, b) for b in [1, *batches]}
     configs.update({f"pipeline b={b}": (pipeline, b) for b in [1, *batches]})
@@ -60,7 +73,7 @@ def measure(folder: str, rounds: int, batches: list[int]) -> dict[str, Any]:
             if rnd:
                 times[name].append(time.perf_counter() - t0)
     rps = {k: n / statistics.median(v) for k, v in times.items()}
-    out: dict[str, Any] = {"workflow": WF, "stage": "text_encode", "requests_per_round": n, "rounds": rounds,
+    out: dict[str, Any] = {"workflow": workflow, "stage": "text_encode", "requests_per_round": n, "rounds": rounds,
                            "rps": rps, "stage_gain": {}, "pipeline_gain": {}, "stage_gain_vs_pipeline_gain": {}}
     for b in batches:
         sg, pg = rps[f"stage b={b}"] / rps["stage b=1"], rps[f"pipeline b={b}"] / rps["pipeline b=1"]
@@ -89,19 +102,23 @@ def main() -> int:
     from engine.stages.tiny import models_or_tiny
 
     prov = provenance()
-    with models_or_tiny(args.models, [WF]) as models:
-        result = {"provenance": prov, "threads": 1, **measure(f"{models}/{WF}", args.rounds, args.batches)}
+    with models_or_tiny(args.models, list(WORKFLOWS)) as models:
+        result: dict[str, Any] = {"provenance": prov, "threads": 1,
+                                  "workflows": {w: measure(w, f"{models}/{w}", args.rounds, args.batches)
+                                                for w in WORKFLOWS}}
     result["load_average_after"] = os.getloadavg()
     if args.json:
         print(json.dumps(result, indent=1, default=str))
         return 0
     print(f"cpu: {prov['cpu_model']}, commit {(prov['commit'] or '')[:7]}, load before {prov['load_average'][0]:.2f}, "
-          f"1 thread; {WF} text_encode, {result['requests_per_round']} requests a round")
-    print(f"alone: the stage {result['rps']['stage b=1']:.1f} requests/s, the pipeline's encode_prompt "
-          f"{result['rps']['pipeline b=1']:.1f} ({result['stage_vs_pipeline_alone']:.2f}x)")
-    for b in args.batches:
-        print(f"batch {b}: stage {result['stage_gain'][str(b)]:.2f}x its solo rate, pipeline "
-              f"{result['pipeline_gain'][str(b)]:.2f}x its own: {result['stage_gain_vs_pipeline_gain'][str(b)]:.2f}")
+          "1 thread")
+    for w, r in result["workflows"].items():
+        print(f"{w} text_encode, {r['requests_per_round']} requests a round; alone: the stage "
+              f"{r['rps']['stage b=1']:.1f} requests/s, the pipeline's encode_prompt {r['rps']['pipeline b=1']:.1f} "
+              f"({r['stage_vs_pipeline_alone']:.2f}x)")
+        for b in args.batches:
+            print(f"  batch {b}: stage {r['stage_gain'][str(b)]:.2f}x its solo rate, pipeline "
+                  f"{r['pipeline_gain'][str(b)]:.2f}x its own: {r['stage_gain_vs_pipeline_gain'][str(b)]:.2f}")
     return 0
 
 

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.stages import invariant
-from engine.stages.base import StageContext, SteppedStage
+from engine.stages.base import BatchedCallStage, StageContext, SteppedStage
 from engine.stages.components import TorchStage, read_config
 
 _MODULAR = "diffusers.modular_pipelines"
@@ -136,6 +136,34 @@ class ModularStage(TorchStage):
             return loop(self.pipe, state)[1]
         finally:
             del loop.loop_step
+
+
+class BatchedModularStage(ModularStage, BatchedCallStage):
+    """A modular stage without a loop (a text encoder) whose requests of one :meth:`batch_key` run its blocks
+    once: the block inputs named in ``batched_inputs`` go in as lists, one item per request, the others are
+    the first request's (equal within a batch key); each output is cut back to its request's row. A request
+    alone runs them with one-item lists, the same calls."""
+
+    #: the block inputs that differ per request (the prompt); the rest must be equal within a batch key
+    batched_inputs: ClassVar[tuple[str, ...]] = ("prompt",)
+
+    run = SteppedStage.run  # begin, one step, end: alone as in a batch
+
+    @torch.no_grad()
+    def call(self, items: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
+        each = [self.block_inputs(inputs, params) for inputs, params in items]
+        kwargs = dict(each[0])
+        for name in self.batched_inputs:
+            kwargs[name] = [e[name] for e in each]
+        self.prepare(items[0][1])
+        state = self._state(kwargs)
+        for block in self.block_seq.sub_blocks.values():
+            _, state = block(self.pipe, state)
+        values = {out: state.get(name) for out, name in self.outputs.items()}
+        for out, v in values.items():
+            if not isinstance(v, torch.Tensor) or v.shape[0] != len(items):
+                raise RuntimeError(f"{type(self).__name__}: output {out} is not one row per request")
+        return [{out: v[k:k + 1] for out, v in values.items()} for k in range(len(items))]
 
 
 class _Own:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.stages.components import to_uint8
-from engine.stages.modular import ModularStage, SteppedModularStage, seeded
+from engine.stages.modular import BatchedModularStage, ModularStage, SteppedModularStage, seeded
 
 
 def _vae_scale(vae: dict[str, Any]) -> int:
@@ -26,8 +26,12 @@ class _Flux(ModularStage):
     vae_scale = staticmethod(_vae_scale)
 
 
-class FluxTextEncode(_Flux):
-    """Prompt -> ``prompt_embeds`` (T5, ``max_sequence_length`` tokens) and ``pooled_prompt_embeds`` (CLIP)."""
+class FluxTextEncode(_Flux, BatchedModularStage):
+    """Prompt -> ``prompt_embeds`` (T5, ``max_sequence_length`` tokens) and ``pooled_prompt_embeds`` (CLIP).
+
+    Requests of one ``max_sequence_length`` encode in one call (BatchedModularStage): both tokenizers pad to
+    a fixed length (CLIP's 77, T5's ``max_sequence_length``), so each item is its solo bytes
+    (tests/engine/stages/test_light_batching.py)."""
 
     classes: ClassVar[dict[str, tuple[str, str]]] = {
         "tokenizer": ("transformers", "CLIPTokenizer"), "text_encoder": ("transformers", "CLIPTextModel"),
@@ -39,6 +43,9 @@ class FluxTextEncode(_Flux):
 
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         return {"prompt": params["prompt"], "max_sequence_length": int(params["max_sequence_length"])}
+
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        return int(params["max_sequence_length"])
 
 
 class FluxDenoise(_Flux, SteppedModularStage):

@@ -98,7 +98,10 @@ def flux_spec(name: str, description: str, steps: int, max_steps: int, sequence:
                       outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
                                TensorSpec("pooled_prompt_embeds", shape=(1, "D_pool"))),
                       components=("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"),
-                      doc="CLIP pooled embedding and T5 sequence of the prompt"),
+                      doc="CLIP pooled embedding and T5 sequence of the prompt",
+                      # requests of one max_sequence_length encode together, each item its solo bytes
+                      # (tests/engine/stages/test_light_batching.py; gain: benchmarks/light_batching.md)
+                      max_batch=8),
             StageSpec("denoise", f"{_P}.FluxDenoise", inputs=("prompt_embeds", "pooled_prompt_embeds"),
                       outputs=(TensorSpec("denoised", shape=(1, "C_lat", "H_lat", "W_lat")),),
                       components=("transformer", "scheduler"), doc="noise from the seed, the Flux transformer's loop",

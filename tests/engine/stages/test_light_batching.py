@@ -52,7 +52,8 @@ def test_a_batch_of_prompts_gives_each_its_solo_bytes(runner: Any, tiny_models: 
     for (prompt, negative), one, many in zip(ROWS, solo, batched, strict=True):
         for key in ("prompt_embeds", "negative_prompt_embeds"):
             assert torch.equal(many[key], one[key]), (prompt, key)
-        pos, neg = pipe.encode_prompt(prompt, "cpu", 1, True, negative)  # what the one-call pipeline encodes
+        with torch.no_grad():  # what the one-call pipeline encodes (in its __call__'s no_grad)
+            pos, neg = pipe.encode_prompt(prompt, "cpu", 1, True, negative)
         assert torch.equal(one["prompt_embeds"], pos) and torch.equal(one["negative_prompt_embeds"], neg)
     assert not torch.equal(solo[0]["prompt_embeds"], solo[2]["prompt_embeds"])  # the prompts reach the model
 
@@ -98,3 +99,34 @@ def test_an_instance_encodes_its_requests_together(runner: Any, redis_server: An
     finally:
         enc.__class__ = Counted.__mro__[1]
         rig.close()
+
+
+@pytest.mark.parametrize("workflow", ["flux.1-dev", "flux.1-schnell"])
+def test_flux_prompts_of_one_length_share_a_call(workflow: str, tiny_models: dict[str, Path]) -> None:
+    """FLUX.1's CLIP and T5 encoders take a batch of prompts of one ``max_sequence_length``; each item equals
+    its solo run, and that the one-call FluxPipeline's encode_prompt; another length is another batch."""
+    import torch
+    from diffusers import FluxPipeline
+
+    from engine.stages.base import StageContext
+    from engine.stages.runner import LocalRunner
+
+    enc = LocalRunner(workflow, tiny_models[workflow], "cpu").executors["text_encode"]
+    spec = get_workflow(workflow)
+    spec = spec.bound(spec.limits_of(str(tiny_models[workflow])))
+    reqs = [spec.resolve_params({"prompt": p, "height": 64, "width": 64}) for p, _ in ROWS]
+    assert len({enc.batch_key(r) for r in reqs}) == 1
+    other = spec.resolve_params({"prompt": "x", "max_sequence_length": int(reqs[0]["max_sequence_length"]) // 2})
+    assert enc.batch_key(other) != enc.batch_key(reqs[0])
+    solo = [enc.run({}, r, StageContext()) for r in reqs]
+    states = [enc.begin({}, r) for r in reqs]
+    enc.step(states)
+    pipe = FluxPipeline.from_pretrained(tiny_models[workflow])
+    for r, one, many in zip(reqs, solo, [enc.end(s) for s in states], strict=True):
+        assert many.keys() == one.keys() == {"prompt_embeds", "pooled_prompt_embeds"}
+        for key in one:
+            assert torch.equal(many[key], one[key]), (r["prompt"], key)
+        with torch.no_grad():  # as the pipeline's __call__ (with grad, SDPA takes another CPU kernel)
+            pos, pooled, _ = pipe.encode_prompt(r["prompt"], None, device="cpu",
+                                                max_sequence_length=int(r["max_sequence_length"]))
+        assert torch.equal(one["prompt_embeds"], pos) and torch.equal(one["pooled_prompt_embeds"], pooled)
