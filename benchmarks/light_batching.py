@@ -1,5 +1,5 @@
-"""Light-stage batching (issue 37, item 2): the text_encode stages of sd-t2i (CLIP) and FLUX.1-dev (CLIP and
-T5) serving requests one call each against several in one call (engine.stages.base.BatchedCallStage), side
+"""Light-stage batching (issue 37, item 2): the text_encode stages of sd-t2i (CLIP), FLUX.1-dev (CLIP and
+T5) and Wan2.1 (umT5) serving requests one call each against several in one call (engine.stages.base.BatchedCallStage), side
 by side in one process, one torch thread; beside each the one-call pipeline's own ``encode_prompt`` alone
 and batched (the gain the model allows).
 
@@ -18,16 +18,20 @@ import statistics
 import time
 from typing import Any
 
-WORKFLOWS = ("sd-t2i", "flux.1-dev")
+WORKFLOWS = ("sd-t2i", "flux.1-dev", "wan2.1-t2v")
 
 
 def _pipeline_encode(workflow: str, folder: str) -> Any:
     """The one-call pipeline's encode_prompt over a list of prompts, as its __call__ runs it."""
-    from diffusers import FluxPipeline, StableDiffusionPipeline
+    from diffusers import FluxPipeline, StableDiffusionPipeline, WanPipeline
 
     if workflow == "sd-t2i":
         sd = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None, requires_safety_checker=False)
         return lambda prompts, r: sd.encode_prompt(prompts, "cpu", 1, True, [""] * len(prompts))
+    if workflow.startswith("wan"):
+        wan = WanPipeline.from_pretrained(folder, transformer=None, vae=None)
+        return lambda prompts, r: wan.encode_prompt(prompts, [""] * len(prompts), True, device="cpu",
+                                                    max_sequence_length=int(r["max_sequence_length"]))
     flux = FluxPipeline.from_pretrained(folder, transformer=None, vae=None)
     return lambda prompts, r: flux.encode_prompt(prompts, None, device="cpu",
                                                  max_sequence_length=int(r["max_sequence_length"]))
@@ -45,8 +49,9 @@ def measure(workflow: str, folder: str, rounds: int, batches: list[int]) -> dict
     spec = get_workflow(workflow)
     spec = spec.bound(spec.limits_of(folder))
     n = max(batches)
-    reqs = [spec.resolve_params({"prompt": f"a photo of thing {i} on a table", "height": 64, "width": 64,
-                                 "num_inference_steps": 2}) for i in range(n)]
+    size = {"height": 32, "width": 32, "num_frames": 5} if workflow.startswith("wan") else {"height": 64, "width": 64}
+    reqs = [spec.resolve_params({"prompt": f"a photo of thing {i} on a table", **size, "num_inference_steps": 2})
+            for i in range(n)]
     solo = [enc.run({}, r, StageContext()) for r in reqs]
 
     def stage(b: int) -> None:  # n requests in calls of b

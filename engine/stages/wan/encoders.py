@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.stages.base import StageContext
+from engine.stages.base import BatchedCallStage, StageContext
 from engine.stages.components import TorchStage, decode_image
 from engine.stages.wan.pipe import partial_pipeline
 
@@ -20,23 +20,32 @@ class _WanEncode(TorchStage):
         self.pipe = partial_pipeline(**self.load_components(model_dir))
 
 
-class WanTextEncode(_WanEncode):
-    """Prompt and negative prompt -> ``prompt_embeds``, ``negative_prompt_embeds`` (1, L, D)."""
+class WanTextEncode(_WanEncode, BatchedCallStage):
+    """Prompt and negative prompt -> ``prompt_embeds``, ``negative_prompt_embeds`` (1, L, D).
+
+    Requests of one ``max_sequence_length`` encode in one call (BatchedCallStage): the tokenizer pads every
+    prompt to that length and the pipeline cuts each row back to its own tokens, so each item is its solo
+    bytes (tests/engine/stages/test_light_batching.py)."""
 
     classes: ClassVar[dict[str, tuple[str, str]]] = {
         "tokenizer": ("transformers", "AutoTokenizer"), "text_encoder": ("transformers", "UMT5EncoderModel"),
     }
 
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        return int(params["max_sequence_length"])
+
     @torch.no_grad()
-    def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
+    def call(self, items: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
         # Negative embeddings always computed: fixed message shape per workflow.
         pos, neg = self.pipe.encode_prompt(
-            prompt=params["prompt"], negative_prompt=params.get("negative_prompt") or "",
-            do_classifier_free_guidance=True, max_sequence_length=params["max_sequence_length"],
+            prompt=[str(p["prompt"]) for _, p in items],
+            negative_prompt=[p.get("negative_prompt") or "" for _, p in items],
+            do_classifier_free_guidance=True, max_sequence_length=int(items[0][1]["max_sequence_length"]),
             device=self.device,
         )
         # The pipeline casts both to the transformer's dtype before denoising.
-        return {"prompt_embeds": pos.to(self.dtype), "negative_prompt_embeds": neg.to(self.dtype)}
+        pos, neg = pos.to(self.dtype), neg.to(self.dtype)
+        return [{"prompt_embeds": pos[k:k + 1], "negative_prompt_embeds": neg[k:k + 1]} for k in range(len(items))]
 
 
 class WanImageEncode(_WanEncode):

@@ -116,6 +116,9 @@ TEXT_ENCODE = StageSpec(
     outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
              TensorSpec("negative_prompt_embeds", shape=(1, "L_text", "D_text"))),
     components=("tokenizer", "text_encoder"), doc="umT5 prompt and negative-prompt embeddings",
+    # requests of one max_sequence_length encode together, each item its solo bytes
+    # (tests/engine/stages/test_light_batching.py; gain: benchmarks/light_batching.md)
+    max_batch=8,
 )
 VAE_DECODE = StageSpec(
     "vae_decode", f"{P}.decoders.WanVaeDecode", inputs=("denoised",),

@@ -130,3 +130,32 @@ def test_flux_prompts_of_one_length_share_a_call(workflow: str, tiny_models: dic
             pos, pooled, _ = pipe.encode_prompt(r["prompt"], None, device="cpu",
                                                 max_sequence_length=int(r["max_sequence_length"]))
         assert torch.equal(one["prompt_embeds"], pos) and torch.equal(one["pooled_prompt_embeds"], pooled)
+
+
+def test_wan_prompts_of_one_length_share_a_call(tiny_models: dict[str, Path]) -> None:
+    """Wan's umT5 encoder: prompts and negative prompts of one ``max_sequence_length`` in one call, each item
+    equal to its solo run and to the one-call WanPipeline's encode_prompt."""
+    import torch
+    from diffusers import WanPipeline
+
+    from engine.stages.base import StageContext
+    from engine.stages.runner import LocalRunner
+
+    workflow = "wan2.1-t2v"
+    enc = LocalRunner(workflow, tiny_models[workflow], "cpu").executors["text_encode"]
+    spec = get_workflow(workflow)
+    spec = spec.bound(spec.limits_of(str(tiny_models[workflow])))
+    reqs = [spec.resolve_params({"prompt": p, "negative_prompt": n or "", "height": 32, "width": 32,
+                                 "num_frames": 5}) for p, n in ROWS]
+    assert len({enc.batch_key(r) for r in reqs}) == 1
+    solo = [enc.run({}, r, StageContext()) for r in reqs]
+    states = [enc.begin({}, r) for r in reqs]
+    enc.step(states)
+    pipe = WanPipeline.from_pretrained(tiny_models[workflow], transformer=None, vae=None)
+    for r, one, many in zip(reqs, solo, [enc.end(s) for s in states], strict=True):
+        for key in ("prompt_embeds", "negative_prompt_embeds"):
+            assert torch.equal(many[key], one[key]), (r["prompt"], key)
+        with torch.no_grad():
+            pos, neg = pipe.encode_prompt(r["prompt"], r["negative_prompt"], True,
+                                          max_sequence_length=int(r["max_sequence_length"]), device="cpu")
+        assert torch.equal(one["prompt_embeds"], pos) and torch.equal(one["negative_prompt_embeds"], neg)
