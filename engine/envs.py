@@ -103,6 +103,9 @@ _VARS: dict[str, Callable[[], Any]] = {
     # s3://BUCKET; credentials in it or from AWS_* / the AWS credential files), or "none" (unset: none) for
     # the bytes in Redis. `onepiece up --object-store` sets it for the processes it starts.
     "OBJECT_STORE": _str("ONEPIECE_OBJECT_STORE", None),
+    # The Python that runs the embedded S3 server (engine.embedded.s3): one with the `swift` package. Unset:
+    # <this venv>/s3-venv/bin/python (./quickstart makes it), else this interpreter if it has swift.
+    "S3_PYTHON": _str("ONEPIECE_S3_PYTHON", None),
     # Seconds results, status hashes and cancel flags live in Redis.
     "RESULT_TTL_S": _int("ONEPIECE_RESULT_TTL_S", 3600),
     # A worker publishes progress events at most this often (milliseconds).

@@ -2,7 +2,11 @@
 
 Started and stopped like :class:`engine.embedded.services.RedisServer`: by ``onepiece up`` (supervised,
 its data in the state folder) and by the test fixtures (tests/fixtures/objects.py). The server itself
-runs in :mod:`engine.embedded.s3_launcher`, a process of its own (Swift runs on eventlet).
+runs :mod:`engine.embedded.s3_launcher` (by its path), a process of its own (Swift runs on eventlet).
+
+Its interpreter is a virtual environment of its own, ``<venv>/s3-venv`` (``./quickstart`` makes it), not
+the project's: with eventlet importable, futurist (under etcd3gw) imports it in every engine process,
+which cost each about 170 ms of imports and a deprecation warning. ``ONEPIECE_S3_PYTHON`` names another.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
+from engine import envs
 from engine.embedded.services import ServiceError, _ChildService, free_port
 
 ACCESS_KEY = "onepiece:engine"  # tempauth's account:user; not a secret (the key is)
 CREDENTIALS = "s3-credentials.json"
+S3_VENV = "s3-venv"  # under the project's virtual environment (sys.prefix)
+SWIFT_REQUIREMENT = "swift>=2.38,<2.39"  # ./quickstart installs the same
+LAUNCHER = Path(__file__).with_name("s3_launcher.py")
 
 
 class SwiftS3Server(_ChildService):
@@ -34,7 +42,7 @@ class SwiftS3Server(_ChildService):
 
     def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int | None = None,
                  bucket: str = "onepiece-outputs", python: str | None = None) -> None:
-        super().__init__(python or sys.executable, data_dir, host)
+        super().__init__(python or envs.S3_PYTHON or "", data_dir, host)
         self.port = port or free_port(host)
         self.bucket = bucket
         self.access_key, self.secret_key = ACCESS_KEY, self._credentials()
@@ -64,15 +72,24 @@ class SwiftS3Server(_ChildService):
                 f"@{self.host}:{self.port}/{self.bucket}")
 
     def _resolve(self) -> str:
-        if importlib.util.find_spec("swift") is None or importlib.util.find_spec("eventlet") is None:
-            raise ServiceError(
-                "s3: the Python package 'swift' (OpenStack Swift, with eventlet) is not installed in this "
-                "environment; ./quickstart installs it (pip install 'swift>=2.38,<2.39'), or point "
-                "--object-store / ONEPIECE_OBJECT_STORE at another S3 server, or use --object-store none")
-        return self.binary
+        """The interpreter to run Swift with: the one given (``python``, ``ONEPIECE_S3_PYTHON``), else
+        ``<venv>/s3-venv/bin/python``, else this one when it has swift."""
+        if self.binary:
+            return self.binary
+        own = Path(sys.prefix) / S3_VENV / "bin" / "python"
+        if own.exists():
+            return str(own)
+        if importlib.util.find_spec("swift") is not None and importlib.util.find_spec("eventlet") is not None:
+            return sys.executable
+        raise ServiceError(
+            f"s3: no Python with OpenStack Swift: {own} does not exist; ./quickstart installs it "
+            f"({sys.executable} -m venv {Path(sys.prefix) / S3_VENV} && {own} -m pip install "
+            f"'{SWIFT_REQUIREMENT}'), or set ONEPIECE_S3_PYTHON, or point --object-store / "
+            f"ONEPIECE_OBJECT_STORE at another S3 server, or use --object-store none")
 
     def _argv(self, binary: str) -> list[str]:
-        return [binary, "-m", "engine.embedded.s3_launcher", str(self.data_dir), self.host, str(self.port)]
+        # by its path: the launcher needs only the standard library and swift, not this package
+        return [binary, str(LAUNCHER), str(self.data_dir), self.host, str(self.port)]
 
     def _ready(self) -> bool:
         # any S3 answer from the proxy will do (an anonymous GET is refused with 403): its backends listen

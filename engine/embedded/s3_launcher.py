@@ -1,7 +1,8 @@
 """The embedded S3 server's own process: OpenStack Swift's four servers with its ``s3api`` layer, in one process.
 
-Run as ``python -m engine.embedded.s3_launcher DATA_DIR HOST PORT`` by :class:`engine.embedded.s3.SwiftS3Server`;
-never imported by the engine. Swift runs on eventlet, which patches the standard library's sockets and
+Run as ``PYTHON .../engine/embedded/s3_launcher.py DATA_DIR HOST PORT`` by :class:`engine.embedded.s3.SwiftS3Server`,
+with an interpreter that has swift (its own virtual environment: it needs the standard library and swift,
+not this package); never imported by the engine. Swift runs on eventlet, which patches the standard library's sockets and
 threads when it starts: it gets a process of its own so that nothing else has to live with that.
 
 What it runs, all on ``HOST`` (loopback): the proxy with ``s3api`` in front of ``tempauth`` on ``PORT``, and
@@ -45,7 +46,7 @@ devices = {devices}
 mount_check = false
 swift_dir = {swift_dir}
 log_level = WARNING
-log_custom_handlers = engine.embedded.s3_launcher.log_to_stderr
+log_custom_handlers = __main__.log_to_stderr
 
 [pipeline:main]
 pipeline = {kind}-server
@@ -61,7 +62,7 @@ _PROXY_CONF = """\
 [DEFAULT]
 swift_dir = {swift_dir}
 log_level = WARNING
-log_custom_handlers = engine.embedded.s3_launcher.log_to_stderr
+log_custom_handlers = __main__.log_to_stderr
 
 [pipeline:main]
 pipeline = catch_errors proxy-logging s3api tempauth slo dlo proxy-logging proxy-server

@@ -46,8 +46,23 @@ def test_another_folder_has_another_secret(tmp_path) -> None:
 
 def test_missing_swift_says_how_to_get_it(tmp_path, monkeypatch) -> None:
     import importlib.util
+    import sys
 
+    monkeypatch.delenv("ONEPIECE_S3_PYTHON", raising=False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))  # a virtual environment without its s3-venv
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swift" else real(name, *a))
     with pytest.raises(ServiceError, match="quickstart installs it"):
         SwiftS3Server(tmp_path / "s3").start()
+
+
+def test_swift_runs_in_its_own_environment(tmp_path, monkeypatch) -> None:
+    """Not the project's: with eventlet importable there, futurist (under etcd3gw) imports it in every engine
+    process. The project's environment has neither; the server's interpreter is <venv>/s3-venv's."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    monkeypatch.delenv("ONEPIECE_S3_PYTHON", raising=False)
+    assert importlib.util.find_spec("eventlet") is None and importlib.util.find_spec("swift") is None
+    assert SwiftS3Server(tmp_path / "s3")._resolve() == str(Path(sys.prefix) / "s3-venv" / "bin" / "python")
