@@ -113,7 +113,6 @@ class QwenDenoise(_Qwen, SteppedModularStage):
         # inpainting's or a controlnet's, would be skipped)
         assert list(loop.sub_blocks) == ["before_denoiser", "denoiser", "after_denoiser"], list(loop.sub_blocks)
         before, after = loop.sub_blocks["before_denoiser"], loop.sub_blocks["after_denoiser"]
-        transformer = self.pipe.transformer
         accepted = self._transformer_args()
         plans = []
         rows: dict[tuple[int, bool], list[tuple[Any, Any, Any]]] = {}
@@ -139,29 +138,34 @@ class QwenDenoise(_Qwen, SteppedModularStage):
                 key = (int(p.encoder_hidden_states.shape[1]), p.encoder_hidden_states_mask is None)
                 rows.setdefault(key, []).append((st, p, cache))
         for group in rows.values():
-            bss = [st.block_state for st, _, _ in group]
-            masks = [p.encoder_hidden_states_mask for _, p, _ in group]
-            extra: dict[str, Any] = {}
-            for k in bss[0].additional_cond_kwargs:
-                vals = [b.additional_cond_kwargs[k] for b in bss]
-                extra[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else torch.cat(vals)
-            out = transformer(
-                hidden_states=torch.cat([b.latent_model_input for b in bss]),
-                timestep=torch.cat([b.timestep for b in bss]) / 1000,
-                attention_kwargs=bss[0].attention_kwargs, return_dict=False,
-                encoder_hidden_states=torch.cat([p.encoder_hidden_states for _, p, _ in group]),
-                encoder_hidden_states_mask=None if masks[0] is None else torch.cat(masks),
-                **extra)[0]
-            for k, (_, p, cache) in enumerate(group):
-                p.noise_pred = out[k:k + 1]
-                if cache is not None:
-                    cache.update(p.noise_pred)
+            self._call(group)
         for st, passes in plans:
             guided = st.components.guider(passes)
             pred_cond_norm = torch.norm(guided.pred_cond, dim=-1, keepdim=True)
             pred_norm = torch.norm(guided.pred, dim=-1, keepdim=True)
             st.block_state.noise_pred = guided.pred * (pred_cond_norm / pred_norm)
             after(st.components, st.block_state, i=st.i, t=st.timesteps[st.i])
+
+    def _call(self, group: list[tuple[Any, Any, Any]]) -> None:
+        """One transformer call over passes (request, pass, its cache) whose text has one length; each pass
+        takes its row of the output, and its cache takes it too."""
+        bss = [st.block_state for st, _, _ in group]
+        masks = [p.encoder_hidden_states_mask for _, p, _ in group]
+        extra: dict[str, Any] = {}
+        for k in bss[0].additional_cond_kwargs:
+            vals = [b.additional_cond_kwargs[k] for b in bss]
+            extra[k] = [x for v in vals for x in v] if isinstance(vals[0], list) else torch.cat(vals)
+        out = self.pipe.transformer(
+            hidden_states=torch.cat([b.latent_model_input for b in bss]),
+            timestep=torch.cat([b.timestep for b in bss]) / 1000,
+            attention_kwargs=bss[0].attention_kwargs, return_dict=False,
+            encoder_hidden_states=torch.cat([p.encoder_hidden_states for _, p, _ in group]),
+            encoder_hidden_states_mask=None if masks[0] is None else torch.cat(masks),
+            **extra)[0]
+        for k, (_, p, cache) in enumerate(group):
+            p.noise_pred = out[k:k + 1]
+            if cache is not None:
+                cache.update(p.noise_pred)
 
     def _transformer_args(self) -> set[str]:
         import inspect

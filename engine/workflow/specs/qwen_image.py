@@ -25,7 +25,13 @@ from typing import Any
 
 from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
-from engine.workflow.specs.common import MAX_PROMPT_CHARS, preview_every, quality, require_multiple, require_prompt
+from engine.workflow.specs.common import (
+    MAX_PROMPT_CHARS,
+    preview_every,
+    quality,
+    require_multiple,
+    require_prompt,
+)
 
 SIZE_MULTIPLE = 16  # the 8x VAE, then 2x2 patches (QwenImagePipeline warns and resizes otherwise)
 MAX_SIDE = 2048

@@ -54,7 +54,7 @@ from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineClient, get_engine
 from onepiece_platform.engine_link.models import DeadLetter, HeldEvent, StreamCursor
 from onepiece_platform.engine_link.resubmit import again
-from onepiece_platform.jobs import ledger
+from onepiece_platform.jobs import ledger, push
 from onepiece_platform.jobs.models import NON_TERMINAL, TERMINAL, Job
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,20 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 
 class Malformed(ValueError):
     """An event whose fields cannot be read."""
+
+
+def _superseded_progress(entries: list[tuple[str, dict[str, str]]]) -> set[str]:
+    """The entry ids of progress events followed, in ``entries``, by another event of the same job that
+    sets its progress (any known type but ``accepted``)."""
+    later: set[str] = set()
+    out: set[str] = set()
+    for entry_id, fields in reversed(entries):
+        uid, type_ = fields.get("uid", ""), fields.get("type", "")
+        if type_ == keys.PROGRESS and uid in later:
+            out.add(entry_id)
+        if type_ in keys.EVENT_TYPES and type_ != keys.ACCEPTED:
+            later.add(uid)
+    return out
 
 
 def parse(fields: dict[str, str]) -> dict[str, Any]:
@@ -173,19 +187,27 @@ class Reconciler:
     def _batch(self, entries: list[tuple[str, dict[str, str]]]) -> int:
         """The first events of ``entries`` (all, or as many as fit in ``batch_s``) applied, held or
         dead-lettered, with the cursor's move past the last of them and their counts, in one transaction:
-        all of them or none. Returns how many."""
+        all of them or none. Returns how many.
+
+        What a client sees is pushed once per job per batch, after the commit (jobs.push.deferred), and a
+        progress event that a later event of its job in the batch supersedes is not written: the later
+        one sets the job's state, stage and progress (every event of a stage's end or a new stage carries
+        them), so it is counted as applied by that one."""
         counts = {"retried": self.unsaved_retries, "applied": 0, "held": 0, "dead": 0}
         started = time.monotonic()
         n = 0
-        with transaction.atomic():
-            for entry_id, fields in entries:
-                counts[self._outcome(entry_id, fields)] += 1
-                n += 1
-                if time.monotonic() - started >= self.batch_s:
-                    break  # on SQLite the batch holds the write lock: the web process's writes wait for it
-            StreamCursor.objects.filter(name=CURSOR).update(
-                last_id=entries[n - 1][0], updated_at=timezone.now(),
-                **{k: F(k) + v for k, v in counts.items() if v})
+        superseded = _superseded_progress(entries)
+        with push.deferred() as noted:
+            with transaction.atomic():
+                for entry_id, fields in entries:
+                    counts["applied" if entry_id in superseded else self._outcome(entry_id, fields)] += 1
+                    n += 1
+                    if time.monotonic() - started >= self.batch_s:
+                        break  # on SQLite the batch holds the write lock: the web process's writes wait for it
+                StreamCursor.objects.filter(name=CURSOR).update(
+                    last_id=entries[n - 1][0], updated_at=timezone.now(),
+                    **{k: F(k) + v for k, v in counts.items() if v})
+        push.push_noted(noted)
         self.unsaved_retries = 0
         return n
 

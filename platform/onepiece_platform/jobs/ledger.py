@@ -175,6 +175,5 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
         if run.device_s is not None:
             metrics.STAGE_SECONDS.labels(workflow=job.workflow, stage=stage).observe(run.device_s)
         metrics.STAGE_BATCH_SIZE.labels(workflow=job.workflow, stage=stage).observe(run.batch_size)
-    job.refresh_from_db()
-    push_job(job)
+    push_job(job, fresh=False)
     return True

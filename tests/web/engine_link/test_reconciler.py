@@ -280,3 +280,59 @@ def test_events_are_applied_in_batches_one_cursor_move_each(alice, store) -> Non
     assert cursor_moves(Reconciler(block_ms=0, batch=4)) == 3
     assert _stream_counts() == {"applied": 9, "retried": 0, "held": 0, "dead": 0}
     assert all("finished" in Job.objects.get(uid=u).stage_times["text_encode"] for u in uids)
+
+
+def test_a_batch_pushes_each_job_once_and_writes_only_the_progress_that_counts(alice, store) -> None:
+    """A job's events in one batch: its websocket group gets one push, after the commit, with the job as
+    it stands then; progress events that a later event of the job supersedes are counted applied and not
+    written (the later one sets state, stage and progress); the last progress of a still running job is."""
+    import asyncio
+
+    from channels.layers import get_channel_layer
+
+    from onepiece_platform.engine_link import reconciler
+    from onepiece_platform.jobs.push import group_name
+
+    _, c, _ = alice
+    done, running = _submit(c, 2)
+    layer = get_channel_layer()
+
+    async def listen() -> dict[str, str]:
+        channels = {}
+        for uid in (done, running):
+            channels[uid] = await layer.new_channel()
+            await layer.group_add(group_name(uid), channels[uid])
+        return channels
+
+    channels = asyncio.run(listen())
+    for uid in (done, running):
+        store.event(uid, keys.STAGE_STARTED, "denoise", 10, state=keys.IN_PROGRESS)
+        for k in (1, 2, 3):
+            store.event(uid, keys.PROGRESS, "denoise", 10 + 20 * k, detail=f"step {k}/3", state=keys.IN_PROGRESS)
+    store.event(done, keys.STAGE_FINISHED, "denoise", 80, detail="0.100s")
+    store.finish(done, "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
+    entries = store.read_entries("0", None, 100)
+    skipped = reconciler._superseded_progress(entries)
+    assert len(skipped) == 5  # done's three, running's first two
+    writes: list[str] = []
+    real = reconciler.ledger.apply_event
+    reconciler.ledger.apply_event = lambda **ev: writes.append(ev["type_"]) or real(**ev)
+    try:
+        assert Reconciler(block_ms=0).step() == len(entries)
+    finally:
+        reconciler.ledger.apply_event = real
+    assert writes.count(keys.PROGRESS) == 1  # running's last
+    assert StreamCursor.objects.get(name="events").applied == len(entries)
+
+    async def received(channel: str) -> list[dict]:
+        got = []
+        while True:
+            try:
+                got.append(await asyncio.wait_for(layer.receive(channel), 0.5))
+            except TimeoutError:
+                return got
+
+    pushes = {uid: asyncio.run(received(ch)) for uid, ch in channels.items()}
+    assert [m["job"]["state"] for m in pushes[done]] == ["completed"], pushes[done]
+    assert [(m["job"]["state"], m["job"]["progress"]) for m in pushes[running]] == [("in_progress", 70)]
+    assert Job.objects.get(uid=running).progress == 70 and Job.objects.get(uid=done).progress == 100
