@@ -26,7 +26,8 @@ from urllib.parse import unquote_to_bytes
 from django.utils.http import parse_header_parameters
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
-from rest_framework.exceptions import ParseError
+from rest_framework.exceptions import NotFound, ParseError
+from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 
 
@@ -143,6 +144,24 @@ class AsciiIntegerField(serializers.IntegerField):
         if isinstance(data, str) and not data.strip().lstrip("+-").isascii():
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class AsciiPageNumberPagination(PageNumberPagination):
+    """DRF's page-number pagination reading ``page`` and ``page_size`` as ASCII digits only (Django's
+    paginator and DRF's ``_positive_int`` call ``int()``, which reads ``２`` as 2): a page written otherwise
+    is an invalid page (404, as ``page=abc``), a page size written otherwise is ignored (the default, as
+    ``page_size=abc``)."""
+
+    def get_page_number(self, request: Any, paginator: Any) -> Any:
+        raw = request.query_params.get(self.page_query_param) or ""
+        if not raw.isascii():
+            raise NotFound("Invalid page: a page number is written in ASCII digits.")
+        return super().get_page_number(request, paginator)
+
+    def get_page_size(self, request: Any) -> Any:
+        if self.page_size_query_param and not request.query_params.get(self.page_size_query_param, "").isascii():
+            return self.page_size
+        return super().get_page_size(request)
 
 
 class AsciiFloatField(serializers.FloatField):

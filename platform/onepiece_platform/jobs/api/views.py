@@ -15,7 +15,6 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -40,6 +39,7 @@ from onepiece_platform.jobs.api.serializers import (
 from onepiece_platform.jobs.models import COMPLETED, STATES, Job
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.quotas.models import limits_for
+from onepiece_platform.strict import AsciiPageNumberPagination
 from onepiece_platform.strict import StrictJSONParser as JSONParser
 from onepiece_platform.strict import StrictMultiPartParser as MultiPartParser
 from onepiece_platform.strict import loads as strict_loads
@@ -76,7 +76,7 @@ def own_job(request: Request, uid: str) -> Job:
     return get_object_or_404(Job, uid=uid, owner=request.user, hidden=False)
 
 
-class JobPagination(PageNumberPagination):
+class JobPagination(AsciiPageNumberPagination):
     page_size = 20
     page_size_query_param = "page_size"
     max_page_size = 100

@@ -11,7 +11,6 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,6 +20,7 @@ from onepiece_platform.accounts.models import ApiKey, audit
 from onepiece_platform.api_errors import error
 from onepiece_platform.api_schema import native_errors
 from onepiece_platform.jobs.services import Invalid
+from onepiece_platform.strict import AsciiPageNumberPagination
 from onepiece_platform.webhooks import signing
 from onepiece_platform.webhooks.api.serializers import (
     DeliveryListFilter,
@@ -115,7 +115,7 @@ class EndpointDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class DeliveryPagination(PageNumberPagination):
+class DeliveryPagination(AsciiPageNumberPagination):
     page_size = 20
     page_size_query_param = "page_size"
     max_page_size = 100
