@@ -85,6 +85,24 @@ def _superseded_progress(entries: list[tuple[str, dict[str, str]]]) -> set[str]:
     return out
 
 
+def _merged_starts(entries: list[tuple[str, dict[str, str]]]) -> dict[str, str]:
+    """stage_started entry id -> the id of the stage_finished of the same run (job, stage, attempt) later in
+    ``entries``: the two are written as one (the run's start and end in one row write)."""
+    open_: dict[tuple[str, str, str], str] = {}
+    out: dict[str, str] = {}
+    for entry_id, fields in entries:
+        run = (fields.get("uid", ""), fields.get("stage", ""), fields.get("attempt", "1") or "1")
+        if fields.get("type") == keys.STAGE_STARTED and run[1]:
+            try:
+                parse(fields)
+            except Malformed:
+                continue  # dead-lettered on its own
+            open_[run] = entry_id
+        elif fields.get("type") == keys.STAGE_FINISHED and run in open_:
+            out[open_.pop(run)] = entry_id
+    return out
+
+
 def parse(fields: dict[str, str]) -> dict[str, Any]:
     """The event's fields as :func:`ledger.apply_event` takes them; raises :class:`Malformed`."""
     uid, type_ = fields.get("uid", ""), fields.get("type", "")
@@ -192,18 +210,46 @@ class Reconciler:
         What a client sees is pushed once per job per batch, after the commit (jobs.push.deferred), and a
         progress event that a later event of its job in the batch supersedes is not written: the later
         one sets the job's state, stage and progress (every event of a stage's end or a new stage carries
-        them), so it is counted as applied by that one."""
+        them), so it is counted as applied by that one. A stage run's start and end in one batch are one
+        write: its stage_started is applied with its stage_finished (or on its own at the batch's end, when
+        the time limit leaves its finish to the next batch: on the run only, if a later event of its job
+        already moved the job on)."""
         counts = {"retried": self.unsaved_retries, "applied": 0, "held": 0, "dead": 0}
         started = time.monotonic()
         n = 0
         superseded = _superseded_progress(entries)
+        merged = _merged_starts(entries)  # stage_started id -> its stage_finished id, both in this batch
+        start_of = {fin: start for start, fin in merged.items()}
+        pending: dict[str, list[Any]] = {}  # skipped stage_started id -> [fields, a later event of its job applied]
         with push.deferred() as noted:
             with transaction.atomic():
                 for entry_id, fields in entries:
-                    counts["applied" if entry_id in superseded else self._outcome(entry_id, fields)] += 1
+                    if entry_id in superseded:
+                        outcome = "applied"
+                    elif entry_id in merged:
+                        pending[entry_id], outcome = [fields, False], "applied"  # written with its finish
+                    else:
+                        start = start_of.get(entry_id)
+                        held = pending.pop(start)[0] if start is not None else None
+                        outcome = self._outcome(entry_id, fields, started=held)
+                        if held is not None and outcome != "applied":
+                            # held (an unknown job) or dead: undone, and the two go on as two, in their order
+                            HeldEvent.objects.filter(entry_id=entry_id).delete()
+                            DeadLetter.objects.filter(entry_id=entry_id).delete()
+                            counts[self._outcome(start, held)] += 1
+                            counts["applied"] -= 1
+                            outcome = self._outcome(entry_id, fields)
+                        for p in pending.values():
+                            p[1] = p[1] or p[0].get("uid") == fields.get("uid")
+                    counts[outcome] += 1
                     n += 1
                     if time.monotonic() - started >= self.batch_s:
                         break  # on SQLite the batch holds the write lock: the web process's writes wait for it
+                for start, (fields, followed) in pending.items():  # its finish is in the next batch
+                    outcome = self._outcome(start, fields, timeline_only=followed)
+                    if outcome != "applied":
+                        counts[outcome] += 1
+                        counts["applied"] -= 1
                 StreamCursor.objects.filter(name=CURSOR).update(
                     last_id=entries[n - 1][0], updated_at=timezone.now(),
                     **{k: F(k) + v for k, v in counts.items() if v})
@@ -211,13 +257,20 @@ class Reconciler:
         self.unsaved_retries = 0
         return n
 
-    def _outcome(self, entry_id: str, fields: dict[str, str]) -> str:
-        """One stream event inside the batch's transaction: applied, held or dead (the count it adds to)."""
+    def _outcome(self, entry_id: str, fields: dict[str, str], started: dict[str, str] | None = None,
+                 timeline_only: bool = False) -> str:
+        """One stream event inside the batch's transaction: applied, held or dead (the count it adds to).
+        ``started``: the fields of the stage_started event a stage_finished is written with;
+        ``timeline_only``: see :func:`ledger.apply_event`."""
         try:
             ev = parse(fields)
         except Malformed as exc:
             self._dead(entry_id, fields.get("uid", ""), fields, DeadLetter.MALFORMED, str(exc))
             return "dead"
+        if started is not None:
+            ev["started_ts"] = parse(started)["ts"]  # parsed when the two were paired (_merged_starts)
+        if timeline_only:
+            ev["timeline_only"] = True
         return self._apply(entry_id, ev, fields)
 
     def _apply(self, entry_id: str, ev: dict[str, Any], fields: dict[str, str]) -> str:

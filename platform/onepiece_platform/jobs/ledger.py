@@ -113,12 +113,17 @@ def finish(uid: str, state: str, detail: str = "", stage: str | None = None) -> 
     return True
 
 
-def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail: str) -> bool:
-    """Record one timeline event on its stage run; True if it changed the run."""
-    run, _ = StageRun.objects.get_or_create(job=job, stage=stage, attempt=attempt)
+def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail: str,
+               started_ts: float | None = None) -> bool:
+    """Record one timeline event on its stage run; True if it changed the run. ``started_ts``: the run's
+    start, when its stage_started event is applied with this one (one write per stage run)."""
+    run, made = StageRun.objects.get_or_create(job=job, stage=stage, attempt=attempt,
+                                               defaults={"started": started_ts})
     runs = StageRun.objects.filter(pk=run.pk)
     if type_ == keys.STAGE_STARTED:
         return bool(runs.filter(started__isnull=True).update(started=ts))
+    if started_ts is not None and not made and run.started is None:
+        runs.update(started=started_ts)
     extra: dict[str, object] = {"stopped": True, "detail": detail[:500]} if type_ == keys.STAGE_STOPPED else {}
     if type_ == keys.STAGE_FINISHED and (m := BATCH.search(detail)):
         extra["batch_size"] = min(int(m.group(1)), 32767)
@@ -127,8 +132,13 @@ def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail
     return bool(runs.filter(finished__isnull=True).update(finished=ts, **extra))
 
 
-def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str, attempt: int = 1) -> bool:
+def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str, attempt: int = 1,
+                started_ts: float | None = None, timeline_only: bool = False) -> bool:
     """Apply one engine event to the ledger; False if it changed nothing (a repeat, or the job is finished).
+
+    ``started_ts``: a stage_finished event carries its run's stage_started time (the reconciler applies the
+    two as one write when one batch holds both). ``timeline_only``: record the event on its stage run only
+    (a stage_started applied after later events of its job, which set the job's state and progress).
 
     Raises :class:`Job.DoesNotExist` for a UID the ledger does not know (the caller holds the event).
     """
@@ -145,7 +155,11 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
         # the engine counts attempts from 1 again after the platform submitted the job again
         attempt = max(1, attempt) + job.attempt_base
         if type_ in TIMELINE and stage:
-            changed_run = _stage_run(job, type_, stage, attempt, ts, detail)
+            changed_run = _stage_run(job, type_, stage, attempt, ts, detail, started_ts)
+        if timeline_only and not job.terminal:
+            if type_ == keys.STAGE_STARTED and job.started_at is None:
+                Job.objects.filter(pk=job.pk).update(started_at=dt.datetime.fromtimestamp(ts, dt.UTC))
+            return changed_run
         if job.terminal:
             # a stage's time read after the row was finished (the sweep or a status read got there first):
             # the timeline takes it and the charge follows; the state does not move
@@ -160,8 +174,9 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
                 fields = {"state": IN_PROGRESS, "progress": max(0, min(99, int(progress)))}
                 if stage:
                     fields["stage"] = stage
-                if type_ == keys.STAGE_STARTED and job.started_at is None:
-                    fields["started_at"] = dt.datetime.fromtimestamp(ts, dt.UTC)
+                start = ts if type_ == keys.STAGE_STARTED else started_ts
+                if start is not None and job.started_at is None:
+                    fields["started_at"] = dt.datetime.fromtimestamp(start, dt.UTC)
             if fields:
                 Job.objects.filter(pk=job.pk, state__in=NON_TERMINAL).update(updated_at=timezone.now(), **fields)
     if job.terminal:

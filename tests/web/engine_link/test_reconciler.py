@@ -322,7 +322,12 @@ def test_a_batch_pushes_each_job_once_and_writes_only_the_progress_that_counts(a
     finally:
         reconciler.ledger.apply_event = real
     assert writes.count(keys.PROGRESS) == 1  # running's last
+    # done's denoise run: its start written with its end (one write); running's, still open, on its own
+    assert writes.count(keys.STAGE_STARTED) == 1 and writes.count(keys.STAGE_FINISHED) == 1
     assert StreamCursor.objects.get(name="events").applied == len(entries)
+    run = Job.objects.get(uid=done).stage_runs.get(stage="denoise")
+    started = next(float(f["ts"]) for _, f in entries if f["uid"] == done and f["type"] == keys.STAGE_STARTED)
+    assert run.started == started and run.finished is not None and Job.objects.get(uid=done).started_at
 
     async def received(channel: str) -> list[dict]:
         got = []
@@ -336,3 +341,43 @@ def test_a_batch_pushes_each_job_once_and_writes_only_the_progress_that_counts(a
     assert [m["job"]["state"] for m in pushes[done]] == ["completed"], pushes[done]
     assert [(m["job"]["state"], m["job"]["progress"]) for m in pushes[running]] == [("in_progress", 70)]
     assert Job.objects.get(uid=running).progress == 70 and Job.objects.get(uid=done).progress == 100
+
+
+def test_a_batch_cut_by_its_time_limit_writes_what_a_whole_batch_writes(alice, store) -> None:
+    """With a batch time limit that stops every batch after one event, a stage run's start and end fall in
+    different batches (the start is written on its own at its batch's end): the ledger ends as it does when
+    one batch holds everything, and a job's progress never goes back."""
+    _, c, _ = alice
+    cut, whole = _submit(c, 2)
+
+    def events(uid: str) -> None:
+        for stage, p in (("text_encode", 0), ("denoise", 20)):
+            store.event(uid, keys.STAGE_STARTED, stage, p, state=keys.IN_PROGRESS)
+            store.event(uid, keys.PROGRESS, stage, p + 5, detail="step 1/2", state=keys.IN_PROGRESS)
+            store.event(uid, keys.STAGE_FINISHED, stage, p + 10, detail="0.010s")
+
+    Reconciler(block_ms=0).step(block=False)  # the two acceptances
+    events(cut)
+    seen: list[tuple[int, int]] = []
+    r = Reconciler(block_ms=0, batch_s=0.0)
+    batch = r._batch
+
+    def each(entries: list) -> int:
+        n = batch(entries)
+        seen.append((n, Job.objects.get(uid=cut).progress))
+        return n
+
+    r._batch = each
+    assert r.step(block=False) == 6
+    assert [n for n, _ in seen] == [1] * 6, seen  # one event a batch
+    assert [p for _, p in seen] == sorted(p for _, p in seen), seen  # the progress only went forward
+    events(whole)
+    assert Reconciler(block_ms=0).step(block=False) == 6  # all six in one batch
+
+    def ledger(uid: str) -> list[tuple]:
+        job = Job.objects.get(uid=uid)
+        return [(job.state, job.progress, job.stage, job.started_at is not None)] + [
+            (run.stage, run.started is not None, run.finished is not None) for run in job.stage_runs.order_by("stage")]
+
+    assert ledger(cut) == ledger(whole) == [("in_progress", 30, "denoise", True), ("denoise", True, True),
+                                            ("text_encode", True, True)]

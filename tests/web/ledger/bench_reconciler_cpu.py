@@ -2,8 +2,8 @@
 stage's start and end, three denoise progress events, completed) for 150 jobs, applied by ``Reconciler.step``
 against the test database and a real redis-server (the web tests' fixtures), this process's CPU time
 divided by the jobs. ``PROBE_OLD=1`` measures the reconciler as it was before the batch pushed each job
-once and skipped superseded progress events (a push per event, every progress event written), so both are
-measured by one protocol; run them alternately:
+once, skipped superseded progress events and wrote a stage run's start with its end (a push per event,
+every event written on its own), so both are measured by one protocol; run them alternately:
 
     for i in 1 2 3; do for old in 1 ""; do PROBE_OLD=$old .venv/bin/python -m pytest -q -s
         tests/web/ledger/bench_reconciler_cpu.py -p no:cacheprovider | grep PROBE; done; done
@@ -58,6 +58,7 @@ def test_probe(alice, store) -> None:
     if os.environ.get("PROBE_OLD"):  # the reconciler before: a push per event, every progress written
         from onepiece_platform.jobs import push as P
         R._superseded_progress = lambda entries: set()
+        R._merged_starts = lambda entries: {}
         P.deferred = lambda: contextlib.nullcontext({})
     cpu0, t0 = time.process_time(), time.perf_counter()
     ctx = CaptureQueriesContext(connection) if os.environ.get("PROBE_Q") else contextlib.nullcontext([])
