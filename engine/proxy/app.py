@@ -7,7 +7,9 @@ Routes:
   GET    /v1/requests/{uid}         status (state, stage, progress 0-100, detail); ``?wait=S``: answered
                                     when the request finishes or after S seconds (at most 60)
   DELETE /v1/requests/{uid}         cancel: 202; the running stage stops at its next step
-  GET    /v1/requests/{uid}/result  the result bytes (png, mp4)
+  GET    /v1/requests/{uid}/result  the result bytes (png, mp4); with an object store, also for a job
+                                    Redis no longer knows
+  GET    /v1/requests/{uid}/result/url  a presigned GET from the object store (engine.proxy.result_url)
   DELETE /v1/requests/{uid}/result  drop the result bytes now instead of at their TTL (a deleted video):
                                     200 {"uid", "dropped": bool}; 409 while the job runs (cancel it first)
   GET    /livez, /readyz            health
@@ -44,7 +46,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.coord.routes import RouteTable
-from engine.proxy import auth, deadlines, eta, loops, preview
+from engine.proxy import auth, deadlines, eta, loops, preview, result_url
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Overloaded, Ticket
 from engine.proxy.monitor import RequestMonitor
@@ -371,6 +373,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     from engine.proxy import stream  # ?stream=true on the result route: the fragments as they come
     stream.install(app, store)
     preview.install(app, store)  # GET /v1/requests/{uid}/preview: the latest live preview
+    result_url.install(app, store)  # GET /v1/requests/{uid}/result/url: a presigned GET from the object store
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.cleanup_ctx.append(loops.background(state, sweep_interval, max_attempts, registration))

@@ -62,6 +62,9 @@ DEFAULTS: dict[str, Any] = {
     # <state>/processes.json: engine.embedded.supervisor), shown by /readyz and the dashboard; "" where
     # something else supervises the processes (compose, Kubernetes, systemd report on their own).
     "SUPERVISOR_STATUS": "",
+    # The engine's object store for outputs (ONEPIECE_OBJECT_STORE; engine.store.objects): the platform reads
+    # results the engine put there when it reads the job store itself ("" or "none": results in Redis).
+    "OBJECT_STORE": "",
     # etcd key prefix of the cluster (engine.coord.keys): None is ONEPIECE_ETCD_ROOT, else /onepiece, as
     # for the engine's processes; tests use their own.
     "ETCD_ROOT": None,

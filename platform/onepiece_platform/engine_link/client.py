@@ -51,6 +51,18 @@ class EngineStatus:
     eta: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class ResultUrl:
+    """A presigned GET for a completed job's output in the object store (engine.proxy.result_url): fetched
+    from the store itself (Range included), by anyone holding it, until ``expires_at`` (Unix seconds)."""
+
+    url: str
+    expires_at: int
+    size: int
+    sha256: str
+    content_type: str
+
+
 class EngineError(Exception):
     """The engine could not be reached or answered nonsense (the API answers 503)."""
 
@@ -99,6 +111,12 @@ class EngineClient(abc.ABC):
     def drop_result(self, uid: str) -> bool:
         """Delete a finished job's result bytes now instead of at their TTL; True if there were any.
         False too for a job still running (its result is yet to be written: cancel it first) or unknown."""
+
+    def result_url(self, uid: str, expires_s: int = 3600) -> ResultUrl | None:
+        """A presigned URL of a completed job's output in the engine's object store, good for ``expires_s``
+        seconds; None when there is none (no object store, the job not completed, the output gone): the
+        caller then serves :meth:`result` itself. This default knows of no store."""
+        return None
 
     def wait(self, uid: str, timeout: float) -> EngineStatus | None:
         """The job's status once it is finished or ``timeout`` seconds have passed (None: unknown).

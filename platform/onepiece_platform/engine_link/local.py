@@ -20,7 +20,7 @@ from engine.proxy.intake import BadRequest, InProcessPorts, Intake, Overloaded
 from engine.proxy.monitor import Load
 from engine.store import JobStore
 from onepiece_platform.engine_link.client import Accepted, EngineClient, EngineRejected, EngineStatus
-from onepiece_platform.redis_conn import get_redis
+from onepiece_platform.engine_link.objects import job_store
 
 INTAKE = Intake()  # the Proxy's default image limits; no admission policy
 
@@ -33,8 +33,8 @@ class LocalEngineClient(EngineClient):
         self.load = load
 
     def store(self) -> JobStore:
-        # built per call from the current Redis client, so settings overrides in tests apply
-        return JobStore(get_redis())
+        # built per call from the current Redis client (and object store), so settings overrides in tests apply
+        return job_store()
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
                deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:

@@ -19,6 +19,7 @@ from onepiece_platform.engine_link.client import (
     EngineError,
     EngineRejected,
     EngineStatus,
+    ResultUrl,
 )
 
 ETA_FIELDS = ("eta_s", "eta_p90_s", "provisional", "queue_ahead")  # what the Proxy's status adds (engine.proxy.eta)
@@ -213,6 +214,15 @@ class ProxyEngineClient(EngineClient):
         if code in (404, 409, 410):
             return None
         raise EngineError(f"proxy answered {code} to a result request")
+
+    def result_url(self, uid: str, expires_s: int = 3600) -> ResultUrl | None:
+        code, raw, _ = self._call("GET", f"/v1/requests/{uid}/result/url?expires_s={int(expires_s)}")
+        if code == 200:
+            d = json.loads(raw)
+            return ResultUrl(d["url"], int(d["expires_at"]), int(d["size"]), d["sha256"], d["content_type"])
+        if code in (404, 409, 410):
+            return None
+        raise EngineError(f"proxy answered {code} to a result URL request")
 
     def drop_result(self, uid: str) -> bool:
         code, raw, _ = self._call("DELETE", f"/v1/requests/{uid}/result")

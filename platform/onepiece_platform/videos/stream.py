@@ -22,11 +22,11 @@ class StreamBroken(RuntimeError):
 
 
 def _pieces(uid: str) -> Iterator[bytes]:
-    from engine.store import JobStore
     from engine.store.fragments import Fragments
-    from onepiece_platform.redis_conn import get_redis
+    from onepiece_platform.engine_link.objects import job_store
 
-    return Fragments(JobStore(get_redis())).iter(uid)
+    # with an object store, a result that was not streamed (or whose fragments expired) is read from it
+    return Fragments(job_store()).iter(uid)
 
 
 async def _body(uid: str) -> AsyncIterator[bytes]:
