@@ -199,6 +199,19 @@ def test_status_long_poll_answers_when_the_request_ends(env: dict[str, Any]) -> 
         for bad in ("-1", "61", "soon"):
             r = await client.get(f"/v1/requests/{uid}?wait={bad}")
             assert r.status == 400 and (await r.json())["field"] == "wait"
+        # a waiter's own status reads (the safety net for a missed end) back off: after 1 s, 2 s, 4 s...
+        reads: list[float] = []
+        status = env["store"].status
+        env["store"].status = lambda u: reads.append(time.monotonic()) or status(u)
+        try:
+            t0 = time.monotonic()
+            r = await client.get(f"/v1/requests/{uid}?wait=6")
+        finally:
+            del env["store"].status
+        assert (await r.json())["state"] == "queued"
+        # the route's read, the waiter's first, then at about 1, 3 and 6 s (the end of the wait); a read
+        # every second would make 8
+        assert 4 <= len(reads) <= 5, [round(t - t0, 2) for t in reads]
         finisher = threading.Timer(0.2, env["store"].finish, (uid, "sd-t2i", keys.COMPLETED, "image_encode"),
                                    {"result": b"png"})
         finisher.start()
