@@ -31,6 +31,15 @@ baselines run on the same cores in the same run, on the same model folder
 ``--hog N`` runs N processes that each keep one core busy beside the engine
 for the whole run (after a quiet latency measurement, so the run reports both
 and their ratio): the neighbour a shared host has.
+
+``--workflow`` names any registered workflow; each has a small request of its own (:data:`PARAMS`, resolved
+against the model's limits, refused before any work where it does not fit), and a blank png for each image
+input, submitted to the Proxy and given to the one-call pipeline as ``image=``, so that both sides do the same
+work. ``--quality LEVEL`` (default lossless) is every staged request's ``quality``; the one-call baselines run
+diffusers' own cache hook with the level's settings (``engine.stages.caching.settings(...).config()`` to
+``transformer.enable_cache``), the method the staged denoise runs per request. A level the workflow does not
+serve is refused (exit 2). The JSON says what it measured: ``workflow``, ``quality``, ``params`` (resolved)
+and ``inputs``.
 """
 
 from __future__ import annotations
@@ -55,11 +64,69 @@ from typing import Any
 from engine.bench import figures
 from engine.bench.cpu import ControlPlaneMeter, RunQueueMeter, roles_from_state
 from engine.procs import released_together
+from engine.stages import caching
 
-PARAMS = {"sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3,
-                     "seed": 1}}
+_IMAGE = {"prompt": "a cat on the moon", "height": 64, "width": 64, "seed": 1}
+_VIDEO = {"prompt": "a cat on the moon", "height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2,
+          "seed": 1}
+#: workflow -> the small request ``bench e2e`` sends (the tiny models run it on a CPU; every entry is valid
+#: for its tiny model's limits, tests/engine/bench/test_e2e_workflows.py): images 64x64, videos 32x32 with 5
+#: frames and 2 steps; FLUX.1 and Qwen-Image at 8 steps, so that a ``--quality`` level predicts some of them
+#: (its cache computes the first 3 in full)
+PARAMS: dict[str, dict[str, Any]] = {
+    "sd-t2i": {**_IMAGE, "num_inference_steps": 3},
+    **{wf: {**_IMAGE, "num_inference_steps": 8} for wf in ("flux.1-schnell", "flux.1-dev", "qwen-image")},
+    **{wf: dict(_VIDEO) for wf in ("wan2.1-t2v", "wan2.1-i2v", "wan2.2-ti2v-5b", "wan2.2-t2v-a14b",
+                                   "wan2.2-i2v-a14b")}}
 TERMINAL = ("completed", "failed", "cancelled", "expired")
 LOADS = (0.5, 1.0, 2.0, 10.0)
+
+
+class Refused(ValueError):
+    """A bench request that cannot be run as asked (workflow, level, model folder or parameters): said before
+    any work."""
+
+
+def request(workflow: str, model_dir: str | Path,
+            quality: str = caching.LOSSLESS) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """(params, inputs): what both sides of ``bench e2e`` run for ``workflow`` at ``quality``. The params are
+    :data:`PARAMS`' entry with the level (where the workflow takes ``quality``), resolved against the limits of
+    the model in ``model_dir`` (every default filled in: the staged requests carry them, and the one-call
+    pipeline gets them as keywords); the inputs are a blank png per image input of the workflow, the staged
+    submission's and the pipeline's ``image=``. :class:`Refused` (its message says why) for a workflow without a
+    default request, a level it does not serve, a folder that is not the workflow's model, or params its model
+    refuses."""
+    from engine.bench.variants import image_inputs
+    from engine.stages.base import MissingComponent
+    from engine.stages.layout import check_components
+    from engine.workflow.registry import workflows
+    from engine.workflow.spec import InvalidRequest
+
+    if workflow not in PARAMS or workflow not in workflows():
+        raise Refused(f"no bench request for workflow {workflow!r}; known: {', '.join(sorted(PARAMS))}")
+    served = caching.levels(workflow)
+    if quality not in caching.QUALITY_LEVELS:
+        raise Refused(f"--quality {quality!r} is not a level; levels: {', '.join(caching.QUALITY_LEVELS)}")
+    spec = workflows()[workflow]
+    takes_quality = any(p.name == "quality" for p in spec.params)
+    if quality not in served or (quality != caching.LOSSLESS and not takes_quality):
+        raise Refused(f"{workflow} does not serve --quality {quality}; it serves {', '.join(served)}")
+    try:
+        check_components(model_dir, dict.fromkeys(c for s in spec.stages for c in s.components))
+    except MissingComponent as exc:
+        raise Refused(f"--model-dir is not a {workflow} model folder: {exc}") from exc
+    raw = {**PARAMS[workflow], **({"quality": quality} if takes_quality else {})}
+    try:
+        params = spec.bound(spec.limits_of(str(model_dir))).resolve_params(raw)
+    except (InvalidRequest, OSError, ValueError) as exc:
+        raise Refused(f"the bench's {workflow} request {raw} is not valid for the model in {model_dir}: "
+                      f"{exc}") from exc
+    return params, image_inputs(workflow, params)
+
+
+def describe_inputs(inputs: dict[str, bytes], params: dict[str, Any]) -> dict[str, str]:
+    """What a record says of the request's input files: name -> "blank png WxH"."""
+    return {name: f"blank png {params['width']}x{params['height']}" for name in inputs}
 
 
 def auth_headers() -> dict[str, str]:
@@ -81,6 +148,13 @@ def _call(url: str, method: str = "GET", body: dict[str, Any] | None = None,
     except urllib.error.HTTPError as e:
         raw, status, ctype = e.read(), e.code, e.headers.get("Content-Type", "")
     return status, json.loads(raw) if ctype.startswith("application/json") else raw
+
+
+def _encoded(inputs: dict[str, bytes] | None) -> dict[str, Any]:
+    """The ``inputs`` field of a submission (base64 per input), or nothing."""
+    import base64
+
+    return {"inputs": {k: base64.b64encode(v).decode() for k, v in inputs.items()}} if inputs else {}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -108,10 +182,11 @@ class Client:
                 time.sleep(0.05)
         return "timeout"
 
-    def run_one(self, workflow: str, params: dict[str, Any]) -> tuple[str, float]:
+    def run_one(self, workflow: str, params: dict[str, Any],
+                inputs: dict[str, bytes] | None = None) -> tuple[str, float]:
         t0 = time.perf_counter()
         status, doc = _call(f"{self.proxy}/v1/requests?workflow={workflow}", "POST",
-                            {"workflow": workflow, "params": params})
+                            {"workflow": workflow, "params": params, **_encoded(inputs)})
         if status != 202:
             return f"rejected {status}", time.perf_counter() - t0
         state = self.wait(doc["uid"])
@@ -127,13 +202,28 @@ def _cores() -> int:
     return usable_cores()
 
 
-def _load_pipeline(model_dir: str, device: str) -> Any:
+def _load_pipeline(model_dir: str, device: str, image: bool = False,
+                   cache: caching.CacheSettings | None = None) -> Any:
+    """The one-call pipeline of the folder (``image``: one that takes the request's first frame: the Wan2.2 TI2V
+    folder's is ``WanPipeline``, text only, and its image-to-video pipeline is ``WanImageToVideoPipeline`` over
+    the same components, as the staged stages run it). ``cache``: the quality level's settings, applied with
+    diffusers' own hook (``enable_cache``) to each transformer (the Wan2.2 A14B experts each keep their own
+    state), the method the staged denoise runs per request."""
     import torch
     from diffusers import DiffusionPipeline
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    pipe = DiffusionPipeline.from_pretrained(model_dir, dtype=dtype).to(device)
+    cls: Any = DiffusionPipeline
+    if image and json.loads((Path(model_dir) / "model_index.json").read_text())["_class_name"] == "WanPipeline":
+        from diffusers import WanImageToVideoPipeline
+
+        cls = WanImageToVideoPipeline
+    pipe = cls.from_pretrained(model_dir, dtype=dtype).to(device)
     pipe.set_progress_bar_config(disable=True)
+    if cache is not None:
+        for name in ("transformer", "transformer_2"):
+            if getattr(pipe, name, None) is not None:
+                getattr(pipe, name).enable_cache(cache.config())
     return pipe
 
 
@@ -159,32 +249,53 @@ def encode_outputs(out: Any, fps: int = 16) -> list[bytes]:
     return pngs
 
 
-def _one_call(pipe: Any, params: dict[str, Any], device: str, batch: int = 1) -> None:
-    """One call of the pipeline, its outputs encoded as the staged side encodes them (:func:`encode_outputs`);
-    with ``batch`` > 1, that many requests in one call (a prompt and a generator each: what a batching
-    monolith serves)."""
+def pipeline_kwargs(params: dict[str, Any], inputs: dict[str, bytes] | None = None,
+                    batch: int = 1) -> dict[str, Any]:
+    """The one-call pipeline's keywords for a request: its params but the seed (the generator's), fps (the mp4's:
+    :func:`encode_outputs` takes it) and the serving ones (``SERVING_PARAMS``: the quality level reaches the
+    pipeline as diffusers' cache hook, :func:`_load_pipeline`, never as a keyword), its image decoded as the
+    staged side decodes it. With ``batch`` > 1, the prompts as lists, one per request; the image stays one:
+    diffusers' image-to-video pipelines take one image per call (a list is refused) and condition every item of
+    the batch on it, encoding it once per generator, which is what ``batch`` requests of that image are."""
+    from engine.workflow.specs.common import SERVING_PARAMS
+
+    kwargs = {k: v for k, v in params.items() if k not in {"seed", "fps", *SERVING_PARAMS}}
+    if inputs and "image" in inputs:
+        from engine.stages.components import decode_image
+
+        kwargs["image"] = decode_image(inputs["image"])
+    if batch > 1:
+        for name in ("prompt", "negative_prompt"):
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = [kwargs[name]] * batch
+    return kwargs
+
+
+def _one_call(pipe: Any, params: dict[str, Any], device: str, batch: int = 1,
+              inputs: dict[str, bytes] | None = None) -> list[bytes]:
+    """One call of the pipeline (:func:`pipeline_kwargs`), its outputs encoded as the staged side encodes them
+    (:func:`encode_outputs`, returned); with ``batch`` > 1, that many requests in one call (a prompt and a
+    generator each, seeds ``seed``, ``seed + 1``, ...: what a batching monolith serves)."""
     import torch
 
-    p = {k: v for k, v in params.items() if k != "seed"}
     seed = params.get("seed", 0)
     if batch > 1:
-        p["prompt"] = [p["prompt"]] * batch
         generator: Any = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(batch)]
     else:
         generator = torch.Generator(device="cpu").manual_seed(seed)
-    out = pipe(generator=generator, output_type="np", **p)
+    out = pipe(generator=generator, output_type="np", **pipeline_kwargs(params, inputs, batch))
     if device == "cuda":
         torch.cuda.synchronize()
-    encode_outputs(out)
+    return encode_outputs(out, int(params.get("fps", 16)))
 
 
 class OneCall:
     """The warm one-call pipeline in this process, at its best intra-op thread count (1..cores)."""
 
-    def __init__(self, model_dir: str, params: dict[str, Any], device: str = "cpu", tries: int = 5) -> None:
-
-        self.params, self.device, self.tries = params, device, tries
-        self.pipe = _load_pipeline(model_dir, device)
+    def __init__(self, model_dir: str, params: dict[str, Any], device: str = "cpu", tries: int = 5,
+                 inputs: dict[str, bytes] | None = None, cache: caching.CacheSettings | None = None) -> None:
+        self.params, self.inputs, self.device, self.tries = params, inputs or {}, device, tries
+        self.pipe = _load_pipeline(model_dir, device, image=bool(self.inputs), cache=cache)
         self.by_threads: dict[int, float] = {}
         self.threads = 1
         self.tune()
@@ -204,7 +315,7 @@ class OneCall:
 
     def call(self) -> float:
         t0 = time.perf_counter()
-        _one_call(self.pipe, self.params, self.device)
+        _one_call(self.pipe, self.params, self.device, inputs=self.inputs)
         return time.perf_counter() - t0
 
 
@@ -212,10 +323,10 @@ def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> list[tu
     """(staged seconds, one-call seconds) pairs, the two run alternately so that both see the same host; a
     staged request that did not complete leaves its pair out."""
     for _ in range(2):  # warm the workers
-        client.run_one(workflow, one.params)
+        client.run_one(workflow, one.params, one.inputs)
     pairs, other = [], []
     for _ in range(n):
-        state, took = client.run_one(workflow, one.params)
+        state, took = client.run_one(workflow, one.params, one.inputs)
         base = one.call()
         if state == "completed":
             pairs.append((took, base))
@@ -240,31 +351,33 @@ def latency_figures(pairs: list[tuple[float, float]], isolated: float, hops: int
 
 
 def _monolith_worker(model_dir: str, params: dict[str, Any], threads: int, device: str, ready: Any, go: Any,
-                     window: tuple[float, float] | Any, out: Any, batch: int = 1) -> None:
+                     window: tuple[float, float] | Any, out: Any, batch: int = 1,
+                     inputs: dict[str, bytes] | None = None, cache: caching.CacheSettings | None = None) -> None:
     """One monolithic replica: the whole pipeline per request (or per ``batch`` requests), with its share of
-    the cores."""
+    the cores (``inputs``, ``cache``: as :class:`OneCall`'s)."""
     from engine.worker.threads import apply_env
 
     apply_env(os.environ, threads)  # as a stage worker's budget, before torch loads (spawned: nothing is yet)
     import torch
 
     torch.set_num_threads(threads)
-    pipe = _load_pipeline(model_dir, device)
-    _one_call(pipe, params, device, batch)  # warm-up
+    pipe = _load_pipeline(model_dir, device, image=bool(inputs), cache=cache)
+    _one_call(pipe, params, device, batch, inputs)  # warm-up
     ready.put(os.getpid())
     go.wait()
     seconds = window.value
     done, t_end = 0, time.perf_counter() + seconds
     while time.perf_counter() < t_end:
-        _one_call(pipe, params, device, batch)
+        _one_call(pipe, params, device, batch, inputs)
         done += batch
     out.put(done)
 
 
 def monolith_capacity(model_dir: str, params: dict[str, Any], seconds: float, device: str = "cpu",
-                      batch: int = 1, ks: list[int] | None = None) -> tuple[float, int, dict[int, float]]:
+                      batch: int = 1, ks: list[int] | None = None, inputs: dict[str, bytes] | None = None,
+                      cache: caching.CacheSettings | None = None) -> tuple[float, int, dict[int, float]]:
     """(requests/s, best K, requests/s per K): the one-call pipeline in K processes on the same cores, each
-    call serving ``batch`` requests."""
+    call serving ``batch`` requests (``inputs``, ``cache``: as :class:`OneCall`'s)."""
     ctx = mp.get_context("spawn")
     per_k: dict[int, float] = {}
     cores = _cores()
@@ -272,7 +385,8 @@ def monolith_capacity(model_dir: str, params: dict[str, Any], seconds: float, de
         ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
         window = ctx.Value("d", seconds)
         procs = [ctx.Process(target=_monolith_worker, daemon=True,
-                             args=(model_dir, params, max(1, cores // k), device, ready, go, window, out, batch))
+                             args=(model_dir, params, max(1, cores // k), device, ready, go, window, out, batch,
+                                   inputs, cache))
                  for _ in range(k)]
         with released_together(procs, ready, go) as t0:
             done = sum(out.get(timeout=seconds + 300) for _ in procs)
@@ -303,10 +417,7 @@ class AsyncClient:
         body: dict[str, Any] = {"workflow": workflow, "params": params}
         if priority is not None:
             body["priority"] = priority
-        if inputs:
-            import base64
-
-            body["inputs"] = {k: base64.b64encode(v).decode() for k, v in inputs.items()}
+        body.update(_encoded(inputs))
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
         # ?workflow= lets the Proxy refuse from its queue state before it reads the body
@@ -333,14 +444,16 @@ class AsyncClient:
 
 
 async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight: int, seconds: float,
-                   max_windows: int = 5, meter: ControlPlaneMeter | None = None) -> tuple[float, list[float]]:
+                   max_windows: int = 5, meter: ControlPlaneMeter | None = None,
+                   inputs: dict[str, bytes] | None = None) -> tuple[float, list[float]]:
     """(capacity, completions per second in each window) with ``in_flight`` requests kept in the engine: a
     closed loop that never lets a stage run dry. The Node Manager reacts to the load (it moves instances
     to the bottleneck, and a moved instance takes seconds to start), so windows of ``seconds`` follow one
     another until one is no better than 5% above the best before it (at most ``max_windows``); the
     capacity is the last window, one window of the configuration the engine settled on, as each monolith
     configuration gets one (the best of several would favour the side measured more often). The pipeline fills for min(3 s, seconds/4) before the first window.
-    ``meter`` is told when the windows begin and end, and how many requests completed in between."""
+    ``meter`` is told when the windows begin and end, and how many requests completed in between; every request
+    carries ``inputs``."""
     client = AsyncClient(proxy)
     windows: list[float] = []
     t0 = time.perf_counter() + min(3.0, seconds / 4)
@@ -349,7 +462,7 @@ async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight:
 
     async def loop() -> None:
         while not stop:
-            status, doc = await client.submit(workflow, params, None)
+            status, doc = await client.submit(workflow, params, None, inputs)
             if status != 202:
                 await asyncio.sleep(0.05)
                 continue
@@ -380,9 +493,9 @@ async def saturate(proxy: str, workflow: str, params: dict[str, Any], in_flight:
 
 
 async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: float, seconds: float, seed: int,
-                    deadline_s: float) -> dict[str, Any]:
-    """Poisson arrivals at ``rate`` for ``seconds``; every request carries ``deadline_s`` and is timed from
-    its scheduled send. Waits (bounded) until every accepted request has ended."""
+                    deadline_s: float, inputs: dict[str, bytes] | None = None) -> dict[str, Any]:
+    """Poisson arrivals at ``rate`` for ``seconds``; every request carries ``deadline_s`` (and ``inputs``) and is
+    timed from its scheduled send. Waits (bounded) until every accepted request has ended."""
     rng = random.Random(seed)
     client = AsyncClient(proxy)
     outcomes: list[tuple[str, float, float]] = []  # (state or "refused"/"error N", scheduled send, end)
@@ -397,7 +510,7 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         sent = time.perf_counter()
         lag.append(sent - at)
         try:
-            status, doc = await client.submit(workflow, params, deadline_s)
+            status, doc = await client.submit(workflow, params, deadline_s, inputs)
         except Exception as exc:
             outcomes.append((f"error {type(exc).__name__}", at, time.perf_counter()))
             return
@@ -472,7 +585,8 @@ def eta_fields(told: list[tuple[float, float, float]], provisional: list[bool]) 
 
 
 async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], rate: float, seconds: float,
-                            seed: int, high_share: float = 0.25, wait_s: float = 300) -> dict[str, dict[str, Any]]:
+                            seed: int, high_share: float = 0.25, wait_s: float = 300,
+                            inputs: dict[str, bytes] | None = None) -> dict[str, dict[str, Any]]:
     """Poisson arrivals at ``rate`` for ``seconds``, each ``high`` with probability ``high_share`` and else
     ``low``, without deadlines (so that a low one is only refused or served, never expired: whether it
     starves shows); timed from its scheduled send. priority -> offered, accepted, completed, refused,
@@ -485,7 +599,7 @@ async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], r
 
     async def one(at: float, priority: str) -> None:
         try:
-            status, doc = await client.submit(workflow, params, None, priority=priority)
+            status, doc = await client.submit(workflow, params, None, inputs, priority=priority)
         except Exception as exc:
             outcomes[priority].append((f"error {type(exc).__name__}", time.perf_counter() - at))
             return
@@ -515,14 +629,15 @@ async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], r
 
 
 def issue28_figures(proxy: str, workflow: str, params: dict[str, Any], capacity: float, seconds: float,
-                    rows: list[dict[str, Any]], unloaded: list[float], seed: int) -> dict[str, Any]:
+                    rows: list[dict[str, Any]], unloaded: list[float], seed: int,
+                    inputs: dict[str, bytes] | None = None) -> dict[str, Any]:
     """``eta_calibration`` (the open-loop rows' ETA fields at 0.5x and 1x) and ``priority_2x`` (run now)."""
     keys = ("eta_jobs", "eta_within_p50_share", "eta_p90_coverage", "eta_provisional_share",
             "eta_p50_median_rel_error", "eta_p50_within_50pct_share", "eta_constant_median_rel_error",
             "eta_constant_within_50pct_share", "eta_p50_beats_constant")
     calibration = {f"{r['load_x_capacity']}x": {k: r[k] for k in keys} for r in rows
                    if r["load_x_capacity"] in (0.5, 1.0)}
-    pr = asyncio.run(priority_overload(proxy, workflow, params, 2 * capacity, seconds, seed=seed))
+    pr = asyncio.run(priority_overload(proxy, workflow, params, 2 * capacity, seconds, seed=seed, inputs=inputs))
     return {"eta_calibration": calibration, "priority_2x": priority_figure(pr, unloaded, 2 * capacity, 0.25)}
 
 
@@ -554,11 +669,14 @@ def hogs(n: int) -> Any:
 
 
 def monolith_figures(model_dir: str, params: dict[str, Any], seconds: float, device: str,
-                     batches: tuple[int, ...]) -> dict[str, Any]:
+                     batches: tuple[int, ...], inputs: dict[str, bytes] | None = None,
+                     cache: caching.CacheSettings | None = None) -> dict[str, Any]:
     """The monolith baselines: the one-call pipeline in K processes (K the best of 1..cores), then batched
-    at each of ``batches`` with that K; one window per configuration."""
-    mono, k, per_k = monolith_capacity(model_dir, params, seconds, device)
-    by_batch = {b: monolith_capacity(model_dir, params, seconds, device, b, [k])[0] for b in batches}
+    at each of ``batches`` with that K; one window per configuration (``inputs``, ``cache``: as
+    :class:`OneCall`'s)."""
+    mono, k, per_k = monolith_capacity(model_dir, params, seconds, device, inputs=inputs, cache=cache)
+    by_batch = {b: monolith_capacity(model_dir, params, seconds, device, b, [k], inputs, cache)[0]
+                for b in batches}
     best_b = max(by_batch, key=lambda b: by_batch[b]) if by_batch else None
     return {"monolith_capacity_rps": mono, "monolith_processes": k,
             "monolith_rps_by_processes": {str(kk): v for kk, v in per_k.items()},
@@ -570,19 +688,23 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS,
         processes: dict[str, int] | None = None, batches: tuple[int, ...] = (2, 4, 8),
         single_stage: bool = False, single_stage_instances: int | None = None,
-        mix_model_dirs: dict[str, str] | None = None) -> dict[str, Any]:
-    """Every figure; ``processes`` (role -> pid of the engine's processes) adds the control plane's CPU per
-    completed request while saturated (:mod:`engine.bench.cpu`). ``single_stage`` adds the single-stage
-    baseline and ``mix_model_dirs`` (workflow -> model folder) the mixed run against a monolith per workflow,
-    each on a private engine of its own (:mod:`engine.bench.variants`) while the live one idles."""
+        mix_model_dirs: dict[str, str] | None = None, quality: str = caching.LOSSLESS) -> dict[str, Any]:
+    """Every figure, for :func:`request`'s request of ``workflow`` at ``quality`` on both sides (the staged
+    requests carry the level, the one-call pipelines run diffusers' hook of its settings); ``processes`` (role
+    -> pid of the engine's processes) adds the control plane's CPU per completed request while saturated
+    (:mod:`engine.bench.cpu`). ``single_stage`` adds the single-stage baseline (sd-t2i only) and
+    ``mix_model_dirs`` (workflow -> model folder) the mixed run against a monolith per workflow, each on a
+    private engine of its own (:mod:`engine.bench.variants`) while the live one idles."""
     from engine.workflow import get_workflow
 
-    params = PARAMS[workflow]
+    params, inputs = request(workflow, model_dir, quality)
+    cache = caching.settings(workflow, quality)
     client = Client(proxy)
     hops = len(get_workflow(workflow).route()) - 1
-    out: dict[str, Any] = {"workflow": workflow, "params": params, "stage_hops": hops, "hog": hog,
+    out: dict[str, Any] = {"workflow": workflow, "quality": quality, "params": params,
+                           "inputs": describe_inputs(inputs, params), "stage_hops": hops, "hog": hog,
                            "cores": _cores(), "deadline_s": deadline_s}
-    one = OneCall(model_dir, params, device, tries=max(3, min(n, 5)))
+    one = OneCall(model_dir, params, device, tries=max(3, min(n, 5)), inputs=inputs, cache=cache)
     if hog:  # isolation: the quiet side by the same protocol as the loaded one (interleaved pairs)
         quiet = latency_figures(side_by_side(client, one, workflow, n), one.by_threads[one.threads], hops)
         out.update({f"{k}_quiet": v for k, v in quiet.items() if k != "staged_latency_p50_s"},
@@ -597,10 +719,11 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         if hog:
             out["hog_vs_quiet_p50"] = out["staged_latency_p50_s"] / out["staged_latency_p50_quiet_s"]
             out["one_call_hog_vs_quiet_p50"] = out["one_call_latency_p50_s"] / out["one_call_latency_p50_s_quiet"]
-        out.update(monolith_figures(model_dir, params, seconds, device, batches))
+        out.update(monolith_figures(model_dir, params, seconds, device, batches, inputs, cache))
         mono = out["monolith_capacity_rps"]
         meter = ControlPlaneMeter(processes) if processes else None
-        capacity, windows = asyncio.run(saturate(proxy, workflow, params, saturate_in_flight, seconds, meter=meter))
+        capacity, windows = asyncio.run(saturate(proxy, workflow, params, saturate_in_flight, seconds, meter=meter,
+                                                 inputs=inputs))
         if meter is not None:
             out.update(meter.report())
         batched = out["batched_monolith_capacity_rps"]
@@ -611,14 +734,16 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         waits = RunQueueMeter((processes or {}).get("proxy"))  # the refusals' scheduling delay, measured
         for i, f in enumerate(loads):
             waits.begin()
-            r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s))
+            r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s,
+                                      inputs=inputs))
             r.update(waits.end())
             r["load_x_capacity"] = f
             r["goodput_busy_x_capacity"] = r["goodput_busy_rps"] / capacity
             r["goodput_in_window_x_capacity"] = r["goodput_in_window_rps"] / capacity
             rows.append(r)
         out["open_loop"] = rows
-        out.update(issue28_figures(proxy, workflow, params, capacity, seconds, rows, staged, seed=len(loads)))
+        out.update(issue28_figures(proxy, workflow, params, capacity, seconds, rows, staged, seed=len(loads),
+                                   inputs=inputs))
         out.update(baselines_on_private_engines(model_dir, seconds, saturate_in_flight, device, single_stage,
                                                 single_stage_instances, mix_model_dirs))
     return out
@@ -662,7 +787,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``onepiece bench e2e``."""
     p.add_argument("--proxy", default=None, help="the Proxy's URL (onepiece up prints it; required but with --adapters)")
     p.add_argument("--model-dir", required=True, help="the workflow's model folder, for the one-call baseline")
-    p.add_argument("--workflow", default="sd-t2i", choices=["sd-t2i"])
+    p.add_argument("--workflow", default="sd-t2i", choices=sorted(PARAMS),
+                   help="the workflow measured, with a small request of its own (images 64x64, videos 32x32 with 5 "
+                   "frames; a blank png where it takes an image, on both sides); --model-dir must be its folder")
+    p.add_argument("--quality", default=caching.LOSSLESS, metavar="LEVEL",
+                   help="the quality level of every request (lossless, extra-high, high; default lossless); the "
+                   "one-call baselines run diffusers' cache hook with the level's settings. A level the workflow "
+                   "does not serve is refused")
     p.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
     p.add_argument("--seconds", type=float, default=15.0, help="duration of the capacity and each load run")
     p.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
@@ -676,7 +807,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="onepiece up's state folder (its processes.json names the processes whose CPU is the "
                    "control plane's); default: two folders above --model-dir")
     p.add_argument("--no-single-stage", action="store_true",
-                   help="skip the single-stage baseline (sd-t2i as one stage on a private engine)")
+                   help="skip the single-stage baseline (sd-t2i as one stage on a private engine; only with "
+                   "--workflow sd-t2i)")
     p.add_argument("--single-stage-instances", type=int, default=None, metavar="N",
                    help="instances of the single-stage baseline (default: one per usable core)")
     p.add_argument("--no-mixed", action="store_true",
@@ -704,8 +836,22 @@ def main(args: Any) -> int:
     if not args.proxy:
         print("error: --proxy is required (the proxy: line of onepiece up)", file=sys.stderr)
         return 2
+    try:  # the workflow, the level and the request checked before any work
+        params, _ = request(args.workflow, args.model_dir, args.quality)
+    except Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    _warn_cache_idle(args.workflow, args.quality, params)
+    single_stage = not args.no_single_stage
+    if single_stage and args.workflow != "sd-t2i":
+        single_stage = False
+        print(f"single-stage baseline skipped: it serves sd-t2i only (--workflow {args.workflow})", file=sys.stderr)
     state = args.state or str(Path(args.model_dir).resolve().parents[1])
     if not _credential(args.proxy, state):
+        return 2
+    if _ready_checks(args.proxy).get(f"routes:{args.workflow}") == "none":
+        print(f"error: the engine behind {args.proxy} does not serve {args.workflow} (onepiece up --workflows "
+              f"{args.workflow})", file=sys.stderr)
         return 2
     processes = roles_from_state(state)
     if not processes:
@@ -714,13 +860,12 @@ def main(args: Any) -> int:
     result = run(args.proxy, args.model_dir, args.workflow, args.requests, args.seconds, args.deadline_s,
                  hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes,
                  loads=tuple(args.loads), batches=tuple(args.batches),
-                 single_stage=not args.no_single_stage, single_stage_instances=args.single_stage_instances,
-                 mix_model_dirs=None if args.no_mixed else _mix_models(args))
+                 single_stage=single_stage, single_stage_instances=args.single_stage_instances,
+                 mix_model_dirs=None if args.no_mixed else _mix_models(args), quality=args.quality)
     if not args.no_stream:  # streamed video (issue 28): first playable fragment against completion
         from engine.bench import stream
 
-        _, ready = _call(f"{args.proxy.rstrip('/')}/readyz")
-        if (ready.get("checks", {}) if isinstance(ready, dict) else {}).get(f"routes:{stream.WORKFLOW}") == "ok":
+        if _ready_checks(args.proxy).get(f"routes:{stream.WORKFLOW}") == "ok":
             result.update(stream.figure(args.proxy))
         else:
             print(f"streamed-video figure skipped: the engine does not serve {stream.WORKFLOW} (onepiece up "
@@ -733,6 +878,15 @@ def main(args: Any) -> int:
     return 0
 
 
+def _warn_cache_idle(workflow: str, quality: str, params: dict[str, Any]) -> None:
+    """A note on stderr where the level's cache predicts no step of the request (all its steps are the cache's
+    full warm-up ones): the figures are then lossless's."""
+    s = caching.settings(workflow, quality)
+    if s is not None and int(params["num_inference_steps"]) <= s.disable_cache_before_step:
+        print(f"note: at {params['num_inference_steps']} steps --quality {quality} predicts no step of {workflow} "
+              f"(its first {s.disable_cache_before_step} steps run in full)", file=sys.stderr)
+
+
 def with_load_after(before: dict[str, Any]) -> dict[str, Any]:
     """``figures.provenance()`` taken before a run, its load average renamed ``load_average_before`` and the
     load average now beside it as ``load_average_after``."""
@@ -742,18 +896,28 @@ def with_load_after(before: dict[str, Any]) -> dict[str, Any]:
 
 def _credential(proxy: str, state: str) -> bool:
     """Whether the Proxy takes our credential: ONEPIECE_PROXY_TOKEN, else the one `onepiece up` generated in
-    its state folder (printed to stderr and False when refused)."""
+    its state folder (printed to stderr and False when refused, or when nothing answers at ``proxy``)."""
     from engine import envs
 
     token = Path(state) / "secrets" / "proxy-token"
     if not envs.PROXY_TOKEN and token.is_file():
         os.environ["ONEPIECE_PROXY_TOKEN"] = token.read_text().strip()
-    status, _ = _call(f"{proxy.rstrip('/')}/v1/workflows")
+    try:
+        status, _ = _call(f"{proxy.rstrip('/')}/v1/workflows")
+    except OSError as exc:  # URLError: nothing listens there
+        print(f"error: no Proxy answers at {proxy} ({exc}): the proxy: line of onepiece up", file=sys.stderr)
+        return False
     if status in (401, 403):
         print(f"error: the Proxy refused the credential ({status}): set ONEPIECE_PROXY_TOKEN, or --state to the "
               "folder of the onepiece up that runs it (its secrets/proxy-token)", file=sys.stderr)
         return False
     return True
+
+
+def _ready_checks(proxy: str) -> dict[str, str]:
+    """The Proxy's readiness checks (``routes:<workflow>``: ``ok`` where an instance of its first stage is up)."""
+    _, ready = _call(f"{proxy.rstrip('/')}/readyz")
+    return ready.get("checks", {}) if isinstance(ready, dict) else {}
 
 
 def _mix_models(args: Any) -> dict[str, str] | None:
@@ -777,6 +941,7 @@ def print_text(r: dict[str, Any]) -> None:
               f"{p['usable_cores']} of {p['host_cores']} cores; load average {p['load_average_before'][0]:.2f} before, "
               f"{p['load_average_after'][0]:.2f} after")
     hog = f", {r['hog']} core hog(s) running" if r["hog"] else ""
+    print(f"{r['workflow']} at quality {r.get('quality', caching.LOSSLESS)}: {_request_line(r)}")
     print(f"{r['workflow']} on {r['cores']} cores{hog}: staged p50 {r['staged_latency_p50_s'] * 1e3:.1f} ms vs "
           f"one-call {r['one_call_latency_p50_s'] * 1e3:.1f} ms interleaved ({r['one_call_threads']} threads, its "
           f"best) = {r['staged_vs_one_call']:.2f}x; per stage hop ({r['stage_hops']} hops): "
@@ -804,6 +969,14 @@ def print_text(r: dict[str, Any]) -> None:
               f"first_fragment_vs_complete {r['first_fragment_vs_complete']:.2f} (goal <= 0.5)")
     print_issue28(r)
     _print_open_loop(r["open_loop"])
+
+
+def _request_line(r: dict[str, Any]) -> str:
+    """The measured request in a few words: its size, steps and input files."""
+    p = r["params"]
+    size = f"{p['width']}x{p['height']}" + (f", {p['num_frames']} frames" if "num_frames" in p else "")
+    files = "".join(f", {name}: {what}" for name, what in r.get("inputs", {}).items())
+    return f"{size}, {p['num_inference_steps']} steps, seed {p['seed']}{files} (both sides)"
 
 
 def _print_baselines(r: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.cpu import vm_hwm_mb
+from engine.bench.e2e import PARAMS, _load_pipeline, _one_call
 from engine.bench.figures import pss_kb
 from engine.bench.single_stage import MODULE as SINGLE_MODULE
 from engine.bench.single_stage import NAME as SINGLE
@@ -44,11 +45,8 @@ from engine.bench.single_stage import STAGE as SINGLE_STAGE
 from engine.store import keys
 
 MIX_WORKFLOWS = ("sd-t2i", "wan2.1-t2v", "wan2.1-i2v")
-_WAN = {"prompt": "a cat on the moon", "height": 32, "width": 32, "num_frames": 5, "num_inference_steps": 2,
-        "seed": 1}
-MIX_PARAMS: dict[str, dict[str, Any]] = {
-    "sd-t2i": {"prompt": "a cat on the moon", "height": 64, "width": 64, "num_inference_steps": 3, "seed": 1},
-    "wan2.1-t2v": dict(_WAN), "wan2.1-i2v": dict(_WAN)}
+#: bench e2e's own small requests (engine.bench.e2e.PARAMS)
+MIX_PARAMS: dict[str, dict[str, Any]] = {wf: PARAMS[wf] for wf in MIX_WORKFLOWS}
 
 Job = tuple[str, dict[str, Any], dict[str, bytes]]  # (workflow, params, request inputs)
 
@@ -59,17 +57,17 @@ def _cores() -> int:
     return usable_cores()
 
 
-def mix_jobs(workflows: Sequence[str] = MIX_WORKFLOWS) -> list[Job]:
-    """One small request per workflow, with a png for the workflows that take an image."""
+def image_inputs(workflow: str, params: dict[str, Any]) -> dict[str, bytes]:
+    """A blank png of the request's size for each image input of ``workflow`` (none for the others)."""
     from engine.workflow import get_workflow
     from engine.workflow.images import blank_png
 
-    jobs: list[Job] = []
-    for wf in workflows:
-        params = MIX_PARAMS[wf]
-        inputs = {name: blank_png(params["width"], params["height"]) for name in get_workflow(wf).image_inputs()}
-        jobs.append((wf, params, inputs))
-    return jobs
+    return {name: blank_png(params["width"], params["height"]) for name in get_workflow(workflow).image_inputs()}
+
+
+def mix_jobs(workflows: Sequence[str] = MIX_WORKFLOWS) -> list[Job]:
+    """One small request per workflow, with a png for the workflows that take an image."""
+    return [(wf, MIX_PARAMS[wf], image_inputs(wf, MIX_PARAMS[wf])) for wf in workflows]
 
 
 async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_flight: int, seconds: float,
@@ -150,7 +148,6 @@ def _assignment(model_dirs: dict[str, str]) -> dict[str, Any]:
 def single_stage(model_dir: str, seconds: float, in_flight: int, instances: int | None = None,
                  work: str | Path | None = None, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """The staged sd-t2i against the same engine serving it as one stage, same run, same cores."""
-    from engine.bench.e2e import PARAMS
     from engine.bench.private import PrivateEngine
 
     n = instances or _cores()
@@ -179,45 +176,25 @@ def single_stage(model_dir: str, seconds: float, in_flight: int, instances: int 
 
 
 # -- one monolith per workflow, fed a closed loop ----------------------------------------------------
-def _load_any(model_dir: str, device: str) -> Any:
-    from engine.bench.e2e import _load_pipeline
-
-    return _load_pipeline(model_dir, device)
-
-
-def _mono_call(pipe: Any, params: dict[str, Any], inputs: dict[str, bytes], device: str) -> None:
-    import torch
-
-    kwargs = {k: v for k, v in params.items() if k != "seed"}
-    if "image" in inputs:
-        from engine.stages.components import decode_image
-
-        kwargs["image"] = decode_image(inputs["image"])
-    from engine.bench.e2e import encode_outputs
-
-    out = pipe(generator=torch.Generator(device="cpu").manual_seed(params.get("seed", 0)), output_type="np", **kwargs)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    encode_outputs(out, int(params.get("fps", 16)))  # the png / mp4 the staged side's last stage makes
-
-
 def _mix_monolith(jobs: Sequence[Job], model_dirs: dict[str, str], threads: int, device: str, ready: Any,
                   inbox: Any, done: Any) -> None:
     """A monolith holding the pipelines of ``jobs``' workflows: serves the workflow names put in ``inbox``
-    (None ends it), one request at a time."""
+    (None ends it), one request at a time (``bench e2e``'s one-call pipeline: its image given, its png / mp4
+    made as the staged side's last stage makes them)."""
     from engine.worker.threads import apply_env
 
     apply_env(os.environ, threads)
     import torch
 
     torch.set_num_threads(threads)
-    served = {wf: (_load_any(model_dirs[wf], device), params, inputs) for wf, params, inputs in jobs}
+    served = {wf: (_load_pipeline(model_dirs[wf], device, image=bool(inputs)), params, inputs)
+              for wf, params, inputs in jobs}
     for pipe, params, inputs in served.values():
-        _mono_call(pipe, params, inputs, device)  # warm-up
+        _one_call(pipe, params, device, inputs=inputs)  # warm-up
     ready.put(os.getpid())
     while (wf := inbox.get()) is not None:
         pipe, params, inputs = served[wf]
-        _mono_call(pipe, params, inputs, device)
+        _one_call(pipe, params, device, inputs=inputs)
         done.put((wf, time.monotonic()))
 
 

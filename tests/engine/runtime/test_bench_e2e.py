@@ -5,6 +5,7 @@ Redis between tests)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,6 @@ def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Pat
                                         etcd_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Through ``onepiece bench e2e --json`` as a user runs it (its flags; the processes named in a state
     folder's processes.json, as ``onepiece up`` writes it), on small windows."""
-    import argparse
     import json
 
     from engine.embedded.supervisor import STATUS_FILE
@@ -89,3 +89,51 @@ def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Pat
         assert pr[f"{level}_offered"] == pr[f"{level}_accepted"] + pr[f"{level}_refused"], pr
         assert pr[f"{level}_completed"] == pr[f"{level}_accepted"] and pr[f"{level}_not_finished"] == 0, pr
     assert pr["unloaded_p99_s"] >= pr["unloaded_p50_s"] > 0 and isinstance(pr["goal_met"], bool), pr
+
+
+@pytest.mark.timeout(300)
+def test_bench_e2e_measures_another_workflow_with_its_image(cluster: Any, tiny_models: dict[str, Path],
+                                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--workflow wan2.1-i2v`` (issue 37, item 6): the run's record says what it measured (workflow, quality
+    level, the resolved request, its input file), and both sides ran it: every staged request carried the png
+    (one without it would be refused, and the latency pairs would be empty), the one-call baselines, batched
+    too, were given it as ``image=``."""
+    import json
+
+    wf = "wan2.1-i2v"
+    parser = argparse.ArgumentParser()
+    e2e.add_arguments(parser)
+    args = parser.parse_args(["--proxy", cluster.proxy, "--model-dir", str(tiny_models[wf]), "--workflow", wf,
+                              "--state", str(tmp_path), "--requests", "2", "--seconds", "1", "--saturate", "3",
+                              "--loads", "1", "--batches", "2", "--no-single-stage", "--no-mixed", "--no-stream",
+                              "--json"])
+    capsys.readouterr()
+    assert e2e.main(args) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["workflow"] == wf and r["quality"] == "lossless"
+    params, _ = e2e.request(wf, tiny_models[wf])
+    assert r["params"] == params and {k: params[k] for k in e2e.PARAMS[wf]} == e2e.PARAMS[wf]
+    assert r["inputs"] == {"image": "blank png 32x32"}
+    assert r["stage_hops"] == 5 and r["pairs"] == 2  # every sequential staged request completed
+    assert r["capacity_rps"] > 0 and r["monolith_capacity_rps"] > 0 and r["batched_monolith_capacity_rps"] > 0
+    (row,) = r["open_loop"]
+    assert row["offered"] == row["accepted"] + row["refused"] and row["errors"] == {} and row["failed"] == 0, row
+    assert r["priority_2x"]["high_completed"] + r["priority_2x"]["low_completed"] > 0
+    e2e.print_text(r)  # the text names the level and the request
+    assert capsys.readouterr().out.splitlines()[1] == (f"{wf} at quality lossless: 32x32, 5 frames, 2 steps, seed 1, "
+                                                       "image: blank png 32x32 (both sides)")
+
+
+def test_bench_e2e_refuses_a_workflow_the_engine_does_not_serve(cluster: Any, tiny_models: dict[str, Path],
+                                                               tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The session's engine serves sd-t2i and the Wan2.1 pair: --workflow flux.1-schnell (a valid request for
+    its folder) ends at once with exit 2 and how to serve it, rather than after the baselines' minutes."""
+    parser = argparse.ArgumentParser()
+    e2e.add_arguments(parser)
+    args = parser.parse_args(["--proxy", cluster.proxy, "--model-dir", str(tiny_models["flux.1-schnell"]),
+                              "--workflow", "flux.1-schnell", "--state", str(tmp_path), "--json"])
+    capsys.readouterr()
+    assert e2e.main(args) == 2
+    out = capsys.readouterr()
+    assert f"error: the engine behind {cluster.proxy} does not serve flux.1-schnell (onepiece up --workflows " \
+           "flux.1-schnell)" in out.err and out.out == ""
