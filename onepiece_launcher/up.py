@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from engine.embedded.s3 import SwiftS3Server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# where outputs go when neither --object-store nor ONEPIECE_OBJECT_STORE says: the embedded S3 server, so the
+# default exercises the production path (outputs outlive Redis)
+DEFAULT_OBJECT_STORE = "embedded"
 
 
 # How every deployment runs the web platform's server (deploy/ repeats these flags; a test compares):
@@ -84,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where final outputs go: 'embedded' starts an S3 server (OpenStack Swift with s3api) on "
                    "loopback with its data in the state folder; an S3 URL with the bucket "
                    "(http://HOST:PORT/BUCKET, s3://BUCKET; see docs/operations.md) uses that store; 'none' keeps "
-                   "the bytes in Redis (default: ONEPIECE_OBJECT_STORE, else none)")
+                   "the bytes in Redis (default: ONEPIECE_OBJECT_STORE, else embedded)")
     p.add_argument("--debug", action="store_true",
                    help="run the web platform with Django's DEBUG on (error pages show settings and service "
                    "URLs: never where others can reach it)")
@@ -225,7 +228,7 @@ def _start_object_store(choice: str | None, stack: ExitStack, sup: Supervisor, s
     generated secret in the state folder, so outputs and presigned URLs outlive a restart)."""
     from engine.store.objects import ObjectStore, ObjectStoreError, parse_url
 
-    choice = (choice or envs.OBJECT_STORE or "none").strip()
+    choice = (choice or envs.OBJECT_STORE or DEFAULT_OBJECT_STORE).strip()
     if choice.lower() == "none":
         _say("object store: none (outputs in Redis)")
         return "none"

@@ -29,7 +29,7 @@ def test_up_serves_and_stops_cleanly(tmp_path: Path) -> None:
     proc, lines = start_up(tmp_path / "state", "--spare-slots", "0")
     try:
         children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) >= 6  # redis, etcd, web, node (+ its workers), proxy, manager
+        assert len(children) >= 7  # redis, etcd, s3 (the object store), web, node (+ its workers), proxy, manager
         assert lines["manager"].startswith("leading"), lines
         with urllib.request.urlopen(lines["web"] + "readyz", timeout=10) as r:
             body = json.loads(r.read())
@@ -133,7 +133,7 @@ def _reconciler_is_supervised(lines: dict[str, str]) -> None:
     web, key = lines["web"], lines["api key"]
     before = _readyz(web)
     assert before["status"] == "ok", before
-    assert set(before["processes"]) == {"redis", "etcd", "web", "node", "proxy", "manager", "reconciler",
+    assert set(before["processes"]) == {"redis", "etcd", "s3", "web", "node", "proxy", "manager", "reconciler",
                                         "webhooks"}, before
     assert all(p["state"] == "up" and p["restarts"] == 0 for p in before["processes"].values()), before
     os.kill(before["processes"]["reconciler"]["pid"], signal.SIGKILL)

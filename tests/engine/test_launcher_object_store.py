@@ -20,11 +20,19 @@ def _start(choice: str | None, tmp_path: Path, stack: ExitStack) -> tuple[str, S
     return _start_object_store(choice, stack, sup, tmp_path, "127.0.0.1"), sup, said
 
 
-def test_default_is_redis_only(tmp_path: Path, monkeypatch) -> None:
+def test_none_is_redis_only(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ONEPIECE_OBJECT_STORE", "http://127.0.0.1:1/b")  # the flag wins
+    with ExitStack() as stack:
+        url, sup, _ = _start("none", tmp_path, stack)
+    assert url == "none" and sup.children == {}
+    assert "object store: none (outputs in Redis)" in capsys.readouterr().out
+
+
+def test_default_is_the_embedded_store(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.delenv("ONEPIECE_OBJECT_STORE", raising=False)
     with ExitStack() as stack:
         url, sup, _ = _start(None, tmp_path, stack)
-    assert url == "none" and sup.children == {}
+        assert list(sup.children) == ["s3"] and url.endswith("/onepiece-outputs")
 
 
 def test_a_url_is_checked_and_its_bucket_made(tmp_path: Path, s3_server, monkeypatch) -> None:
