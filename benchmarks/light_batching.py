@@ -1,5 +1,5 @@
 """Light-stage batching (issue 37, item 2): the text_encode stages of sd-t2i (CLIP), FLUX.1-dev (CLIP and
-T5) and Wan2.1 (umT5) serving requests one call each against several in one call (engine.stages.base.BatchedCallStage), side
+T5), Qwen-Image (Qwen2.5-VL) and Wan2.1 (umT5) serving requests one call each against several in one call (engine.stages.base.BatchedCallStage), side
 by side in one process, one torch thread; beside each the one-call pipeline's own ``encode_prompt`` alone
 and batched (the gain the model allows).
 
@@ -18,12 +18,12 @@ import statistics
 import time
 from typing import Any
 
-WORKFLOWS = ("sd-t2i", "flux.1-dev", "wan2.1-t2v")
+WORKFLOWS = ("sd-t2i", "flux.1-dev", "qwen-image", "wan2.1-t2v")
 
 
 def _pipeline_encode(workflow: str, folder: str) -> Any:
     """The one-call pipeline's encode_prompt over a list of prompts, as its __call__ runs it."""
-    from diffusers import FluxPipeline, StableDiffusionPipeline, WanPipeline
+    from diffusers import FluxPipeline, QwenImagePipeline, StableDiffusionPipeline, WanPipeline
 
     if workflow == "sd-t2i":
         sd = StableDiffusionPipeline.from_pretrained(folder, safety_checker=None, requires_safety_checker=False)
@@ -32,6 +32,13 @@ def _pipeline_encode(workflow: str, folder: str) -> Any:
         wan = WanPipeline.from_pretrained(folder, transformer=None, vae=None)
         return lambda prompts, r: wan.encode_prompt(prompts, [""] * len(prompts), True, device="cpu",
                                                     max_sequence_length=int(r["max_sequence_length"]))
+    if workflow == "qwen-image":  # its __call__ encodes the prompt (and a negative one only where it guides)
+        qwen = QwenImagePipeline.from_pretrained(folder, transformer=None, vae=None)
+
+        def both(prompts: list[str], r: dict[str, Any]) -> Any:
+            for texts in (prompts, [""] * len(prompts)):
+                qwen.encode_prompt(texts, device="cpu", max_sequence_length=int(r["max_sequence_length"]))
+        return both
     flux = FluxPipeline.from_pretrained(folder, transformer=None, vae=None)
     return lambda prompts, r: flux.encode_prompt(prompts, None, device="cpu",
                                                  max_sequence_length=int(r["max_sequence_length"]))
@@ -50,8 +57,15 @@ def measure(workflow: str, folder: str, rounds: int, batches: list[int]) -> dict
     spec = spec.bound(spec.limits_of(folder))
     n = max(batches)
     size = {"height": 32, "width": 32, "num_frames": 5} if workflow.startswith("wan") else {"height": 64, "width": 64}
-    reqs = [spec.resolve_params({"prompt": f"a photo of thing {i} on a table", **size, "num_inference_steps": 2})
-            for i in range(n)]
+    by_key: dict[Any, list[dict[str, Any]]] = {}
+    for i in range(64 * n):  # n prompts of one batch key (Qwen-Image's: one token count)
+        r = spec.resolve_params({"prompt": f"a photo of thing {i} on a table", **size, "num_inference_steps": 2})
+        by_key.setdefault(enc.batch_key(r), []).append(r)
+        if len(by_key[enc.batch_key(r)]) == n:
+            break
+    reqs = max(by_key.values(), key=len)
+    if len(reqs) < n:
+        raise SystemExit(f"{workflow}: found no {n} prompts of one batch key")
     solo = [enc.run({}, r, StageContext()) for r in reqs]
 
     def stage(b: int) -> None:  # n requests in calls of b

@@ -20,6 +20,7 @@ Two things the blocks do not do for a stage, done here:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 from collections.abc import Callable, Mapping
@@ -146,6 +147,9 @@ class BatchedModularStage(ModularStage, BatchedCallStage):
 
     #: the block inputs that differ per request (the prompt); the rest must be equal within a batch key
     batched_inputs: ClassVar[tuple[str, ...]] = ("prompt",)
+    #: run each sample's linears apart (engine.stages.invariant.per_sample), where a batch's would not give
+    #: each its solo bytes
+    per_sample: ClassVar[bool] = False
 
     run = SteppedStage.run  # begin, one step, end: alone as in a batch
 
@@ -157,8 +161,9 @@ class BatchedModularStage(ModularStage, BatchedCallStage):
             kwargs[name] = [e[name] for e in each]
         self.prepare(items[0][1])
         state = self._state(kwargs)
-        for block in self.block_seq.sub_blocks.values():
-            _, state = block(self.pipe, state)
+        with invariant.per_sample() if self.per_sample and len(items) > 1 else contextlib.nullcontext():
+            for block in self.block_seq.sub_blocks.values():
+                _, state = block(self.pipe, state)
         values = {out: state.get(name) for out, name in self.outputs.items()}
         for out, v in values.items():
             if not isinstance(v, torch.Tensor) or v.shape[0] != len(items):

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.stages.components import to_uint8
-from engine.stages.modular import ModularStage, SteppedModularStage, seeded
+from engine.stages.modular import BatchedModularStage, ModularStage, SteppedModularStage, seeded
 
 
 def _vae_scale(vae: dict[str, Any]) -> int:
@@ -33,9 +33,16 @@ class _Qwen(ModularStage):
     vae_scale = staticmethod(_vae_scale)
 
 
-class QwenTextEncode(_Qwen):
+class QwenTextEncode(_Qwen, BatchedModularStage):
     """Prompt and negative prompt -> their Qwen2.5-VL embeddings and masks (the chat template's system
-    prefix dropped, as the pipeline does)."""
+    prefix dropped, as the pipeline does).
+
+    Requests whose prompt and negative prompt have the same token counts encode in one call
+    (BatchedModularStage): the tokenizer pads a batch to its longest prompt, so only prompts of one length
+    share one, and each item is its solo bytes (tests/engine/stages/test_light_batching.py)."""
+
+    batched_inputs: ClassVar[tuple[str, ...]] = ("prompt", "negative_prompt")
+    per_sample: ClassVar[bool] = True  # measured: a batch's projections differ in the last bits otherwise
 
     classes: ClassVar[dict[str, tuple[str, str]]] = {
         "tokenizer": ("transformers", "Qwen2Tokenizer"),
@@ -51,8 +58,15 @@ class QwenTextEncode(_Qwen):
         self.pipe.guider.guidance_scale = 2.0  # > 1: the negative embeddings are always made (see above)
 
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-        return {"prompt": params["prompt"], "negative_prompt": params.get("negative_prompt"),
+        # the block encodes "" for a missing negative prompt (``negative_prompt or ""``): in a list, each item
+        return {"prompt": params["prompt"], "negative_prompt": params.get("negative_prompt") or "",
                 "max_sequence_length": int(params["max_sequence_length"])}
+
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        block = self.block_seq.sub_blocks["text_encoder"]
+        lengths = tuple(len(self.pipe.tokenizer(block.prompt_template_encode.format(p)).input_ids)
+                        for p in (params["prompt"], params.get("negative_prompt") or ""))
+        return (int(params["max_sequence_length"]), *lengths)
 
 
 class QwenDenoise(_Qwen, SteppedModularStage):

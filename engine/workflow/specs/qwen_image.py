@@ -78,7 +78,10 @@ SPEC = WorkflowSpec(
                            TensorSpec("negative_prompt_embeds", shape=(1, "L_neg", "D_text")),
                            TensorSpec("negative_prompt_embeds_mask", "int64", (1, "L_neg"))),
                   components=("tokenizer", "text_encoder"),
-                  doc="Qwen2.5-VL last hidden states of prompt and negative prompt, with their masks"),
+                  doc="Qwen2.5-VL last hidden states of prompt and negative prompt, with their masks",
+                  # requests whose prompts have equal token counts encode together, each item its solo
+                  # bytes (tests/engine/stages/test_light_batching.py; gain: benchmarks/light_batching.md)
+                  max_batch=8),
         StageSpec("denoise", f"{_P}.QwenDenoise",
                   inputs=("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask"),
                   outputs=(TensorSpec("denoised", shape=(1, "C_lat", 1, "H_lat", "W_lat")),),

@@ -159,3 +159,42 @@ def test_wan_prompts_of_one_length_share_a_call(tiny_models: dict[str, Path]) ->
             pos, neg = pipe.encode_prompt(r["prompt"], r["negative_prompt"], True,
                                           max_sequence_length=int(r["max_sequence_length"]), device="cpu")
         assert torch.equal(one["prompt_embeds"], pos) and torch.equal(one["negative_prompt_embeds"], neg)
+
+
+def test_qwen_prompts_of_one_token_count_share_a_call(tiny_models: dict[str, Path]) -> None:
+    """Qwen-Image's Qwen2.5-VL encoder: prompts (and negative prompts) of the same token counts in one call,
+    each item equal to its solo run and to the one-call QwenImagePipeline's encode_prompt; another count is
+    another batch key (the tokenizer would pad the batch to its longest)."""
+    import torch
+    from diffusers import QwenImagePipeline
+
+    from engine.stages.base import StageContext
+    from engine.stages.runner import LocalRunner
+
+    workflow = "qwen-image"
+    enc = LocalRunner(workflow, tiny_models[workflow], "cpu").executors["text_encode"]
+    spec = get_workflow(workflow)
+    spec = spec.bound(spec.limits_of(str(tiny_models[workflow])))
+    by_key: dict[Any, list[dict[str, Any]]] = {}
+    for k in range(64):  # the tiny tokenizer splits words unevenly: group prompts by their key
+        r = spec.resolve_params({"prompt": f"a photo of thing {k} on a table", "negative_prompt": None if k % 2 else "",
+                                 "height": 64, "width": 64})
+        by_key.setdefault(enc.batch_key(r), []).append(r)
+    # eight in one call: where the batch's SiLU and linears ran over it whole, one of these differed in the
+    # last bit (engine.stages.invariant.per_sample)
+    reqs = next(iter(by_key.values()))[:8]  # "... thing 0 ..." to "... thing 7 ..."
+    assert len(reqs) == 8, {k: len(v) for k, v in by_key.items()}
+    longer = spec.resolve_params({"prompt": reqs[0]["prompt"] + " on a mat in the sun"})
+    assert enc.batch_key(longer) != enc.batch_key(reqs[0])
+    solo = [enc.run({}, r, StageContext()) for r in reqs]
+    states = [enc.begin({}, r) for r in reqs]
+    enc.step(states)
+    pipe = QwenImagePipeline.from_pretrained(tiny_models[workflow], transformer=None, vae=None)
+    for r, one, many in zip(reqs, solo, [enc.end(s) for s in states], strict=True):
+        assert many.keys() == one.keys()
+        for key in one:
+            assert torch.equal(many[key], one[key]), (r["prompt"], key)
+        with torch.no_grad():
+            pos, _ = pipe.encode_prompt(r["prompt"], device="cpu",
+                                        max_sequence_length=int(r["max_sequence_length"]))
+        assert torch.equal(one["prompt_embeds"], pos)
