@@ -506,23 +506,21 @@ class JobStore:
         return dropped
 
     def _unlink_results(self, result_keys: list[str]) -> int:
-        """UNLINK result keys and their streamed copies (engine.store.fragments), and delete the objects of
-        those in the object store; how many results existed."""
+        """UNLINK result keys and their streamed copies (engine.store.fragments), and delete every object of
+        those jobs in the object store (found by the UID: also once Redis forgot the reference, and an
+        attempt's orphan); how many results existed."""
         uids = [k.rsplit(":", 1)[1] for k in result_keys]
-        refs: list[bytes | None] = []
+        stored = 0
         if self.objects is not None:
-            refs = self.r.mget([keys.result_ref_key(u) for u in uids])
-            for raw in refs:
-                if raw:
-                    from engine.store.objects import ObjectRef
+            from engine.store.objects import result_prefix
 
-                    self.objects.delete(ObjectRef.from_json(raw))
+            stored = sum(1 for u in uids if self.objects.delete_prefix(result_prefix(u)))
         pipe = self.r.pipeline(transaction=False)
         pipe.unlink(*result_keys)
         pipe.unlink(*(keys.fragments_key(u) for u in uids))
         if self.objects is not None:
             pipe.unlink(*(keys.result_ref_key(u) for u in uids))
-        return int(pipe.execute()[0]) + sum(1 for raw in refs if raw)
+        return int(pipe.execute()[0]) + stored
 
     def request_cancel(self, uid: str) -> None:
         """Flag ``uid`` so that the worker running it stops at its next step check."""

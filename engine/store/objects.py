@@ -349,6 +349,20 @@ class ObjectStore:
         except (ClientError, BotoCoreError) as exc:
             raise self._fail("delete", key, exc) from exc
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object whose name starts with ``prefix`` (under the store's prefix); how many."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        key = self.key(prefix)
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.config.bucket, Prefix=key)
+            found = [o["Key"] for page in pages for o in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail("list", key, exc) from exc
+        for k in found:
+            self.delete(ObjectRef(k, 0, ""))
+        return len(found)
+
     # -- presigned URLs -------------------------------------------------------------------------
     def presign_get(self, name: str | ObjectRef, expires_s: int = 3600) -> Presigned:
         """A URL anyone holding it can GET the object with (Range included) until ``expires_at``."""

@@ -14,11 +14,11 @@ from celery import shared_task
 from django.utils import timezone
 
 from engine import envs
-from engine.store import JobStore, keys
+from engine.store import keys
 from engine.workflow import get_workflow
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
-from onepiece_platform.redis_conn import get_redis
+from onepiece_platform.engine_link.objects import job_store
 
 
 @shared_task(name="onepiece.warm_up", acks_late=True, reject_on_worker_lost=True)
@@ -80,7 +80,7 @@ def clean_up(retention_days: int | None = None, batch: int = 1000) -> dict[str, 
     """
     from onepiece_platform.jobs.models import TERMINAL, Job
 
-    store = JobStore(get_redis())
+    store = job_store()  # with an object store, a dropped result's objects are deleted too
     days = int(retention_days if retention_days is not None else conf.get("LEDGER_RETENTION_DAYS"))
     now = timezone.now()
     cutoff = now - dt.timedelta(days=days)

@@ -95,6 +95,17 @@ def test_drop_results_deletes_the_object(stored: JobStore) -> None:
     assert stored.drop_results([uid]) == 1
     assert _listed(stored.objects, uid) == []
     assert stored.r.get(keys.result_ref_key(uid)) is None and stored.result(uid) is None
+    assert stored.drop_results([uid]) == 0  # nothing left
+
+
+def test_drop_results_finds_the_objects_by_uid(stored: JobStore) -> None:
+    """Also once Redis forgot the reference, and an attempt's orphan (killed after its upload) goes too."""
+    uid, other = _completed(stored), _completed(stored)
+    stored.objects.put(f"{result_prefix(uid)}orphan", b"an attempt killed before it completed the job")
+    stored.r.flushdb()
+    assert stored.drop_results([uid]) == 1
+    assert _listed(stored.objects, uid) == [] and stored.result(uid) is None
+    assert stored.result(other) == PNG  # only the named jobs' objects
 
 
 def test_without_a_store_the_bytes_stay_in_redis(job_store: JobStore) -> None:

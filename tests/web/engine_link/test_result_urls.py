@@ -53,7 +53,8 @@ def test_the_platform_reads_results_from_the_object_store(settings, s3_server, o
     from onepiece_platform.engine_link.local import LocalEngineClient
     from onepiece_platform.redis_conn import get_redis
 
-    settings.ONEPIECE = {"OBJECT_STORE": s3_server.url.rsplit("/", 1)[0] + f"/{object_store.config.bucket}"}
+    settings.ONEPIECE = {**settings.ONEPIECE,
+                         "OBJECT_STORE": s3_server.url.rsplit("/", 1)[0] + f"/{object_store.config.bucket}"}
     try:
         c = LocalEngineClient()
         uid = c.submit("sd-t2i", SD, {}).uid
@@ -65,5 +66,35 @@ def test_the_platform_reads_results_from_the_object_store(settings, s3_server, o
         worker.objects.close()
     finally:
         objects._stores.clear()
-    settings.ONEPIECE = {}
+    settings.ONEPIECE = {**settings.ONEPIECE, "OBJECT_STORE": ""}
     assert objects.get_object_store() is None and LocalEngineClient().result(uid) is None  # Redis alone has none
+
+
+def test_clean_up_deletes_the_objects_of_old_and_deleted_jobs(settings, s3_server, object_store: ObjectStore,
+                                                              alice) -> None:
+    """The Celery clean-up drops deleted (hidden) and expired jobs' results: their objects go too."""
+    import datetime as dt
+
+    from engine.store.objects import result_prefix
+    from onepiece_platform.engine_link import objects
+    from onepiece_platform.engine_link.tasks import clean_up
+    from onepiece_platform.jobs.models import Job
+    from onepiece_platform.redis_conn import get_redis
+
+    settings.ONEPIECE = {**settings.ONEPIECE,
+                         "OBJECT_STORE": s3_server.url.rsplit("/", 1)[0] + f"/{object_store.config.bucket}"}
+    _, c, _ = alice
+    worker = JobStore(get_redis(), objects=ObjectStore(object_store.config))
+    try:
+        old, deleted, fresh = (c.post("/api/v1/jobs", sd_body(seed=i), format="json").json()["uid"] for i in range(3))
+        for uid in (old, deleted, fresh):
+            assert worker.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=PNG)
+            c.get(f"/api/v1/jobs/{uid}")
+        Job.objects.filter(uid=old).update(finished_at=dt.datetime.now(dt.UTC) - dt.timedelta(days=40))
+        Job.objects.filter(uid=deleted).update(hidden=True)
+        assert clean_up.apply(kwargs={"retention_days": 30}).get()["results"] == 2
+        for uid, kept in ((old, False), (deleted, False), (fresh, True)):
+            assert (object_store.newest(result_prefix(uid)) is not None) == kept, uid
+    finally:
+        worker.objects.close()
+        objects._stores.clear()
