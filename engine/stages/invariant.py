@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 _local = threading.local()
 _installed = False
@@ -61,6 +62,17 @@ def install() -> None:
         silu.__doc__ = torch.nn.SiLU.forward.__doc__
         torch.nn.Linear.forward = forward  # type: ignore[method-assign]
         torch.nn.SiLU.forward = silu  # type: ignore[method-assign]
+        def conv(original: Any) -> Any:
+            def forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+                if getattr(_local, "samples", False) and x.shape[0] > 1:
+                    return torch.cat([original(self, part) for part in x.split(1)])
+                return original(self, x)
+
+            forward.__doc__ = original.__doc__
+            return forward
+
+        torch.nn.Conv2d.forward = conv(torch.nn.Conv2d.forward)  # type: ignore[method-assign]
+        torch.nn.Conv3d.forward = conv(torch.nn.Conv3d.forward)  # type: ignore[method-assign]
         try:  # transformers' own SiLU module (Qwen2's MLPs): F.silu as nn.SiLU, the same chunking
             from transformers.activations import SiLUActivation
 
@@ -72,8 +84,9 @@ def install() -> None:
 
 @contextmanager
 def per_sample() -> Iterator[None]:
-    """In this thread, a linear or a SiLU over a batch of sequences (3-D and up) runs once per sample: a text
-    encoder's batch of prompts of one length. Measured on Qwen2.5-VL: its MLP's SiLU over (2, 177, 16)
+    """In this thread, a linear or a SiLU over a batch of sequences (3-D and up), and a 2-D or 3-D convolution
+    over a batch, runs once per sample: a text encoder's batch of prompts of one length, the Wan
+    transformer's rows (its patch embedding, a Conv3d, gave another last bit at batch 2). Measured on Qwen2.5-VL: its MLP's SiLU over (2, 177, 16)
     differs in the last bit from the same sample alone (the vectorised loop's tail of a lone sample is the
     batch's middle), and a linear's kernel is chosen by the row count."""
     install()

@@ -135,8 +135,11 @@ class StepBatcher:
     """Serves a TaskWorker whose executor is a :class:`SteppedStage` (see the module docstring)."""
 
     def __init__(self, worker: Any, executor: SteppedStage, max_batch: int, wait_s: float = 0.0,
-                 recv_batch: int = 8, max_held: int | None = None) -> None:
+                 recv_batch: int = 8, max_held: int | None = None,
+                 key_of: Callable[[Any], Hashable | None] | None = None) -> None:
         self.w, self.ex = worker, executor
+        # a request's batch key from its header (default: the executor's from its params; None: alone)
+        self.key_of = key_of or (lambda h: executor.batch_key(h.params))
         self.max_batch, self.wait_s, self.recv_batch = max(1, max_batch), max(0.0, wait_s), recv_batch
         # the hard cap on active requests, paused ones included (a higher level joins a full batch of lower)
         self.max_held = max(self.max_batch, 2 * self.max_batch if max_held is None else max_held)
@@ -187,7 +190,7 @@ class StepBatcher:
             self.w.handled += 1
             return
         self._seq += 1
-        self.waiting.append(Waiting(d, msg, self.ex.batch_key(msg.header.params), seq=self._seq))
+        self.waiting.append(Waiting(d, msg, self.key_of(msg.header), seq=self._seq))
 
     def order(self) -> None:
         """The line in serving order: effective priority first (aging included), then the order taken."""

@@ -193,11 +193,12 @@ class TaskWorker:
         from engine.stages.base import SteppedStage
 
         should_stop = self._calibrating(should_stop)
-        if self.config.max_batch > 1 and isinstance(self.executor, SteppedStage) and self.collab is None:
+        if self.config.max_batch > 1 and isinstance(self.executor, SteppedStage):
             from engine.worker.batching import StepBatcher
 
             self.batcher = StepBatcher(self, self.executor, self.config.max_batch,
-                                       self.config.batch_wait_ms / 1000.0, RECV_BATCH, self.config.max_held or None)
+                                       self.config.batch_wait_ms / 1000.0, RECV_BATCH, self.config.max_held or None,
+                                       self._batch_key)
             self.batcher.serve(should_stop)
             return
         held = order.Line()  # taken off the ring, not yet handled (each unreleased until handled)
@@ -404,6 +405,13 @@ class TaskWorker:
         if ok:
             self.close_run(h, run, values, out, time.perf_counter() - t0)
         return ok
+
+    def _batch_key(self, h: wm.Header) -> Any:
+        """A request's batch key; None (it runs alone, on the plain path) while its workflow is in
+        Collaboration mode here, where a peer computes its uncond halves (:meth:`_run`)."""
+        if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
+            return None
+        return self.executor.batch_key(h.params)
 
     def attempt(self, h: wm.Header, run: Run, work: Callable[[], Any]) -> tuple[bool, Any]:
         """Run ``work`` (the stage's computation for ``h``): ``(True, its result)``, or ``(False, None)`` when

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from engine.adapters.request import adapter_set
-from engine.stages.base import StageContext
+from engine.stages.base import StageContext, SteppedStage
 from engine.stages.components import TorchStage, load_component
 from engine.stages.wan.vae import check_wan_size, wan_vae_factors
 
@@ -191,3 +192,124 @@ class WanT2VDenoise(WanDenoise):
                  height // spatial, width // spatial)
         generator = torch.Generator(device="cpu").manual_seed(int(params["seed"]))
         return randn_tensor(shape, generator=generator, device=torch.device(self.device), dtype=torch.float32), None
+
+
+@dataclass
+class _WanStep:
+    """One Wan2.1 request stepping in a batch: its scheduler, embeddings, latents and condition, its caches."""
+
+    scheduler: Any
+    timesteps: list[Any]
+    guidance: float
+    pos: torch.Tensor
+    neg: torch.Tensor
+    image_embeds: torch.Tensor | None
+    latents: torch.Tensor
+    condition: torch.Tensor | None
+    cache: Any = None
+    i: int = 0
+
+
+class _SteppedWan(SteppedStage):
+    """Wan2.1's denoise as a stepped stage (engine.worker.batching): requests of one size, guidance mode and
+    kind share one transformer call per step over every request's cond and uncond rows (a timestep each),
+    then each request's own guidance and scheduler. Inside the call each sample's linears, SiLUs and
+    convolutions run apart and each row's 2-D linears too (engine.stages.invariant), so each item gets its
+    solo bytes (tests/engine/stages/test_wan_batching.py). ``run`` stays :meth:`WanDenoise.run`
+    (Collaboration mode and LoRA adapters, which do not batch: a request with adapters runs alone)."""
+
+    @torch.no_grad()
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _WanStep:
+        dtype = self.transformer.dtype
+        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        scheduler.set_timesteps(params["num_inference_steps"], device=self.device)
+        image = inputs["image_embeds"].to(self.device, dtype) if self.transformer.config.image_dim is not None else None
+        latents, condition = self._initial(inputs, params)
+        return _WanStep(scheduler, list(scheduler.timesteps), float(params["guidance_scale"]),
+                        inputs["prompt_embeds"].to(self.device, dtype),
+                        inputs["negative_prompt_embeds"].to(self.device, dtype), image, latents, condition,
+                        self._cache(params))
+
+    def batch_key(self, params: Mapping[str, Any]) -> Any:
+        if adapter_set(params):
+            return None  # its adapters made the model's active set: alone
+        return (int(params["height"]), int(params["width"]), int(params["num_frames"]),
+                float(params["guidance_scale"]) > 1.0, int(params["max_sequence_length"]))
+
+    @torch.no_grad()
+    def step(self, states: list[Any]) -> None:
+        import contextlib
+
+        from engine.stages import invariant
+
+        dtype = self.transformer.dtype
+        rows: list[tuple[_WanStep, str, Any]] = []  # (request, pass, its cache)
+        preds: dict[tuple[int, str], torch.Tensor] = {}
+        inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for st in states:
+            t = st.timesteps[st.i]
+            model_input = (st.latents if st.condition is None else torch.cat([st.latents, st.condition], dim=1))
+            inputs[id(st)] = model_input.to(dtype), t.expand(st.latents.shape[0])
+            for name in ("cond", "uncond") if st.guidance > 1.0 else ("cond",):
+                cache = None if st.cache is None else st.cache.of(0 if name == "cond" else 1)
+                if cache is not None and not cache.should_compute():
+                    preds[id(st), name] = cache.predict()
+                else:
+                    rows.append((st, name, cache))
+        if rows:
+            batched = len(rows) > 1
+            with contextlib.ExitStack() as stack:
+                if batched:
+                    stack.enter_context(invariant.rows_per_request(1))
+                    stack.enter_context(invariant.per_sample())
+                out = self._rows(rows, inputs)
+            for k, (st, name, cache) in enumerate(rows):
+                preds[id(st), name] = out[k:k + 1] if batched else out
+                if cache is not None:
+                    cache.update(preds[id(st), name])
+        for st in states:
+            noise = preds[id(st), "cond"]
+            if st.guidance > 1.0:
+                uncond = preds[id(st), "uncond"]
+                noise = uncond + st.guidance * (noise - uncond)
+            st.latents = st.scheduler.step(noise, st.timesteps[st.i], st.latents, return_dict=False)[0]
+            st.i += 1
+
+    def _rows(self, rows: list[tuple[_WanStep, str, Any]], inputs: dict[int, tuple[Any, Any]]) -> torch.Tensor:
+        """One transformer call over the rows (alone: exactly the call WanDenoise.run makes)."""
+        if len(rows) == 1:
+            st, name, _ = rows[0]
+            x, t = inputs[id(st)]
+            return self._predict(name, x, t, st.pos if name == "cond" else st.neg, st.image_embeds)
+        images = [st.image_embeds for st, _, _ in rows]
+        with self._model_lock:
+            return self.transformer(
+                hidden_states=torch.cat([inputs[id(st)][0] for st, _, _ in rows]),
+                timestep=torch.cat([inputs[id(st)][1] for st, _, _ in rows]),
+                encoder_hidden_states=torch.cat([st.pos if n == "cond" else st.neg for st, n, _ in rows]),
+                encoder_hidden_states_image=None if images[0] is None else torch.cat(images),
+                return_dict=False)[0]
+
+    def progress(self, state: Any) -> tuple[int, int]:
+        return state.i, len(state.timesteps)
+
+    def estimate(self, state: Any) -> Any:
+        return state.latents
+
+    def end(self, state: Any) -> dict[str, Any]:
+        return {"denoised": state.latents}
+
+    def stats(self, state: Any) -> dict[str, Any]:
+        return {} if state.cache is None else {"cache_skipped": round(state.cache.skipped_share(), 3)}
+
+
+class WanI2VSteppedDenoise(WanDenoise, _SteppedWan):
+    """Wan2.1 image-to-video denoise, batching its steps (_SteppedWan); alone, WanDenoise.run."""
+
+    run = WanDenoise.run
+
+
+class WanT2VSteppedDenoise(WanT2VDenoise, _SteppedWan):
+    """Wan2.1 text-to-video denoise, batching its steps (_SteppedWan); alone, WanDenoise.run."""
+
+    run = WanDenoise.run

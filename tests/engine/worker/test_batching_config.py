@@ -13,8 +13,9 @@ from engine.worker.node_cli import add_arguments, settings_from
 def test_defaults_come_from_the_spec_and_flags_override_per_stage_or_workflow_stage() -> None:
     b = Batching()
     assert b.for_stage("sd-t2i", "denoise") == (7, 0.0)  # the most requests whose batched bytes are their solo ones
-    assert b.for_stage("sd-t2i", "text_encode") == (1, 0.0)
-    assert b.for_stage("wan2.1-t2v", "denoise") == (1, 0.0)  # its transformer's batch of 2 differs in bytes
+    assert b.for_stage("sd-t2i", "text_encode") == (8, 0.0)  # CLIP: any prompts share a call
+    assert b.for_stage("sd-t2i", "vae_decode") == (1, 0.0)  # a batch's convolutions differ in bytes
+    assert b.for_stage("wan2.1-t2v", "denoise") == (4, 0.0)  # per-sample linears, SiLUs and convolutions
     b = Batching.parse("denoise=4,sd-t2i/denoise=2", "denoise=5")
     assert b.for_stage("sd-t2i", "denoise") == (2, 5.0) and b.for_stage("wan2.1-t2v", "denoise") == (4, 5.0)
     for bad in ("denoise=0", "denoise=2.5", "denoise", "=3"):
@@ -29,7 +30,7 @@ def test_max_held_per_stage_never_below_the_max_batch() -> None:
     b = Batching.parse("denoise=4", None, "denoise=12,wan2.1-t2v/denoise=2")
     assert b.held_for("sd-t2i", "denoise") == 12
     assert b.held_for("wan2.1-t2v", "denoise") == 4  # below its max batch of 4: raised to it
-    assert b.held_for("sd-t2i", "text_encode") == 0
+    assert b.held_for("sd-t2i", "vae_decode") == 0
 
 
 def test_the_node_flags(monkeypatch: pytest.MonkeyPatch) -> None:
