@@ -730,23 +730,31 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         out.update(capacity_windows_rps=windows, capacity_rps=capacity, saturate_in_flight=saturate_in_flight,
                    staged_vs_monolith_capacity=capacity / mono,
                    staged_vs_batched_monolith_capacity=capacity / batched if batched else None)
-        rows = []
-        waits = RunQueueMeter((processes or {}).get("proxy"))  # the refusals' scheduling delay, measured
-        for i, f in enumerate(loads):
-            waits.begin()
-            r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s,
-                                      inputs=inputs))
-            r.update(waits.end())
-            r["load_x_capacity"] = f
-            r["goodput_busy_x_capacity"] = r["goodput_busy_rps"] / capacity
-            r["goodput_in_window_x_capacity"] = r["goodput_in_window_rps"] / capacity
-            rows.append(r)
+        rows = open_loop_rows(proxy, workflow, params, capacity, loads, seconds, deadline_s, inputs, processes)
         out["open_loop"] = rows
         out.update(issue28_figures(proxy, workflow, params, capacity, seconds, rows, staged, seed=len(loads),
                                    inputs=inputs))
         out.update(baselines_on_private_engines(model_dir, seconds, saturate_in_flight, device, single_stage,
                                                 single_stage_instances, mix_model_dirs))
     return out
+
+
+def open_loop_rows(proxy: str, workflow: str, params: dict[str, Any], capacity: float, loads: tuple[float, ...],
+                   seconds: float, deadline_s: float, inputs: dict[str, bytes] | None,
+                   processes: dict[str, int] | None) -> list[dict[str, Any]]:
+    """One open-loop run per load (a multiple of ``capacity``), each with the Proxy's refusal delays."""
+    rows = []
+    waits = RunQueueMeter((processes or {}).get("proxy"))  # the refusals' scheduling delay, measured
+    for i, f in enumerate(loads):
+        waits.begin()
+        r = asyncio.run(open_loop(proxy, workflow, params, capacity * f, seconds, seed=i, deadline_s=deadline_s,
+                                  inputs=inputs))
+        r.update(waits.end())
+        r["load_x_capacity"] = f
+        r["goodput_busy_x_capacity"] = r["goodput_busy_rps"] / capacity
+        r["goodput_in_window_x_capacity"] = r["goodput_in_window_rps"] / capacity
+        rows.append(r)
+    return rows
 
 
 def baselines_on_private_engines(model_dir: str, seconds: float, in_flight: int, device: str = "cpu",

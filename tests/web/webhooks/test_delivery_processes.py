@@ -195,7 +195,12 @@ def test_two_workers_on_postgresql_deliver_every_event_once(pg_deployment: tuple
     receiver = Receiver().answer(*([200, 200, 500, 200, 503] * 6)).start()
     try:
         secret = dep.script(SETUP.format(url=receiver.url))["secret"]
+        logs = [dep.logs / f"worker-{len(dep.workers) + k}.log" for k in range(2)]
         workers = [dep.start_worker("--concurrency", "4") for _ in range(2)]
+        # both running before the events exist: under load one worker's start (Django's imports) can take
+        # as long as the other needs to deliver all 60 (a CI run saw one worker send every one)
+        _wait("both workers running", lambda: all(
+            "webhook delivery worker running" in log.read_text(errors="replace") for log in logs), 60, dep)
         assert dep.script(FINISH.format(n=n, threads=8))["finished"] == n
 
         def states() -> list[tuple[str, str]]:
