@@ -118,8 +118,10 @@ def test_the_spec_offers_the_levels_the_stage_serves() -> None:
 def test_the_worker_reports_each_runs_skipped_share(runner: Any, tiny_models: dict[str, Path],
                                                      redis_server: Any, etcd_server: Any) -> None:
     """Through the TaskWorker's batching loop, its ring and store: a lossless, an extra-high and a high
-    request share steps; each is handed on equal to its solo run, and each cached run's stage_finished event
-    says what share of its transformer calls its cache skipped (what the ledger's stage run records)."""
+    request share steps with a fourth (high) that is cancelled after the second shared step; the three are
+    each handed on equal to their solo run, the cancelled one is not, and each cached run's stage_finished
+    event says what share of its transformer calls its cache skipped (what the ledger's stage run
+    records)."""
     import uuid
 
     import torch
@@ -128,28 +130,42 @@ def test_the_worker_reports_each_runs_skipped_share(runner: Any, tiny_models: di
     from tests.engine.worker.rig import DenoiseRig
 
     denoise = runner.executors["denoise"]
-    levels = ("lossless", "extra-high", "high")
-    uids = [uuid.uuid4().hex for _ in levels]
+    levels = ("lossless", "extra-high", "high", "high")
+    every = [uuid.uuid4().hex for _ in levels]
+    uids, cancelled = every[:3], every[3]
     reqs = {u: _params(tiny_models[WF], num_inference_steps=10, seed=k, quality=q, prompt=f"a photo of thing {k}")
-            for k, (u, q) in enumerate(zip(uids, levels, strict=True))}
+            for k, (u, q) in enumerate(zip(every, levels, strict=True))}
     embeds = {u: _embeds(runner, p) for u, p in reqs.items()}
-    solo = {u: _solo(runner, p) for u, p in reqs.items()}
+    solo = {u: _solo(runner, reqs[u]) for u in uids}
     rig = DenoiseRig(redis_server.url, etcd_server.url, WF)
+    shared: list[int] = []
+
+    class CancelsMidway(type(denoise)):  # type: ignore[misc]
+        def step(self, states: list[Any]) -> None:
+            super().step(states)
+            if len(states) == 4:
+                shared.append(4)
+                if len(shared) == 2:
+                    rig.store.request_cancel(cancelled)
+
+    denoise.__class__ = CancelsMidway
     try:
         worker = rig.worker(denoise)
-        rig.serve(worker, uids, reqs, embeds)
+        rig.serve(worker, every, reqs, embeds)
         handed: dict[str, Any] = {}
         rig.collect(handed)
-        assert sorted(handed) == sorted(uids)
+        assert sorted(handed) == sorted(uids)  # the cancelled one was not handed on
+        assert rig.store.state(cancelled) == keys.CANCELLED and len(shared) >= 2
         details = {}
         for u in uids:
             assert torch.equal(handed[u], solo[u][0]), reqs[u]["quality"]
             finished = [e for e in rig.store.events(u) if e["type"] == keys.STAGE_FINISHED]
             assert len(finished) == 1
             details[reqs[u]["quality"]] = finished[0]["detail"]
-        assert "batch=3" in details["lossless"] and "cache_skipped" not in details["lossless"], details
+        assert "batch=4" in details["lossless"] and "cache_skipped" not in details["lossless"], details
         for q in ("extra-high", "high"):  # the share its solo run's cache counted: 4 and 5 of 10 predicted
             want = solo[uids[levels.index(q)]][1].skipped_share()
             assert f"cache_skipped={want:.3f}" in details[q], details
     finally:
+        denoise.__class__ = CancelsMidway.__mro__[1]
         rig.close()
