@@ -306,25 +306,29 @@ async def result(request: web.Request) -> web.Response:
     uid, st = found
     if st.state != keys.COMPLETED:
         return web.json_response({"uid": uid, "state": st.state, "error": "no result"}, status=409)
-    try:
-        data = await asyncio.to_thread(store.result, uid)
-    except outage.UNAVAILABLE as exc:
-        return _store_down(exc)
-    except ObjectStoreError as exc:
-        return _busy(f"the object store is unavailable: {exc}", outage.RETRY_AFTER_S)
+    data = await _read_result(store, uid)
+    if isinstance(data, web.Response):
+        return data
     if data is None:
         return _error(410, "the result expired")
     output = get_workflow(st.workflow).final_output
     return web.Response(body=data, content_type=CONTENT_TYPES.get(output, "application/octet-stream"))
 
 
-async def _stored_result(store: Any, uid: str, not_found: web.Response) -> web.Response:
+async def _read_result(store: Any, uid: str) -> bytes | None | web.Response:
+    """The result's bytes (None: none), or the 503 that Redis or the object store being away answers."""
     try:
-        data = await asyncio.to_thread(store.result, uid)
+        return await asyncio.to_thread(store.result, uid)
     except outage.UNAVAILABLE as exc:
         return _store_down(exc)
     except ObjectStoreError as exc:
         return _busy(f"the object store is unavailable: {exc}", outage.RETRY_AFTER_S)
+
+
+async def _stored_result(store: Any, uid: str, not_found: web.Response) -> web.Response:
+    data = await _read_result(store, uid)
+    if isinstance(data, web.Response):
+        return data
     if data is None:
         return not_found
     return web.Response(body=data, content_type=sniff_content_type(data))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -275,17 +276,10 @@ class ObjectStore:
 
     def head(self, name: str | ObjectRef) -> ObjectRef | None:
         """The object's :class:`ObjectRef` as the store has it (size, the recorded sha256), or None."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         key = self.key(name)
-        try:
-            h = self.client.head_object(Bucket=self.config.bucket, Key=key)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise self._fail("head", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._fail("head", key, exc) from exc
+        h = self._unless_missing("head", key, lambda: self.client.head_object(Bucket=self.config.bucket, Key=key))
+        if h is None:
+            return None
         return ObjectRef(key, int(h["ContentLength"]), _recorded_sha256(h),
                          h.get("ContentType") or "application/octet-stream")
 
@@ -305,6 +299,19 @@ class ObjectStore:
         latest = max(found, key=lambda o: (o["LastModified"], o["Key"]))
         return self.head(ObjectRef(latest["Key"], int(latest["Size"]), ""))
 
+    def _unless_missing(self, op: str, key: str, call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        """``call()``'s response, None when the object does not exist, :class:`ObjectStoreError` otherwise."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return call()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self._fail(op, key, exc) from exc
+        except BotoCoreError as exc:
+            raise self._fail(op, key, exc) from exc
+
     def get(self, name: str | ObjectRef, start: int | None = None, end: int | None = None) -> bytes | None:
         """The object's bytes, or bytes ``start`` to ``end`` inclusive (HTTP's Range; ``end`` None: to the
         end); None when there is no such object."""
@@ -319,20 +326,13 @@ class ObjectStore:
     def open(self, name: str | ObjectRef, start: int | None = None, end: int | None = None) -> Opened | None:
         """The object (or a range of it, as :meth:`get`) as a stream to read and close, or None when there
         is no such object: what a download that must not hold the whole object in memory reads."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         key = self.key(name)
         kwargs: dict[str, Any] = {"Bucket": self.config.bucket, "Key": key}
         if start is not None or end is not None:
             kwargs["Range"] = f"bytes={start or 0}-{'' if end is None else end}"
-        try:
-            got = self.client.get_object(**kwargs)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise self._fail("get", key, exc) from exc
-        except BotoCoreError as exc:
-            raise self._fail("get", key, exc) from exc
+        got = self._unless_missing("get", key, lambda: self.client.get_object(**kwargs))
+        if got is None:
+            return None
         length = int(got["ContentLength"])
         content_range = got.get("ContentRange") or ""  # "bytes 5-15/11000" for a range
         total = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else length
