@@ -29,10 +29,12 @@ def staged_frames(runner: Any, params: dict[str, Any], inputs: dict[str, bytes])
 
 
 def step_joining(denoise: Any, embeds: list[Any], reqs: list[dict[str, Any]],
-                 joins: dict[int, list[int]], ticks: int = 20) -> tuple[dict[int, Any], list[int]]:
+                 joins: dict[int, list[int]], ticks: int = 20,
+                 leave: dict[int, int] | None = None) -> tuple[dict[int, Any], list[int]]:
     """Step a SteppedStage's requests together as a batcher would: request ``k`` begins at tick ``t`` for each
-    ``k`` in ``joins[t]``, and leaves when its own steps are done. Returns (each request's ``denoised``, the
-    batch width at each tick)."""
+    ``k`` in ``joins[t]``, and leaves when its own steps are done, or (``leave[k]``: as a cancelled one leaves
+    the batcher) after that many of them, with nothing in the output. Returns (each finished request's
+    ``denoised``, the batch width at each tick)."""
     states: dict[int, Any] = {}
     out: dict[int, Any] = {}
     widths: list[int] = []
@@ -45,7 +47,9 @@ def step_joining(denoise: Any, embeds: list[Any], reqs: list[dict[str, Any]],
         denoise.step(list(states.values()))
         for k, st in list(states.items()):
             done, total = denoise.progress(st)
-            if done == total:
+            if leave and done == leave.get(k):
+                del states[k]
+            elif done == total:
                 out[k] = denoise.end(st)["denoised"]
                 del states[k]
     return out, widths

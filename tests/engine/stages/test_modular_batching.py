@@ -156,20 +156,9 @@ def test_an_instance_batches_flux_requests_and_a_cancel_leaves_the_rest(
     embeds = {u: _embeds(runner, p) for u, p in reqs.items()}
     solo = {u: denoise.run(embeds[u], reqs[u], StageContext())["denoised"] for u in good}
     rig = DenoiseRig(redis_server.url, etcd_server.url, workflow)
-    shared: list[int] = []
-
-    class CancelsMidway(type(denoise)):  # type: ignore[misc]
-        def step(self, states: list[Any]) -> None:
-            super().step(states)
-            if len(states) == 3:
-                shared.append(3)
-                if len(shared) == 2:
-                    rig.store.request_cancel(cancelled)
-
-    denoise.__class__ = CancelsMidway
     try:
-        worker = rig.worker(denoise)
-        rig.serve(worker, uids, reqs, embeds)
+        with rig.cancels_midway(denoise, cancelled, width=3) as shared:
+            rig.serve(rig.worker(denoise), uids, reqs, embeds)
         handed: dict[str, Any] = {}
         rig.collect(handed)
         assert sorted(handed) == sorted(good)
@@ -180,5 +169,4 @@ def test_an_instance_batches_flux_requests_and_a_cancel_leaves_the_rest(
         finished = [e for u in good for e in rig.store.events(u) if e["type"] == keys.STAGE_FINISHED]
         assert len(finished) == 2 and all("batch=3" in e["detail"] for e in finished), finished
     finally:
-        denoise.__class__ = CancelsMidway.__mro__[1]
         rig.close()

@@ -13,6 +13,7 @@ import pytest
 
 from engine.workflow import get_workflow
 from engine.workflow.spec import InvalidRequest
+from tests.engine.stages.staged import step_joining
 
 pytestmark = pytest.mark.models
 
@@ -107,24 +108,8 @@ def test_mixed_levels_share_a_batch_each_item_its_solo_run(runners: dict[str, An
     assert len({denoise.batch_key(r) for r in reqs}) == 1
     solo = [_solo(runner, r)[0] for r in reqs]
     embeds = [_embeds(runner, r) for r in reqs]
-    states = {0: denoise.begin(embeds[0], reqs[0]), 3: denoise.begin(embeds[3], reqs[3])}
-    joins = {1: [1], 2: [2]}
-    out: dict[int, Any] = {}
-    widths, ticks = [], 0
-    while states or any(t >= ticks for t in joins):
-        for k in joins.get(ticks, []):
-            states[k] = denoise.begin(embeds[k], reqs[k])
-        ticks += 1
-        if not states:
-            continue
-        widths.append(len(states))
-        denoise.step(list(states.values()))
-        if 3 in states and states[3].i == 4:
-            del states[3]  # cancelled: it leaves, its cache with it
-        for k, st in list(states.items()):
-            if denoise.progress(st)[0] == len(st.timesteps):
-                out[k] = denoise.end(st)["denoised"]
-                del states[k]
+    # 3 leaves after its fourth step, as a cancelled request leaves the batcher (its cache with it)
+    out, widths = step_joining(denoise, embeds, reqs, {0: [0, 3], 1: [1], 2: [2]}, leave={3: 4})
     assert max(widths) == 4 and sorted(out) == [0, 1, 2]
     for k in range(3):
         assert torch.equal(out[k], solo[k]), f"request {k} ({reqs[k]['quality']}) differs from its solo run"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from engine.workflow import get_workflow
+from tests.engine.stages.staged import step_joining
 from tests.engine.stages.test_quality import _embeds, _solo
 
 pytestmark = pytest.mark.models
@@ -86,24 +87,8 @@ def test_mixed_levels_and_guidance_share_a_batch_each_item_its_solo_run(runner: 
     assert len({denoise.batch_key(r) for r in reqs}) == 1
     solo = [_solo(runner, r)[0] for r in reqs]
     embeds = [_embeds(runner, r) for r in reqs]
-    states = {0: denoise.begin(embeds[0], reqs[0]), 3: denoise.begin(embeds[3], reqs[3])}
-    joins = {1: [1], 2: [2]}
-    out: dict[int, Any] = {}
-    widths, ticks = [], 0
-    while states or any(t >= ticks for t in joins):
-        for k in joins.get(ticks, []):
-            states[k] = denoise.begin(embeds[k], reqs[k])
-        ticks += 1
-        if not states:
-            continue
-        widths.append(len(states))
-        denoise.step(list(states.values()))
-        if 3 in states and states[3].i == 4:
-            del states[3]  # cancelled: it leaves, its caches with it
-        for k, st in list(states.items()):
-            if denoise.progress(st)[0] == len(st.timesteps):
-                out[k] = denoise.end(st)["denoised"]
-                del states[k]
+    # 3 leaves after its fourth step, as a cancelled request leaves the batcher (its cache with it)
+    out, widths = step_joining(denoise, embeds, reqs, {0: [0, 3], 1: [1], 2: [2]}, leave={3: 4})
     assert max(widths) == 4 and sorted(out) == [0, 1, 2]
     for k in range(3):
         assert torch.equal(out[k], solo[k]), f"request {k} ({reqs[k]['quality']}) differs from its solo run"
@@ -138,20 +123,9 @@ def test_the_worker_reports_each_runs_skipped_share(runner: Any, tiny_models: di
     embeds = {u: _embeds(runner, p) for u, p in reqs.items()}
     solo = {u: _solo(runner, reqs[u]) for u in uids}
     rig = DenoiseRig(redis_server.url, etcd_server.url, WF)
-    shared: list[int] = []
-
-    class CancelsMidway(type(denoise)):  # type: ignore[misc]
-        def step(self, states: list[Any]) -> None:
-            super().step(states)
-            if len(states) == 4:
-                shared.append(4)
-                if len(shared) == 2:
-                    rig.store.request_cancel(cancelled)
-
-    denoise.__class__ = CancelsMidway
     try:
-        worker = rig.worker(denoise)
-        rig.serve(worker, every, reqs, embeds)
+        with rig.cancels_midway(denoise, cancelled, width=4) as shared:
+            rig.serve(rig.worker(denoise), every, reqs, embeds)
         handed: dict[str, Any] = {}
         rig.collect(handed)
         assert sorted(handed) == sorted(uids)  # the cancelled one was not handed on
@@ -167,5 +141,4 @@ def test_the_worker_reports_each_runs_skipped_share(runner: Any, tiny_models: di
             want = solo[uids[levels.index(q)]][1].skipped_share()
             assert f"cache_skipped={want:.3f}" in details[q], details
     finally:
-        denoise.__class__ = CancelsMidway.__mro__[1]
         rig.close()

@@ -140,6 +140,28 @@ class DenoiseRig:
             handed[msg.header.uid] = to_torch(msg.tensors[output]).clone()
             d.release()
 
+    @contextmanager
+    def cancels_midway(self, stage: Any, uid: str, width: int, after: int = 2) -> Iterator[list[int]]:
+        """While inside, ``stage`` (the executor given to :meth:`worker`) cancels ``uid`` through the store
+        once it has taken ``after`` steps of ``width`` requests; yields the list those steps are counted in."""
+        shared: list[int] = []
+        plain = type(stage)
+        store = self.store
+
+        class CancelsMidway(plain):  # type: ignore[misc, valid-type]
+            def step(self, states: list[Any]) -> None:
+                super().step(states)
+                if len(states) == width:
+                    shared.append(width)
+                    if len(shared) == after:
+                        store.request_cancel(uid)
+
+        stage.__class__ = CancelsMidway
+        try:
+            yield shared
+        finally:
+            stage.__class__ = plain
+
     def close(self) -> None:
         self.producer.close()
         if self._worker is not None:
