@@ -20,9 +20,18 @@ When: the worker is ready (its route published, its ready file written) before a
 loop runs one measurement at a time while it is idle (nothing handled for :data:`IDLE_S`) and checks its ring
 between them, so a request that arrives waits at most for the measurement in hand, never for the calibration.
 
+Order: the smallest size first, untimed (the warm-up), then the default size, then the others from the smallest
+up. A heavy stage (a video decoder on CPU) may have budget for one timed point only, and that point is then the
+default request's, the size most requests come at, priced from its own measurement rather than extrapolated
+from a quarter of its pixels.
+
+An instance that can collaborate (a CFG-parallel pair, engine.worker.collab) is calibrated too: its step is
+timed alone, as it runs in Individual mode (the default); while the workflow is in Collaboration mode the
+measurement is scaled by the share of a step the leader computes itself (the executor's ``cfg_share``: half a
+guided step), which is what a helped request's steps cost. The runs that follow correct either.
+
 Not calibrated: a stage whose inputs cannot be made here (a dimension no config names: it learns from its runs,
-as before), an instance in Collaboration mode (its executor also serves a peer's halves on another thread), and
-a stage stretched to a floor time per run (a test hook: a floor per run is not a cost per step).
+as before), and a stage stretched to a floor time per run (a test hook: a floor per run is not a cost per step).
 """
 
 from __future__ import annotations
@@ -109,8 +118,10 @@ def synthetic_inputs(spec: WorkflowSpec, stage: str, dims: Mapping[str, int], pa
         dtype = getattr(torch, compute_dtype if t.dtype == "compute" else t.dtype)
         if dtype.is_floating_point:
             out[name] = (0.5 * torch.randn(shape, generator=gen)).to(dtype)
+        elif dtype == torch.uint8:  # pixels: varied, as a decoder's are (a flat picture costs an encoder nothing)
+            out[name] = torch.randint(0, 256, shape, generator=gen, dtype=dtype)
         else:
-            out[name] = torch.full(shape, 128 if dtype == torch.uint8 else 1, dtype=dtype)
+            out[name] = torch.full(shape, 1, dtype=dtype)
     return out
 
 
@@ -140,7 +151,7 @@ class Target:
 
     spec: WorkflowSpec
     stage: str
-    plan: list[dict[str, Any]]
+    plan: list[dict[str, Any]]  # in the order measured: the default size first (see plan)
     budget_s: float
     spent_s: float = 0.0
     points: int = 0
@@ -150,9 +161,10 @@ class Target:
 
 
 def plan(spec: WorkflowSpec, stage: str, folder: str | Path) -> list[dict[str, Any]]:
-    """The sizes to measure ``stage`` at, smallest first: the default request (the bound spec's defaults, the
-    warm-up's prompt) scaled by :data:`SCALES`, each at the least steps that give the stage one; one size
-    only for a stage whose work does not grow with it (a text encoder)."""
+    """The sizes to measure ``stage`` at, in the order measured: the default request (the bound spec's
+    defaults, the warm-up's prompt) first, then the others it scaled by :data:`SCALES`, smallest first, each
+    at the least steps that give the stage one; one size only for a stage whose work does not grow with it
+    (a text encoder)."""
     model = spec.costs.get(stage)
     warm, blobs = spec.warm_up_request()
     base = spec.resolve_params({k: v for k, v in warm.items() if isinstance(v, str)})  # the prompt; defaults else
@@ -161,7 +173,7 @@ def plan(spec: WorkflowSpec, stage: str, folder: str | Path) -> list[dict[str, A
         return {k: images.blank_png(w, h) for k in blobs}
 
     out, seen = [], set()
-    for scale in SCALES:
+    for scale in (1.0, *(s for s in SCALES if s != 1.0)):  # the default first: it wins a tie of equal units
         p = sized(spec, base, scale, inputs)
         units = model.units(spec.dims(p)) if p is not None and model is not None else None
         if p is None or units in seen:  # a size already planned, or one the stage's work does not grow with
@@ -174,6 +186,11 @@ def plan(spec: WorkflowSpec, stage: str, folder: str | Path) -> list[dict[str, A
                     break
         out.append(p)
     return out
+
+
+def pixels(params: Mapping[str, Any]) -> int:
+    """A planned size's pixel count, frames included (the warm-up runs on the least)."""
+    return int(params.get("height", 1)) * int(params.get("width", 1)) * int(params.get("num_frames", 1))
 
 
 def bound_spec(workflow: str, folder: str | Path) -> WorkflowSpec:
@@ -218,6 +235,7 @@ def time_once(executor: Any, inputs: Mapping[str, Any], params: Mapping[str, Any
 
 
 Record = Callable[[str, float, float, float], Any]  # (workflow, units, steps, seconds) -> the fit after it, or None
+Share = Callable[[str, Mapping[str, Any]], float]  # (workflow, params) -> the share of a measured step it costs
 
 
 class Calibrator:
@@ -225,18 +243,21 @@ class Calibrator:
     ``record(workflow, units, steps, seconds)`` takes each (the worker's samples: it returns their fit, which
     predicts the next size's time against what is left of the budget)."""
 
-    def __init__(self, executor: Any, folder: str | Path, targets: list[Target], record: Record) -> None:
+    def __init__(self, executor: Any, folder: str | Path, targets: list[Target], record: Record,
+                 share: Share | None = None) -> None:
         from engine.stages.base import compute_dtype_name
 
         self.executor, self.folder, self.targets, self.record = executor, str(folder), targets, record
+        self.share: Share = share or (lambda workflow, params: 1.0)
         self.dtype = compute_dtype_name(str(getattr(executor, "device", "cpu")))
         self.fits: dict[str, Any] = {}
 
     @classmethod
     def of(cls, executor: Any, folder: str | Path, members: list[tuple[str, str]], budget_s: float,
-           record: Record) -> Calibrator | None:
+           record: Record, share: Share | None = None) -> Calibrator | None:
         """The calibration of ``members`` (``(workflow, stage)``) within ``budget_s`` each; None when off or
-        there is nothing to measure (see the module docstring)."""
+        there is nothing to measure (see the module docstring). ``share(workflow, params)``: the share of a
+        measured step a request of ``params`` costs this instance now (Collaboration mode); 1 when not given."""
         if budget_s <= 0 or getattr(executor, "floor_s", 0.0) > 0:
             return None
         targets = []
@@ -246,7 +267,7 @@ class Calibrator:
                 targets.append(Target(spec, stage, plan(spec, stage, folder), budget_s))
             except Exception as exc:  # a spec this folder's configs do not fit: it learns from its runs
                 log.warning("no calibration of %s/%s: %s", workflow, stage, exc)
-        return cls(executor, folder, targets, record) if targets else None
+        return cls(executor, folder, targets, record, share) if targets else None
 
     @property
     def pending(self) -> bool:
@@ -271,20 +292,21 @@ class Calibrator:
         if not t.plan:
             t.done = True
             return
+        if not t.warmed:  # the process's one-off costs, paid untimed on the smallest size
+            least = min(t.plan, key=pixels)
+            time_once(self.executor, self._inputs(t, least), least)
+            t.warmed = True
+            return
         params = t.plan[0]
         model = t.spec.costs.get(t.stage)
         units = model.units(t.spec.dims(params)) if model is not None else 0.0
         steps = self._steps(t, params)
-        inputs = synthetic_inputs(t.spec, t.stage, model_dims(t.spec, self.folder, params), params, self.dtype)
-        if not t.warmed:  # the process's one-off costs, paid untimed on the smallest size
-            time_once(self.executor, inputs, params)
-            t.warmed = True
-            return
         fit = self.fits.get(t.spec.name)
         if fit is not None and model is not None and t.points:
             if t.spent_s + steps * fit.per_step(units, model.growth) > t.budget_s:
                 t.done = True
                 return
+        inputs = self._inputs(t, params)
         seconds = time_once(self.executor, inputs, params)
         t.spent_s += seconds
         if t.spent_s + seconds <= t.budget_s:
@@ -294,10 +316,13 @@ class Calibrator:
             again = time_once(self.executor, inputs, params)
             t.spent_s += again
             seconds = min(seconds, again)
-        self.fits[t.spec.name] = self.record(t.spec.name, units, steps, seconds)
+        self.fits[t.spec.name] = self.record(t.spec.name, units, steps, seconds * self.share(t.spec.name, params))
         t.plan.pop(0)
         t.points += 1
         t.done = not t.plan or t.spent_s >= t.budget_s
+
+    def _inputs(self, t: Target, params: Mapping[str, Any]) -> dict[str, Any]:
+        return synthetic_inputs(t.spec, t.stage, model_dims(t.spec, self.folder, params), params, self.dtype)
 
     def _steps(self, t: Target, params: Mapping[str, Any]) -> float:
         """The steps one measurement times: one for a stage that steps (its own step timed), else the run's."""

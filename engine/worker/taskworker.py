@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,9 +224,9 @@ class TaskWorker:
         waits at most for the one in hand. ``should_stop`` itself where there is nothing to calibrate."""
         from engine.worker import calibrate
 
-        if self.config.calibrate_s > 0 and self.collab is None:
+        if self.config.calibrate_s > 0:
             self.calibrator = calibrate.Calibrator.of(self.executor, self.config.model_dir, list(self.chains),
-                                                      self.config.calibrate_s, self._calibrated)
+                                                      self.config.calibrate_s, self._calibrated, self._step_share)
         if self.calibrator is None:  # said, so that whoever waits for the calibration does not wait for this
             why = "off" if self.config.calibrate_s <= 0 else "not calibrated here (learns from its runs)"
             for workflow, _stage in self.chains:
@@ -256,6 +256,14 @@ class TaskWorker:
             model = chain.spec.costs.get(chain.stage)
             self.samples[workflow] = Samples(degree=2 if model is not None and model.growth >= 2 else 1)
         return self.samples[workflow]
+
+    def _step_share(self, workflow: str, params: Mapping[str, Any]) -> float:
+        """The share of a step timed alone that a request of ``params`` costs here now: in Collaboration mode a
+        peer computes the unconditional half of a guided step (the executor's ``cfg_share``), else all of it."""
+        share = getattr(self.executor, "cfg_share", None)
+        if self.collab is None or share is None or self.routes.mode(workflow) != "collaboration":
+            return 1.0
+        return float(share(params))
 
     def _calibrated(self, workflow: str, units: float, steps: float, seconds: float) -> Fit | None:
         """A calibration measurement: into the samples, and their fit published (as a run's is, by _record)."""

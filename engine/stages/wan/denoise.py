@@ -160,6 +160,15 @@ class WanDenoise(TorchStage):
             ctx.stats["cache_skipped"] = round(cache.skipped_share(), 3)
         return {"denoised": latents}
 
+    def cfg_share(self, params: Mapping[str, Any]) -> float:
+        """The share of a step this instance computes itself in Collaboration mode (engine.worker.calibrate):
+        half of a guided one, which :meth:`run` sends a peer; all of one it keeps (unguided, adapters, cached)."""
+        from engine.stages import caching
+
+        helped = float(params.get("guidance_scale", 1.0)) > 1.0 and not adapter_set(params) \
+            and caching.for_request(self.served_workflow or "", params, per_pass=True) is None
+        return 0.5 if helped else 1.0
+
     def _cache(self, params: Mapping[str, Any]) -> Any:
         """The request's step caches, one per guidance pass (None: lossless)."""
         from engine.stages import caching

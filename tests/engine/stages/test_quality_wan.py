@@ -89,8 +89,10 @@ def test_each_level_is_diffusers_own_hook(workflow: str, guidance: float, runner
 
 
 def test_a_cached_request_keeps_its_uncond_half(runners: dict[str, Any]) -> None:
-    """Collaboration mode: a lossless request sends its uncond halves to the peer; one below lossless never
-    does (its uncond cache is local), and gets the bytes it gets alone."""
+    """Collaboration mode: a lossless guided request sends its uncond halves to the peer; one below lossless
+    never does (its uncond cache is local), nor an unguided one, and each gets the bytes it gets alone. The
+    share of a step the executor says it computes itself (what the warm-up calibration prices a step at in
+    Collaboration mode) is half exactly where the halves go to the peer."""
     import torch
 
     from engine.stages.base import StageContext
@@ -119,15 +121,16 @@ def test_a_cached_request_keeps_its_uncond_half(runners: dict[str, Any]) -> None
     spec = runner.spec
     embeds = runner.executors["text_encode"]
     denoise = runner.executors["denoise"]
-    for q, sends in (("lossless", True), ("high", False)):
-        params = spec.resolve_params({**BASE, "quality": q})
+    for q, guidance, sends in (("lossless", 5.0, True), ("high", 5.0, False), ("lossless", 1.0, False)):
+        params = spec.resolve_params({**BASE, "quality": q, "guidance_scale": guidance})
+        assert denoise.cfg_share(params) == (0.5 if sends else 1.0), (q, guidance)
         inputs = embeds.run({}, params, StageContext())
         peer = Peer()
         ctx = StageContext()
         ctx.cfg_parallel = peer
         with_peer = denoise.run(inputs, params, ctx)["denoised"]
         alone = denoise.run(inputs, params, StageContext())["denoised"]
-        assert (peer.sent > 0) == sends, q
+        assert (peer.sent > 0) == sends, (q, guidance)
         assert torch.equal(with_peer, alone)
 
 

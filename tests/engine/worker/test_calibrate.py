@@ -136,3 +136,97 @@ def test_an_instance_with_calibration_off_says_so(redis_server: Any, etcd_server
     assert report == {"points": 0, "done": True, "notes": ["off"]}
     assert store.price_fits([(INSTANCE, "sd-t2i")]) == {}
     store.close()
+
+
+def test_the_default_size_is_measured_first_and_the_warm_up_runs_on_the_least(
+        tiny_models: dict[str, Path], monkeypatch: Any) -> None:
+    """A heavy stage (a video decoder on CPU) may have budget for one timed point only: that point is the
+    default request's, not a quarter of its pixels extrapolated (benchmarks/estimates.md: Wan2.1's decode was
+    priced 3.7x over from one point at 1/4). The untimed warm-up runs on the smallest size planned, and a stage
+    whose cost the spec does not tie to the size (a text encoder) is measured at the default."""
+    from engine.stages.runner import LocalRunner
+    from engine.worker import calibrate
+
+    folder = tiny_models["wan2.1-t2v"]
+    spec = bound_spec("wan2.1-t2v", folder)
+    default = spec.resolve_params({"prompt": "x"})
+    sized = plan(spec, "vae_decode", folder)
+    assert [(p["height"], p["width"], p["num_frames"]) for p in sized[:1]] == \
+        [(default["height"], default["width"], default["num_frames"])]
+    rest = [calibrate.pixels(p) for p in sized[1:]]
+    assert rest == sorted(rest) and rest[0] < calibrate.pixels(sized[0]) < rest[-1]
+    assert [calibrate.pixels(p) for p in plan(spec, "text_encode", folder)] == [calibrate.pixels(sized[0])]
+    timed: list[int] = []
+    real = calibrate.time_once
+    monkeypatch.setattr(calibrate, "time_once",
+                        lambda ex, i, p: (timed.append(calibrate.pixels(p)), real(ex, i, p))[1])
+    got: list[float] = []
+    decode = LocalRunner("wan2.1-t2v", folder, "cpu").executors["vae_decode"]
+    cal = Calibrator.of(decode, folder, [("wan2.1-t2v", "vae_decode")], 1e-6,
+                        lambda wf, u, n, s: got.append(u))  # type: ignore[arg-type,return-value]
+    assert cal is not None
+    while cal.pending:
+        cal.tick()
+    model = spec.costs["vae_decode"]
+    assert got == [model.units(spec.dims(sized[0]))]  # the one point the budget bought: the default's
+    assert timed == [rest[0], calibrate.pixels(sized[0])]  # the warm-up on the least, then the default
+
+
+def test_made_up_frames_vary_as_a_decoders_do(tiny_models: dict[str, Path]) -> None:
+    """An encoder's time depends on what it encodes: flat frames cost H.264 next to nothing, so the video
+    encoder was priced at 0.01 s against 3.9 s measured (benchmarks/estimates.md)."""
+    folder = tiny_models["wan2.1-t2v"]
+    spec = bound_spec("wan2.1-t2v", folder)
+    p = plan(spec, "video_encode", folder)[0]
+    frames = synthetic_inputs(spec, "video_encode", model_dims(spec, folder, p), p, "float32")["frames"]
+    assert tuple(frames.shape) == (p["num_frames"], p["height"], p["width"], 3)
+    assert frames.unique().numel() > 200 and float(frames.float().std()) > 50
+
+
+def test_a_collaborating_step_is_recorded_at_the_share_its_instance_computes(
+        sd: Any, tiny_models: dict[str, Path], monkeypatch: Any) -> None:
+    """In Collaboration mode a peer computes half of a guided step: the calibration's step, timed alone, is
+    recorded at the share the instance's ``share`` callback gives for the planned request."""
+    from engine.worker import calibrate
+
+    monkeypatch.setattr(calibrate, "time_once", lambda ex, i, p: 0.8)
+    asked: list[dict[str, Any]] = []
+    got: list[float] = []
+
+    def share(wf: str, p: dict[str, Any]) -> float:
+        asked.append(p)
+        return 0.5
+
+    cal = Calibrator.of(sd.executors["denoise"], tiny_models["sd-t2i"], [("sd-t2i", "denoise")], 1.0,
+                        lambda wf, u, n, s: got.append(s), share)  # type: ignore[arg-type,return-value]
+    assert cal is not None
+    for _ in range(3):  # the warm-up, then two sizes
+        cal.tick()
+    assert got == [0.4, 0.4] and [p["height"] for p in asked] == [64, 96]
+
+
+def test_an_instance_that_can_collaborate_is_calibrated_at_its_mode_share(
+        redis_server: Any, etcd_server: Any, ring: tuple[RingConsumer, Any]) -> None:
+    """A CFG-parallel instance (one with a collab service) was not calibrated, so Wan2.1's denoise was priced
+    by the spec's GPU prior, 3.2x its time here. It is now, at its whole step in Individual mode (the default)
+    and at the executor's ``cfg_share`` while the Node Manager publishes Collaboration mode."""
+    from engine.worker.taskworker import TaskWorker
+
+    consumer, _ = ring
+    store = JobStore.from_url(redis_server.url, ttl=60)
+    base = image_encode_worker(store, consumer, etcd_server.url, calibrate_s=0.5)
+    base.executor.cfg_share = lambda params: 0.5  # type: ignore[attr-defined]  # as WanDenoise's, guided
+    worker = TaskWorker(base.config, store, base.routes, base.executor, consumer, collab=object())
+    worker._calibrating(lambda: False)
+    assert worker.calibrator is not None
+    assert worker._step_share("sd-t2i", {}) == 1.0  # Individual mode
+    key = worker.routes.keys.capacity("sd-t2i")
+    worker.routes.client.put(key, json.dumps({"rps": 1.0, "mode": "collaboration"}))
+    try:
+        worker.routes.refresh()
+        assert worker.routes.mode("sd-t2i") == "collaboration"
+        assert worker._step_share("sd-t2i", {}) == 0.5
+        assert base._step_share("sd-t2i", {}) == 1.0  # no collab service: it computes every step itself
+    finally:
+        worker.routes.client.delete(key)
+        store.close()
