@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "reconciler and the web process are not queued behind a stage (default: ONEPIECE_WORKER_NICE or 10)")
     p.add_argument("--max-batch", default=None, metavar="STAGE=N,...",
                    help="step-level batching: at most N requests share a step of STAGE or WORKFLOW/STAGE (1: one "
-                   "at a time; default: the spec's, 8 for sd-t2i's denoise; ONEPIECE_MAX_BATCH)")
+                   "at a time; default: the spec's, measured per stage: 7 for sd-t2i's denoise, 4 for FLUX.1's and "
+                   "Wan2.1's, 8 for Qwen-Image's and the text encoders; ONEPIECE_MAX_BATCH)")
     p.add_argument("--batch-wait-ms", default=None, metavar="STAGE=T,...",
                    help="a new batch waits up to T ms after its oldest request for more (default 0: later ones "
                    "join at the next step; ONEPIECE_BATCH_WAIT_MS)")
