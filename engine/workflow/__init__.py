@@ -1,6 +1,7 @@
 """Workflow specs (stage graphs) and the Workflow Message codec; torch-free."""
 
+from engine.workflow.errors import InvalidRequest, InvalidTensor
 from engine.workflow.registry import get_workflow, request_workflow, workflows
-from engine.workflow.spec import InvalidRequest, InvalidTensor, StageSpec, TensorSpec, WorkflowSpec
+from engine.workflow.spec import StageSpec, TensorSpec, WorkflowSpec
 
 __all__ = ["InvalidRequest", "InvalidTensor", "StageSpec", "TensorSpec", "WorkflowSpec", "get_workflow", "request_workflow", "workflows"]

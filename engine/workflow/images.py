@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import struct
 
-from engine.workflow.spec import InvalidRequest
+from engine.workflow.errors import InvalidRequest
 
 FORMATS = ("PNG", "JPEG", "WEBP")
 MAX_BYTES = 16 << 20

@@ -21,22 +21,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.adapters.request import LoraRefused, resolve_lora
+from engine.workflow import images, limits
+from engine.workflow.errors import InvalidRequest, InvalidTensor
+from engine.workflow.message import DTYPE_SIZES
+
+__all__ = ["CostModel", "Dim", "InvalidRequest", "InvalidTensor", "ParamSpec", "StageSpec", "TensorSpec",
+           "WorkflowSpec"]
+
 Dim = int | str
-
-
-class InvalidRequest(ValueError):
-    """A request's parameters or inputs break the workflow's rules.
-
-    ``field`` names the offending parameter (or input) so APIs can point at it.
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class InvalidTensor(ValueError):
-    """A tensor handed between stages does not match the spec's dtype or shape rule."""
 
 
 @dataclass(frozen=True)
@@ -262,8 +255,6 @@ class WorkflowSpec:
     # -- the loaded model -----------------------------------------------------
     def limits_of(self, folder: str) -> dict[str, dict[str, Any]]:
         """The overrides the model in ``folder`` imposes on this spec's parameters (JSON reads only)."""
-        from engine.workflow import limits
-
         configs = limits.read_configs(folder, list(self.limit_components))
         found = {} if self.model_limits is None else self.model_limits(configs)
         names = {p.name for p in self.params}
@@ -293,8 +284,6 @@ class WorkflowSpec:
                 default = max(p.minimum if p.minimum is not None else default,
                               min(maximum if maximum is not None else default, default))
             params.append(replace(p, maximum=maximum, default=default, why=why))
-        from engine.workflow import limits
-
         out = replace(self, params=tuple(params), dim_values=limits.dims_of(overrides))
         cache[key] = (self, out)
         return out
@@ -316,9 +305,10 @@ class WorkflowSpec:
         known = {p.name: p for p in self.params}
         adapters = None
         if "lora" in params:  # LoRA adapters per request: names of the operators' registry (engine.adapters)
-            from engine.adapters.request import resolve_lora
-
-            adapters = resolve_lora(self.name, params["lora"])
+            try:
+                adapters = resolve_lora(self.name, params["lora"])
+            except LoraRefused as exc:
+                raise InvalidRequest(exc.field, str(exc)) from None
             params = {k: v for k, v in params.items() if k != "lora"}
         unknown = sorted(set(params) - set(known))
         if unknown:
@@ -370,8 +360,6 @@ class WorkflowSpec:
         Raises :class:`InvalidRequest` naming the field
         (:class:`engine.workflow.images.ImageTooLarge` for an image's byte size).
         """
-        from engine.workflow import images
-
         resolved = self.resolve_params(params)
         wanted = {t.name for t in self.request_inputs}
         for extra in sorted(set(inputs) - wanted):
@@ -400,8 +388,6 @@ class WorkflowSpec:
 
     def warm_up_request(self) -> tuple[dict[str, Any], dict[str, bytes]]:
         """(params, inputs) of :attr:`warm_up`: its image inputs are a blank 64x64 PNG."""
-        from engine.workflow import images
-
         return dict(self.warm_up), {name: images.blank_png(64, 64) for name in self.image_inputs()}
 
     def dims(self, params: Mapping[str, Any]) -> dict[str, int]:
@@ -447,8 +433,6 @@ class WorkflowSpec:
         ``inputs`` (the request's blobs) are given; a dimension not known counts as 1 and a blob not given
         as 0, so the figure is never over. ``compute_dtype``: the stages' (bfloat16 on CUDA). Without an
         optional input its optional values are empty."""
-        from engine.workflow.message import DTYPE_SIZES
-
         dims, out, route = {**self.dim_values, **self.dims(params)}, {}, self.route()
         absent = inputs is None or any(t.optional and not inputs.get(t.name) for t in self.request_inputs)
         for before, stage in zip(route, route[1:], strict=False):
