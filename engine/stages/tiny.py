@@ -15,73 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-# Words the tiny tokenizers know; the rest of a prompt falls back to characters.
-_WORDS = ("a", "cat", "dog", "on", "the", "moon", "red", "car", "in", "snow", "walks", "beach", "sunset", "blurry")
-
-
-def _progress(total: int, desc: str) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="component", leave=False)
-
-
-def _saved(pipe: Any, out: Path, bar: Any) -> Path:
-    """Write ``pipe``'s folder layout to ``out`` and close its progress bar (every builder's last step)."""
-    pipe.save_pretrained(out)
-    bar.update()
-    bar.close()
-    return out
-
-
-def _seed(seed: int) -> None:
-    import torch
-
-    torch.manual_seed(seed)
-
-
-def _wan_text(seed: int) -> tuple[Any, Any]:
-    """umT5 tokenizer and text encoder: the same in both Wan workflows (as Wan2.1's published T2V and I2V
-    releases share umt5-xxl)."""
-    from transformers import T5Tokenizer, UMT5Config, UMT5EncoderModel
-
-    vocab: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-    vocab += [(f"\u2581{w}", -1.0) for w in _WORDS] + [(w, -1.5) for w in _WORDS]
-    vocab += [(c, -3.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"]
-    tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0)
-    _seed(seed)
-    text_encoder = UMT5EncoderModel(UMT5Config(
-        d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-        relative_attention_max_distance=16, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
-        decoder_start_token_id=0, vocab_size=len(tokenizer),
-    ))
-    return tokenizer, text_encoder
-
-
-def _wan_vae(seed: int) -> Any:
-    """The Wan VAE (shared by both Wan workflows, as in the published weights)."""
-    from diffusers import AutoencoderKLWan
-
-    _seed(seed + 2)
-    return AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                            temperal_downsample=[False, True, True])
-
-
-def _wan_transformer(seed: int, in_channels: int, image_dim: int | None) -> Any:
-    from diffusers import WanTransformer3DModel
-
-    _seed(seed + 3)
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=in_channels,
-        out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=image_dim,
-    )
-
-
-def _wan_scheduler() -> Any:
-    from diffusers import UniPCMultistepScheduler
-
-    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                   num_train_timesteps=1000, flow_shift=3.0)
+from engine.stages import tiny_common as common
+from engine.stages import tiny_t2i, tiny_wan22
 
 
 def build_wan_i2v(out: Path, seed: int = 0) -> Path:
@@ -89,25 +24,25 @@ def build_wan_i2v(out: Path, seed: int = 0) -> Path:
     from diffusers import WanImageToVideoPipeline
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
-    bar = _progress(4, "wan2.1-i2v")
-    tokenizer, text_encoder = _wan_text(seed)
+    bar = common.progress_bar(4, "wan2.1-i2v")
+    tokenizer, text_encoder = common.wan_text(seed)
     bar.update()
-    _seed(seed + 1)
+    common.manual_seed(seed + 1)
     image_encoder = CLIPVisionModel(CLIPVisionConfig(
         hidden_size=8, projection_dim=8, num_hidden_layers=2, num_attention_heads=2, image_size=32,
         intermediate_size=16, patch_size=4,
     ))
     image_processor = CLIPImageProcessor(crop_size=32, size=32)
     bar.update()
-    vae = _wan_vae(seed)
+    vae = common.wan_vae(seed)
     # in_channels 36 = 16 noise + 4 mask + 16 first-frame latents; image_dim = the CLIP hidden size
-    transformer = _wan_transformer(seed, 36, 8)
+    transformer = common.wan_transformer(seed, 36, 8)
     bar.update()
     pipe = WanImageToVideoPipeline(
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_wan_scheduler(),
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=common.wan_scheduler(),
         image_processor=image_processor, image_encoder=image_encoder, transformer=transformer,
     )
-    return _saved(pipe, out, bar)
+    return common.saved(pipe, out, bar)
 
 
 def build_wan_t2v(out: Path, seed: int = 0) -> Path:
@@ -117,15 +52,15 @@ def build_wan_t2v(out: Path, seed: int = 0) -> Path:
     """
     from diffusers import WanPipeline
 
-    bar = _progress(3, "wan2.1-t2v")
-    tokenizer, text_encoder = _wan_text(seed)
+    bar = common.progress_bar(3, "wan2.1-t2v")
+    tokenizer, text_encoder = common.wan_text(seed)
     bar.update()
-    vae = _wan_vae(seed)
-    transformer = _wan_transformer(seed, 16, None)  # noise latents only; no image cross-attention
+    vae = common.wan_vae(seed)
+    transformer = common.wan_transformer(seed, 16, None)  # noise latents only; no image cross-attention
     bar.update()
-    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_wan_scheduler(),
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=common.wan_scheduler(),
                        transformer=transformer)
-    return _saved(pipe, out, bar)
+    return common.saved(pipe, out, bar)
 
 
 def build_sd_t2i(out: Path, seed: int = 0) -> Path:
@@ -133,27 +68,27 @@ def build_sd_t2i(out: Path, seed: int = 0) -> Path:
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    bar = _progress(5, "sd-t2i")
+    bar = common.progress_bar(5, "sd-t2i")
     chars = "abcdefghijklmnopqrstuvwxyz"
     vocab_list = ["<|startoftext|>", "<|endoftext|>", "!"] + list(chars) + [c + "</w>" for c in chars]
     merges = [("c", "a"), ("ca", "t</w>"), ("d", "o"), ("do", "g</w>"), ("o", "n</w>"), ("t", "h"), ("th", "e</w>")]
     vocab_list += ["ca", "cat</w>", "do", "dog</w>", "on</w>", "th", "the</w>"]
     tokenizer = CLIPTokenizer(vocab={t: i for i, t in enumerate(vocab_list)}, merges=merges, model_max_length=77)
     bar.update()
-    _seed(seed)
+    common.manual_seed(seed)
     text_encoder = CLIPTextModel(CLIPTextConfig(
         hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
         max_position_embeddings=77, vocab_size=len(vocab_list), bos_token_id=0, eos_token_id=1, pad_token_id=1,
     ))
     bar.update()
-    _seed(seed + 1)
+    common.manual_seed(seed + 1)
     unet = UNet2DConditionModel(
         block_out_channels=(4, 8), layers_per_block=1, sample_size=32, in_channels=4, out_channels=4,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
         cross_attention_dim=32, norm_num_groups=2,
     )
     bar.update()
-    _seed(seed + 2)
+    common.manual_seed(seed + 2)
     vae = AutoencoderKL(
         block_out_channels=[4, 8], in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=2,
         down_block_types=["DownEncoderBlock2D", "DownEncoderBlock2D"], up_block_types=["UpDecoderBlock2D", "UpDecoderBlock2D"],
@@ -165,7 +100,7 @@ def build_sd_t2i(out: Path, seed: int = 0) -> Path:
         vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )
-    return _saved(pipe, out, bar)
+    return common.saved(pipe, out, bar)
 
 
 # The default request of a tiny Wan model: a 5 s clip (81 frames at 16 fps, as the pipeline's default) at
@@ -212,14 +147,12 @@ BUILDERS: dict[str, Callable[[Path, int], Path]] = {
     "sd-t2i": build_sd_t2i,
 }
 
-# Wan2.2 (engine.stages.tiny_wan22: its A14B models reuse this module's umT5 and VAE, byte-identical)
-from engine.stages import tiny_wan22  # noqa: E402
+# Wan2.2 (engine.stages.tiny_wan22: its A14B models reuse Wan2.1's umT5 and VAE, byte-identical)
 
 SERVING.update(tiny_wan22.SERVING)
 BUILDERS.update({n: _serving(b, tiny_wan22.SERVING[n]) for n, b in tiny_wan22.BUILDS.items()})
 
 # FLUX.1 and Qwen-Image (engine.stages.tiny_t2i)
-from engine.stages import tiny_t2i  # noqa: E402
 
 SERVING.update(tiny_t2i.SERVING)
 BUILDERS.update({n: _serving(b, tiny_t2i.SERVING[n]) if n in tiny_t2i.SERVING else b for n, b in tiny_t2i.BUILDS.items()})

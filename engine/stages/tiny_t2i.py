@@ -14,29 +14,14 @@ schnell's has neither.
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from engine.stages import tiny_common as common
 
 # The published tokenizers' limits: CLIP reads 77 tokens; FLUX.1's T5 tokenizer says 512 and Qwen2's 32768
 # (the pipelines then cap the sequence: 512 for Flux, 1024 for Qwen-Image).
 T5_MAX_LENGTH = 512
 QWEN_MAX_LENGTH = 32768
-
-
-def _tiny() -> ModuleType:
-    """engine.stages.tiny (its word list, progress bar, seeding), imported when a model is built: tiny
-    imports this module to register the builders."""
-    from engine.stages import tiny
-
-    return tiny
-
-
-def _seed(seed: int) -> None:
-    _tiny()._seed(seed)
-
-
-def _progress(total: int, desc: str) -> Any:
-    return _tiny()._progress(total, desc)
 
 
 def _clip(seed: int) -> tuple[Any, Any]:
@@ -48,7 +33,7 @@ def _clip(seed: int) -> tuple[Any, Any]:
     merges = [("c", "a"), ("ca", "t</w>"), ("d", "o"), ("do", "g</w>"), ("o", "n</w>"), ("t", "h"), ("th", "e</w>")]
     vocab += ["ca", "cat</w>", "do", "dog</w>", "on</w>", "th", "the</w>"]
     tokenizer = CLIPTokenizer(vocab={t: i for i, t in enumerate(vocab)}, merges=merges, model_max_length=77)
-    _seed(seed)
+    common.manual_seed(seed)
     encoder = CLIPTextModel(CLIPTextConfig(
         hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2, projection_dim=32,
         max_position_embeddings=77, vocab_size=len(vocab), bos_token_id=0, eos_token_id=1, pad_token_id=1,
@@ -61,10 +46,10 @@ def _t5(seed: int) -> tuple[Any, Any]:
     from transformers import T5Config, T5EncoderModel, T5Tokenizer
 
     vocab: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
-    vocab += [(f"\u2581{w}", -1.0) for w in _tiny()._WORDS] + [(w, -1.5) for w in _tiny()._WORDS]
+    vocab += [(f"\u2581{w}", -1.0) for w in common.WORDS] + [(w, -1.5) for w in common.WORDS]
     vocab += [(c, -3.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-"]
     tokenizer = T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=T5_MAX_LENGTH)
-    _seed(seed + 1)
+    common.manual_seed(seed + 1)
     encoder = T5EncoderModel(T5Config(
         d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
         relative_attention_max_distance=16, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
@@ -76,11 +61,11 @@ def _t5(seed: int) -> tuple[Any, Any]:
 def _flux(out: Path, seed: int, dev: bool, desc: str) -> Path:
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
-    bar = _progress(4, desc)
+    bar = common.progress_bar(4, desc)
     tokenizer, text_encoder = _clip(seed)
     tokenizer_2, text_encoder_2 = _t5(seed)
     bar.update()
-    _seed(seed + 2)
+    common.manual_seed(seed + 2)
     # in_channels 16: 4 latent channels packed 2x2; joint_attention_dim = T5's d_model, pooled = CLIP's
     # hidden size; the rope axes add up to the head dim.
     transformer = FluxTransformer2DModel(
@@ -89,7 +74,7 @@ def _flux(out: Path, seed: int, dev: bool, desc: str) -> Path:
         guidance_embeds=dev,
     )
     bar.update()
-    _seed(seed + 3)
+    common.manual_seed(seed + 3)
     # Two blocks: an 2x VAE (FLUX.1's has four, 8x); no quant convs, a shift factor, as FLUX.1's.
     vae = AutoencoderKL(
         block_out_channels=[4, 8], in_channels=3, out_channels=3, latent_channels=4, norm_num_groups=2,
@@ -104,7 +89,7 @@ def _flux(out: Path, seed: int, dev: bool, desc: str) -> Path:
     )
     pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                         text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, transformer=transformer)
-    return _tiny()._saved(pipe, out, bar)
+    return common.saved(pipe, out, bar)
 
 
 def build_flux_schnell(out: Path, seed: int = 0) -> Path:
@@ -148,9 +133,9 @@ def build_qwen_image(out: Path, seed: int = 0) -> Path:
     )
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    bar = _progress(4, "qwen-image")
+    bar = common.progress_bar(4, "qwen-image")
     tokenizer = _qwen_tokenizer()
-    _seed(seed)
+    common.manual_seed(seed)
     # The vision tower is part of the published text encoder (Qwen2.5-VL); the text-to-image pipeline
     # reads only the language model's last hidden states.
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _QWEN_SPECIAL}
@@ -167,14 +152,14 @@ def build_qwen_image(out: Path, seed: int = 0) -> Path:
         video_token_id=ids["<|video_pad|>"], **special,
     ))
     bar.update()
-    _seed(seed + 1)
+    common.manual_seed(seed + 1)
     # in_channels 16: 4 latent channels packed 2x2; joint_attention_dim = the text encoder's hidden size.
     transformer = QwenImageTransformer2DModel(
         patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
         joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
     )
     bar.update()
-    _seed(seed + 2)
+    common.manual_seed(seed + 2)
     # Two temporal downsamples: a 4x VAE (Qwen-Image's has three, 8x).
     vae = AutoencoderKLQwenImage(base_dim=4, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
                                  temperal_downsample=[False, True], latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
@@ -186,7 +171,7 @@ def build_qwen_image(out: Path, seed: int = 0) -> Path:
     )
     pipe = QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                              transformer=transformer)
-    return _tiny()._saved(pipe, out, bar)
+    return common.saved(pipe, out, bar)
 
 
 # What a tiny model serves by default where the pipeline's default would take minutes on a CPU: dev's 28

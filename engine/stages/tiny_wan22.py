@@ -16,19 +16,13 @@ Same seed -> byte-identical files. Nothing is downloaded.
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from engine.stages import tiny_common as common
 
 # Wan2.2's own sampling settings (Wan-AI's configs): the T2V experts sample with flow shift 12, I2V and the
 # 5B model with 5.
 T2V_BOUNDARY, I2V_BOUNDARY = 0.875, 0.9
-
-
-def _tiny() -> ModuleType:
-    """engine.stages.tiny (its Wan2.1 builders), imported when a model is built: tiny imports this module."""
-    from engine.stages import tiny
-
-    return tiny
 
 
 def _scheduler(flow_shift: float) -> Any:
@@ -41,25 +35,24 @@ def _scheduler(flow_shift: float) -> Any:
 def _experts(seed: int, in_channels: int) -> tuple[Any, Any]:
     """The high-noise and the low-noise expert: the tiny Wan transformer with two other seeds (so that
     neither equals the other nor a Wan2.1 model's transformer, and a swapped expert shows in the output)."""
-    return (_tiny()._wan_transformer(seed + 10, in_channels, None),
-            _tiny()._wan_transformer(seed + 20, in_channels, None))
+    return (common.wan_transformer(seed + 10, in_channels, None),
+            common.wan_transformer(seed + 20, in_channels, None))
 
 
 def _a14b(out: Path, seed: int, desc: str, pipeline: str, in_channels: int, shift: float, boundary: float) -> Path:
     """A tiny A14B model: Wan2.1's umT5 and VAE, two experts, the release's flow shift and boundary."""
     import diffusers
 
-    tiny = _tiny()
-    bar = tiny._progress(3, desc)
-    tokenizer, text_encoder = tiny._wan_text(seed)
+    bar = common.progress_bar(3, desc)
+    tokenizer, text_encoder = common.wan_text(seed)
     bar.update()
-    vae = tiny._wan_vae(seed)
+    vae = common.wan_vae(seed)
     high, low = _experts(seed, in_channels)
     bar.update()
     pipe = getattr(diffusers, pipeline)(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
                                         scheduler=_scheduler(shift), transformer=high, transformer_2=low,
                                         boundary_ratio=boundary)
-    return tiny._saved(pipe, out, bar)
+    return common.saved(pipe, out, bar)
 
 
 def build_wan22_t2v_a14b(out: Path, seed: int = 0) -> Path:
@@ -84,7 +77,7 @@ def _wan22_vae(seed: int) -> Any:
     z = 48
     mean = [round(rng.uniform(-1.0, 1.0), 4) for _ in range(z)]
     std = [round(rng.uniform(0.5, 2.5), 4) for _ in range(z)]
-    _tiny()._seed(seed + 32)
+    common.manual_seed(seed + 32)
     return AutoencoderKLWan(base_dim=4, decoder_base_dim=8, z_dim=z, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                             temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
                             out_channels=12, patch_size=2, scale_factor_temporal=4, scale_factor_spatial=16,
@@ -95,17 +88,17 @@ def build_wan22_ti2v_5b(out: Path, seed: int = 0) -> Path:
     """A tiny Wan2.2-TI2V-5B (``WanPipeline`` layout with ``expand_timesteps``, as the release records it)."""
     from diffusers import WanPipeline
 
-    bar = _tiny()._progress(3, "wan2.2-ti2v-5b")
-    tokenizer, text_encoder = _tiny()._wan_text(seed)
+    bar = common.progress_bar(3, "wan2.2-ti2v-5b")
+    tokenizer, text_encoder = common.wan_text(seed)
     bar.update()
     vae = _wan22_vae(seed)
-    transformer = _tiny()._wan_transformer(seed + 40, 48, None)
+    transformer = common.wan_transformer(seed + 40, 48, None)
     # the 5B transformer predicts all 48 latent channels (the tiny builder's default is Wan2.1's 16)
     transformer = _with_out_channels(transformer, seed + 40, 48)
     bar.update()
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(5.0),
                        transformer=transformer, expand_timesteps=True)
-    return _tiny()._saved(pipe, out, bar)
+    return common.saved(pipe, out, bar)
 
 
 def _with_out_channels(transformer: Any, seed: int, channels: int) -> Any:
@@ -113,7 +106,7 @@ def _with_out_channels(transformer: Any, seed: int, channels: int) -> Any:
 
     config = dict(transformer.config)
     config["out_channels"] = channels
-    _tiny()._seed(seed + 3)
+    common.manual_seed(seed + 3)
     return WanTransformer3DModel.from_config(config)
 
 
