@@ -27,6 +27,18 @@ def _int(name: str, default: int) -> Callable[[], int]:
     return lambda: int(os.environ.get(name, str(default)))
 
 
+def _bytes(name: str, default: int) -> Callable[[], int]:
+    """A byte count: digits, 0 or more; ValueError naming the variable otherwise."""
+
+    def read() -> int:
+        raw = os.environ.get(name, str(default)).strip()
+        if not (raw.isascii() and raw.isdigit()):
+            raise ValueError(f"{name} must be a byte count (digits, 0 or more), not {raw!r}")
+        return int(raw)
+
+    return read
+
+
 def _float(name: str, default: float) -> Callable[[], float]:
     return lambda: float(os.environ.get(name, str(default)))
 
@@ -103,6 +115,11 @@ _VARS: dict[str, Callable[[], Any]] = {
     # s3://BUCKET; credentials in it or from AWS_* / the AWS credential files), or "none" (unset: none) for
     # the bytes in Redis. `onepiece up --object-store` sets it for the processes it starts.
     "OBJECT_STORE": _str("ONEPIECE_OBJECT_STORE", None),
+    # With an object store, outputs under this many bytes stay in Redis (as with no store): the store's fixed
+    # cost per object (~17 ms with the embedded Swift) dwarfs Redis's below its knee, measured by
+    # benchmarks/object_inline.py (256 KiB here). Inline results are lost with Redis; 0 sends every output
+    # to the store. Read by the last stage's workers (engine.worker.proc).
+    "OBJECT_INLINE_BYTES": _bytes("ONEPIECE_OBJECT_INLINE_BYTES", 256 << 10),
     # The Python that runs the embedded S3 server (engine.embedded.s3): one with the `swift` package. Unset:
     # <this venv>/s3-venv/bin/python (./quickstart makes it), else this interpreter if it has swift.
     "S3_PYTHON": _str("ONEPIECE_S3_PYTHON", None),

@@ -221,9 +221,14 @@ class JobStore:
     """
 
     def __init__(self, client: Any, ttl: int = 3600, events_maxlen: int = 100_000,
-                 objects: ObjectStore | None = None) -> None:
+                 objects: ObjectStore | None = None, inline_bytes: int = 0) -> None:
         self.r = client
         self.objects = objects  # None: results' bytes in Redis (--object-store none)
+        if int(inline_bytes) < 0:
+            raise ValueError(f"inline_bytes must be 0 or more, not {inline_bytes}")
+        # with a store, results under this many bytes stay in Redis (ONEPIECE_OBJECT_INLINE_BYTES): faster, and
+        # lost with Redis (docs/operations.md, "Object storage for outputs")
+        self.inline_bytes = int(inline_bytes)
         self.ttl = int(ttl)
         self.maxlen = int(events_maxlen)
         self._event = client.register_script(_EVENT)
@@ -342,7 +347,7 @@ class JobStore:
         if (state == keys.COMPLETED) != (result is not None):
             raise ValueError("a result goes with the completed state, and only with it")
         ref = None
-        if result is not None and self.objects is not None:
+        if result is not None and self.stores(result):
             if self._field(uid, "state") in keys.TERMINAL:
                 return False  # already finished: nothing to upload
             ref = self._upload(uid, result)
@@ -357,6 +362,11 @@ class JobStore:
         if ref is not None and not made and self.objects is not None:
             self.objects.delete(ref)  # another attempt finished the job: its object is the result
         return made
+
+    def stores(self, result: bytes | bytearray | memoryview) -> bool:
+        """Whether ``result`` goes to the object store (a store is configured and it is not under
+        ``inline_bytes``) rather than into Redis."""
+        return self.objects is not None and memoryview(result).nbytes >= self.inline_bytes
 
     def _upload(self, uid: str, result: bytes | bytearray | memoryview) -> ObjectRef:
         import secrets

@@ -126,8 +126,10 @@ def _connect(config: WorkerConfig, executor: Any, served: Any) -> tuple[Any, Any
     from engine.transport.ring import RingConfig
     from engine.worker.taskworker import TaskWorker, open_ring
 
-    # a final stage writes its output to the object store, when one is configured (engine.store.jobs)
-    store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s, objects=from_config(envs.OBJECT_STORE))
+    # a final stage writes its output to the object store, when one is configured and the output is not under
+    # ONEPIECE_OBJECT_INLINE_BYTES (engine.store.jobs)
+    store = JobStore.from_url(config.redis_url, ttl=config.result_ttl_s, objects=from_config(envs.OBJECT_STORE),
+                              inline_bytes=envs.OBJECT_INLINE_BYTES)
     routes = RouteTable(etcd_client(config.etcd_url), config.route_refresh_s,
                         workflow_set=config.workflow_set).start()
     consumer = open_ring(config.address, RingConfig(slots=config.ring_slots, buffer_bytes=config.ring_bytes))

@@ -1,6 +1,10 @@
 """``onepiece up --object-store embedded``: outputs go to the embedded Swift s3api server, Redis keeps only
 their reference, and a completed job's result is still downloadable after Redis is SIGKILLed (the supervisor
-restarts it empty)."""
+restarts it empty).
+
+The tiny sd-t2i's 64x64 PNG is far under ``ONEPIECE_OBJECT_INLINE_BYTES``'s default (such outputs stay in
+Redis, and go with it: tests/engine/store/test_jobs_objects.py), so this run sets the threshold to 0: every
+output is one the store keeps, which is what must survive the kill."""
 
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ def _readyz(web: str) -> dict[str, Any]:
 @pytest.mark.timeout(600)
 def test_up_keeps_outputs_in_the_embedded_store_across_a_redis_kill(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    proc, lines = start_up(state, "--object-store", "embedded", "--workflows", "sd-t2i", "--spare-slots", "0")
+    proc, lines = start_up(state, "--object-store", "embedded", "--workflows", "sd-t2i", "--spare-slots", "0",
+                           env_extra={"ONEPIECE_OBJECT_INLINE_BYTES": "0"})
     try:
         web, key = lines["web"], lines["api key"]
         assert lines["object store"].startswith("http://127.0.0.1:"), lines

@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 
-def start_up(state: Path, *args: str, timeout: float = 400) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    """Start ``onepiece up`` (free ports, small rings, no inherited ``ONEPIECE_*``/``DJANGO_*`` settings) and
-    return it with the ``name: value`` lines it printed, once it says ``ready``. The caller stops it with
-    :func:`stop_up` (in a ``finally``)."""
+def start_up(state: Path, *args: str, timeout: float = 400,
+             env_extra: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """Start ``onepiece up`` (free ports, small rings, no inherited ``ONEPIECE_*``/``DJANGO_*`` settings but
+    ``env_extra``) and return it with the ``name: value`` lines it printed, once it says ``ready``. The caller
+    stops it with :func:`stop_up` (in a ``finally``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEPIECE_", "DJANGO_"))}
+    env.update(env_extra or {})
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "onepiece"), "up", "--state-dir", str(state), "--web-port", "0",
          "--proxy-port", "0", "--ring-bytes", str(16 << 20), *args],

@@ -115,3 +115,36 @@ def test_without_a_store_the_bytes_stay_in_redis(job_store: JobStore) -> None:
     assert job_store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=PNG)
     assert job_store.r.get(keys.result_key(uid)) == PNG and job_store.r.get(keys.result_ref_key(uid)) is None
     assert job_store.result(uid) == PNG and job_store.result_ref(uid) is None
+
+
+def test_results_under_the_inline_threshold_stay_in_redis(redis_server, object_store: ObjectStore) -> None:
+    """ONEPIECE_OBJECT_INLINE_BYTES: an output under it is kept in Redis (as without a store), one at or over
+    it goes to the store. The inline one is lost with Redis; the stored one is not."""
+    store = JobStore.from_url(redis_server.url, ttl=60, objects=ObjectStore(object_store.config),
+                              inline_bytes=len(PNG))
+    store.r.flushdb()
+    small, at = PNG[:-1], PNG
+    inline, stored_uid = _completed(store, small), _completed(store, at)
+    assert store.r.get(keys.result_key(inline)) == small and store.r.get(keys.result_ref_key(inline)) is None
+    assert _listed(store.objects, inline) == [] and store.result_ref(inline) is None
+    assert store.r.get(keys.result_key(stored_uid)) is None and len(_listed(store.objects, stored_uid)) == 1
+    assert store.result(inline) == small and store.result(stored_uid) == at
+    store.r.flushdb()  # Redis restarted empty
+    assert store.result(inline) is None  # went with Redis: reported lost, never served wrong
+    assert store.result(stored_uid) == at
+    store.close()
+
+
+def test_inline_threshold_setting(monkeypatch) -> None:
+    from engine import envs
+
+    monkeypatch.delenv("ONEPIECE_OBJECT_INLINE_BYTES", raising=False)
+    assert envs.OBJECT_INLINE_BYTES == 256 << 10  # the knee measured by benchmarks/object_inline.py
+    monkeypatch.setenv("ONEPIECE_OBJECT_INLINE_BYTES", "0")
+    assert envs.OBJECT_INLINE_BYTES == 0
+    for bad in ("-1", "1e6", "lots", "", "１２"):
+        monkeypatch.setenv("ONEPIECE_OBJECT_INLINE_BYTES", bad)
+        with pytest.raises(ValueError, match="ONEPIECE_OBJECT_INLINE_BYTES must be a byte count"):
+            _ = envs.OBJECT_INLINE_BYTES
+    with pytest.raises(ValueError, match="inline_bytes"):
+        JobStore(object(), inline_bytes=-1)
