@@ -46,7 +46,8 @@ from typing import Any
 from aiohttp import web
 
 from engine.coord.routes import RouteTable
-from engine.proxy import auth, deadlines, eta, loops, preview, result_url
+from engine.proxy import auth, deadlines, eta, loops, preview, result_url, stream
+from engine.proxy.answers import CONTENT_TYPES, busy, error, store_down
 from engine.proxy.injector import Injector
 from engine.proxy.intake import BadRequest, Intake, Overloaded, Ticket
 from engine.proxy.monitor import RequestMonitor
@@ -55,34 +56,12 @@ from engine.store import JobStore, keys, outage
 from engine.store.objects import ObjectStoreError, sniff_content_type
 from engine.workflow import get_workflow, workflows
 
-__all__ = ["CONTENT_TYPES", "MAX_BODY", "STATE", "Limits", "make_app"]
+__all__ = ["MAX_BODY", "STATE", "Limits", "make_app"]
 
 log = logging.getLogger("onepiece.proxy")
 
-CONTENT_TYPES = {"image": "image/png", "video": "video/mp4"}
 STATE = web.AppKey("state", ProxyState)  # the store, the caches, the book: engine.proxy.state
 ETA_HEADER = eta.HEADER  # on submit and status answers of unfinished jobs: eta.Estimate.header()
-
-
-def _error(status: int, message: str, field: str = "", headers: dict[str, str] | None = None) -> web.Response:
-    body: dict[str, Any] = {"error": message}
-    if field:
-        body["field"] = field
-    return web.json_response(body, status=status, headers=headers)
-
-
-KEEP_ALIVE_BODY = 64 << 10  # a refused body at most this large is drained to keep the connection alive
-
-
-def _busy(reason: str, retry_after: int, request: web.Request | None = None) -> web.Response:
-    """503 with Retry-After. A refused body is not read: a large or undeclared one closes the connection
-    (never drained), while a small declared one keeps it alive, so a client retrying on its
-    connection does not pay a new handshake for every refusal."""
-    resp = _error(503, reason, headers={"Retry-After": str(max(1, retry_after))})
-    length = request.content_length if request is not None else None
-    if length is None or length > KEEP_ALIVE_BODY:
-        resp.force_close()  # a Connection header alone would still have aiohttp read the body to its end
-    return resp
 
 
 async def workflow_list(request: web.Request) -> web.Response:
@@ -107,7 +86,7 @@ async def _pre_admit(request: web.Request) -> web.Response | None:
     state = request.app[STATE]
     length = request.content_length
     if length is not None and length > state.limits.max_body:
-        resp = _error(413, f"request body of {length} bytes is over the limit of {state.limits.max_body}", "body")
+        resp = error(413, f"request body of {length} bytes is over the limit of {state.limits.max_body}", "body")
         resp.force_close()
         return resp
     hint = request.query.get("workflow")
@@ -117,9 +96,9 @@ async def _pre_admit(request: web.Request) -> web.Response | None:
         try:
             loads = await asyncio.to_thread(state.loads, names)
         except Exception as exc:  # Redis unreachable: an overload answer, never a 500
-            return _busy(f"the result store is unavailable: {exc}", 5)
+            return busy(f"the result store is unavailable: {exc}", 5)
     decision = state.intake.room(loads, time.time())
-    return None if decision.admit else _busy(decision.reason, decision.retry_after, request)
+    return None if decision.admit else busy(decision.reason, decision.retry_after, request)
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -146,7 +125,7 @@ async def submit(request: web.Request) -> web.Response:
     limits = state.limits
     reserve = request.content_length if request.content_length is not None else limits.max_body
     if limits.reading + reserve > limits.intake_bytes:
-        return _busy("intake is busy reading other requests", 1)
+        return busy("intake is busy reading other requests", 1)
     limits.reading += reserve
     try:
         body = await _read_body(request)
@@ -155,15 +134,15 @@ async def submit(request: web.Request) -> web.Response:
         ticket = await asyncio.to_thread(_parsed_ticket, state.intake, body, ctype)
         del body
     except BadRequest as exc:
-        return _error(exc.status, str(exc), exc.field)
+        return error(exc.status, str(exc), exc.field)
     finally:
         limits.reading -= reserve
     try:
         admitted = await state.intake.admit(ticket, state)
     except BadRequest as exc:
-        return _error(exc.status, str(exc), exc.field)
+        return error(exc.status, str(exc), exc.field)
     except Overloaded as exc:
-        return _busy(exc.decision.reason, exc.decision.retry_after, request)
+        return busy(exc.decision.reason, exc.decision.retry_after, request)
     estimate = admitted.estimate
     return web.json_response({"uid": ticket.uid, "state": keys.QUEUED, "workflow": ticket.sub.spec.name,
                               "cost_gpu_s": ticket.cost, "predicted_wait_s": admitted.decision.predicted_wait_s,
@@ -192,14 +171,10 @@ async def _lookup(request: web.Request) -> tuple[str, Any] | web.Response:
     try:
         st = await asyncio.to_thread(request.app[STATE].store.status, uid) if uid else None
     except outage.UNAVAILABLE as exc:
-        return _store_down(exc)
+        return store_down(exc)
     if st is None or uid is None:
-        return _error(404, "unknown or expired request")
+        return error(404, "unknown or expired request")
     return uid, st
-
-
-def _store_down(exc: BaseException) -> web.Response:
-    return _busy(f"the result store is unavailable: {exc}", outage.RETRY_AFTER_S)
 
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -218,7 +193,7 @@ def _job_route(handler: JobHandler) -> Handler:
         try:
             return await handler(request, *found)
         except outage.UNAVAILABLE as exc:
-            return _store_down(exc)
+            return store_down(exc)
 
     return guarded
 
@@ -277,7 +252,7 @@ async def status(request: web.Request, uid: str, st: Any) -> web.Response:
             if not 0 <= wait <= MAX_WAIT_S:
                 raise ValueError
         except ValueError:
-            return _error(400, f"wait must be a number of seconds in [0, {MAX_WAIT_S:.0f}]", "wait")
+            return error(400, f"wait must be a number of seconds in [0, {MAX_WAIT_S:.0f}]", "wait")
         st = await _wait_terminal(request.app, uid, st, wait)
     return _status_response(request.app, st)
 
@@ -310,7 +285,7 @@ async def result(request: web.Request) -> web.Response:
     if isinstance(data, web.Response):
         return data
     if data is None:
-        return _error(410, "the result expired")
+        return error(410, "the result expired")
     output = get_workflow(st.workflow).final_output
     return web.Response(body=data, content_type=CONTENT_TYPES.get(output, "application/octet-stream"))
 
@@ -320,9 +295,9 @@ async def _read_result(store: Any, uid: str) -> bytes | None | web.Response:
     try:
         return await asyncio.to_thread(store.result, uid)
     except outage.UNAVAILABLE as exc:
-        return _store_down(exc)
+        return store_down(exc)
     except ObjectStoreError as exc:
-        return _busy(f"the object store is unavailable: {exc}", outage.RETRY_AFTER_S)
+        return busy(f"the object store is unavailable: {exc}", outage.RETRY_AFTER_S)
 
 
 async def _stored_result(store: Any, uid: str, not_found: web.Response) -> web.Response:
@@ -381,8 +356,7 @@ def make_app(store: JobStore, routes: RouteTable, injector: Injector, monitor: R
     app.router.add_delete("/v1/requests/{uid}", cancel)
     app.router.add_get("/v1/requests/{uid}/result", result)
     app.router.add_delete("/v1/requests/{uid}/result", drop_result)
-    from engine.proxy import stream  # ?stream=true on the result route: the fragments as they come
-    stream.install(app, store)
+    stream.install(app, store)  # ?stream=true on the result route: the fragments as they come
     preview.install(app, store)  # GET /v1/requests/{uid}/preview: the latest live preview
     result_url.install(app, store)  # GET /v1/requests/{uid}/result/url: a presigned GET from the object store
     app.router.add_get("/livez", livez)

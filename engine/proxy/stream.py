@@ -21,8 +21,10 @@ from typing import Any
 
 from aiohttp import web
 
+from engine.proxy.answers import CONTENT_TYPES, store_down
 from engine.store import outage
 from engine.store.fragments import Fragments, StreamFailed
+from engine.workflow import get_workflow
 
 log = logging.getLogger("onepiece.proxy.stream")
 
@@ -55,9 +57,6 @@ def install(app: web.Application, store: Any) -> None:
 
 async def stream_response(request: web.Request, fragments: Fragments, uid: str) -> web.StreamResponse:
     """The job's fragments as a chunked response (see the module's docstring for how it ends)."""
-    from engine.proxy.app import CONTENT_TYPES, _store_down
-    from engine.workflow import get_workflow
-
     pieces = fragments.iter(uid)
     try:
         st = await asyncio.to_thread(fragments.store.status, uid)
@@ -68,7 +67,7 @@ async def stream_response(request: web.Request, fragments: Fragments, uid: str) 
         return web.json_response({"uid": uid, "state": exc.state, "error": exc.detail}, status=409)
     except outage.UNAVAILABLE as exc:  # nothing sent yet: a moment's overload, never a 500
         pieces.close()
-        return _store_down(exc)
+        return store_down(exc)
     ctype = CONTENT_TYPES.get(get_workflow(st.workflow).final_output, "application/octet-stream")
     resp = web.StreamResponse(headers={"Content-Type": ctype, "Cache-Control": "no-store",
                                        "X-Content-Type-Options": "nosniff"})
