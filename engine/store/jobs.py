@@ -67,7 +67,9 @@ redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[9], '*', 'uid', ARGV[1], 'type',
 return 1
 """)
 
-# Terminal transition (+ the result for ``completed``), at most once per UID.
+# Terminal transition (+ the result for ``completed``), at most once per UID. A completed event carries the
+# output's description (ARGV[11], ObjectRef JSON: key, size, sha256, content type; key '' when inline) in its
+# ``output`` field, for the platform's ledger.
 _FINISH = _lua("""
 local s = redis.call('HGET', KEYS[1], 'state')
 if $finished then return 0 end
@@ -81,8 +83,13 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('DEL', KEYS[5])
 if ARGV[2] == $completed then redis.call('INCR', KEYS[6]) end
 local attempt = 1 + tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0')
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3],
-           'progress', ARGV[4], 'ts', ARGV[5], 'detail', ARGV[6], 'attempt', attempt)
+local fields = {'uid', ARGV[1], 'type', ARGV[2], 'stage', ARGV[3], 'progress', ARGV[4], 'ts', ARGV[5],
+                'detail', ARGV[6], 'attempt', attempt}
+if ARGV[11] ~= '' then
+  table.insert(fields, 'output')
+  table.insert(fields, ARGV[11])
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', unpack(fields))
 redis.call('XADD', KEYS[7], 'MAXLEN', '~', ARGV[10], '*', 'uid', ARGV[1], 'type', ARGV[2])
 return 1
 """)
@@ -156,6 +163,21 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*', 'stage', ARG
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 return id
 """
+
+
+def _described(result: bytes | bytearray | memoryview | None, ref: ObjectRef | None) -> str:
+    """The completed event's ``output`` field: the stored object's reference, or (an inline result) the same
+    description with no key; '' for no result."""
+    if ref is not None:
+        return ref.to_json()
+    if result is None:
+        return ""
+    import hashlib
+
+    from engine.store.objects import ObjectRef, sniff_content_type
+
+    view = memoryview(result).cast("B")
+    return ObjectRef("", view.nbytes, hashlib.sha256(view).hexdigest(), sniff_content_type(view)).to_json()
 
 
 @dataclass(frozen=True)
@@ -354,7 +376,7 @@ class JobStore:
         progress = 100 if state == keys.COMPLETED else int(self._field(uid, "progress") or 0)
         value = ref.to_json().encode() if ref is not None else bytes(result) if result is not None else b""
         args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen, value,
-                           ENDINGS_MAXLEN]
+                           ENDINGS_MAXLEN, _described(result, ref)]
         ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow),
               keys.result_ref_key(uid) if ref is not None else keys.result_key(uid), keys.input_key(uid),
               keys.finished_key(workflow), keys.ENDINGS]

@@ -111,11 +111,17 @@ def parse(fields: dict[str, str]) -> dict[str, Any]:
     if type_ not in keys.EVENT_TYPES:
         raise Malformed(f"unknown event type {type_!r}")
     try:
-        return {"uid": uid, "type_": type_, "stage": fields.get("stage", ""),
-                "progress": int(float(fields.get("progress", 0) or 0)), "ts": float(fields["ts"]),
-                "detail": fields.get("detail", ""), "attempt": int(fields.get("attempt", 1) or 1)}
+        ev = {"uid": uid, "type_": type_, "stage": fields.get("stage", ""),
+              "progress": int(float(fields.get("progress", 0) or 0)), "ts": float(fields["ts"]),
+              "detail": fields.get("detail", ""), "attempt": int(fields.get("attempt", 1) or 1)}
     except (KeyError, ValueError) as exc:
         raise Malformed(f"unreadable field: {exc!r}") from None
+    if type_ == keys.COMPLETED and fields.get("output"):
+        try:
+            ev["output"] = ledger.parse_output(fields["output"])
+        except ValueError as exc:  # the completion still applies; the output goes unrecorded, and says why
+            log.warning("completed event of %s: unreadable output %r: %s", uid, fields["output"][:200], exc)
+    return ev
 
 
 FOREIGN_REMEMBERED = 100_000  # UIDs of foreign jobs kept (a bounded memory, oldest forgotten)

@@ -51,6 +51,7 @@ TIMELINE = (keys.STAGE_STARTED, keys.STAGE_FINISHED, keys.STAGE_STOPPED)
 # a stage_finished event's detail names the batch its run shared steps with (engine.worker.taskworker.close_run)
 BATCH = re.compile(r"\bbatch=(\d+)\b")
 CACHE_SKIPPED = re.compile(r"\bcache_skipped=(\d(?:\.\d+)?)\b")  # engine.worker.taskworker.close_run
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def _measured(job_pk: int) -> float | None:
@@ -86,19 +87,62 @@ def settle(job: Job) -> None:
         log.warning("could not settle the quota of %s; the sweep will", job.uid, exc_info=True)
 
 
-def finish(uid: str, state: str, detail: str = "", stage: str | None = None) -> bool:
-    """Move ``uid`` to terminal ``state``; True if this call did it (and charged its quota)."""
+def output_fields(output: dict[str, object] | None) -> dict[str, object]:
+    """The job's output columns from the completion event's description (:func:`parse_output`)."""
+    if not output:
+        return {}
+    return {"output_key": output["key"], "output_size": output["size"], "output_sha256": output["sha256"],
+            "output_content_type": output["content_type"]}
+
+
+def parse_output(raw: str) -> dict[str, object] | None:
+    """The ``output`` field of the engine's completed event (engine.store.jobs: key, size, sha256, content
+    type as JSON) checked; None when absent. Raises ValueError saying what is wrong with one that is there."""
+    import json
+
+    if not raw:
+        return None
+    d = json.loads(raw)
+    if not isinstance(d, dict):
+        raise ValueError("output is not a JSON object")
+    key, size, sha, ctype = d.get("key"), d.get("size"), d.get("sha256"), d.get("content_type") or ""
+    if not isinstance(key, str) or len(key) > 1024:
+        raise ValueError("output.key must be a string of at most 1024 characters")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError("output.size must be a non-negative integer")
+    if not isinstance(sha, str) or not SHA256.fullmatch(sha):
+        raise ValueError("output.sha256 must be 64 lowercase hex digits")
+    if not isinstance(ctype, str) or len(ctype) > 100:
+        raise ValueError("output.content_type must be a string of at most 100 characters")
+    return {"key": key, "size": size, "sha256": sha, "content_type": ctype}
+
+
+def record_output(uid: str, output: dict[str, object] | None) -> bool:
+    """Record a completed job's output once (the completion event may arrive after a status read finished the
+    row); True if this call wrote it."""
+    if not output:
+        return False
+    return bool(Job.objects.filter(uid=uid, state=COMPLETED, output_sha256="").update(**output_fields(output)))
+
+
+def finish(uid: str, state: str, detail: str = "", stage: str | None = None,
+           output: dict[str, object] | None = None) -> bool:
+    """Move ``uid`` to terminal ``state``; True if this call did it (and charged its quota). ``output``: a
+    completed job's output (:func:`parse_output`), recorded with the transition, or afterwards when another
+    caller finished the row without it."""
     if state not in TERMINAL:
         raise ValueError(f"not a terminal state: {state!r}")
     now = timezone.now()
     fields: dict[str, object] = {"state": state, "finished_at": now, "detail": detail[:2000], "updated_at": now,
                                  "submitting": False}
     if state == COMPLETED:
-        fields["progress"] = 100
+        fields.update(progress=100, **output_fields(output))
     if stage is not None:
         fields["stage"] = stage
     with transaction.atomic():
         if not Job.objects.filter(uid=uid, state__in=NON_TERMINAL).update(**fields):
+            if state == COMPLETED:
+                record_output(uid, output)
             return False
         job = Job.objects.get(uid=uid)
         _set_charge(job, state)
@@ -133,19 +177,19 @@ def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail
 
 
 def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str, attempt: int = 1,
-                started_ts: float | None = None, timeline_only: bool = False) -> bool:
+                started_ts: float | None = None, timeline_only: bool = False, output: dict | None = None) -> bool:
     """Apply one engine event to the ledger; False if it changed nothing (a repeat, or the job is finished).
 
     ``started_ts``: a stage_finished event carries its run's stage_started time (the reconciler applies the
     two as one write when one batch holds both). ``timeline_only``: record the event on its stage run only
     (a stage_started applied after later events of its job, which set the job's state and progress).
-
+    ``output``: a completed event's description of the output (:func:`parse_output`).
     Raises :class:`Job.DoesNotExist` for a UID the ledger does not know (the caller holds the event).
     """
     if type_ in keys.TERMINAL:
         if not Job.objects.filter(uid=uid).exists():
             raise Job.DoesNotExist(uid)
-        return finish(uid, type_, detail, stage or None)
+        return finish(uid, type_, detail, stage or None, output=output)
     changed_run = recharged = False
     with transaction.atomic():
         # the row's lock orders this against a concurrent finish(): one of the two sees the other's stage run

@@ -70,6 +70,15 @@ class Job(models.Model):
     attempt_base = models.PositiveSmallIntegerField(default=0, editable=False,
                                                     help_text="stage-run attempts before the latest submission: the "
                                                               "engine counts its own attempts from 1 again")
+    # The completed job's output as the engine's completion event described it (engine.store.jobs): where it is
+    # in the object store (blank: kept inline in Redis, under ONEPIECE_OBJECT_INLINE_BYTES), its size and the
+    # SHA-256 of its bytes. Set once (ledger.record_output); blank for jobs that did not complete.
+    output_key = models.CharField(max_length=1024, blank=True, editable=False,
+                                  help_text="the output's key in the object store (blank: inline in Redis)")
+    output_size = models.BigIntegerField(null=True, blank=True, editable=False, help_text="bytes")
+    output_sha256 = models.CharField(max_length=64, blank=True, editable=False,
+                                     help_text="hex SHA-256 of the output's bytes")
+    output_content_type = models.CharField(max_length=100, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -97,6 +106,14 @@ class Job(models.Model):
             return None
         return Job.objects.filter(workflow=self.workflow, state=QUEUED, uid__isnull=False,
                                   created_at__lt=self.created_at).count()
+
+    @property
+    def output(self) -> dict[str, object] | None:
+        """The recorded output (key None when inline in Redis), or None when none is recorded."""
+        if not self.output_sha256:
+            return None
+        return {"key": self.output_key or None, "size": self.output_size, "sha256": self.output_sha256,
+                "content_type": self.output_content_type or "application/octet-stream"}
 
     @property
     def charge_gpu_s(self) -> float:

@@ -187,8 +187,9 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
         "prompt": p.get("prompt"),
         "seconds": str(round(get_workflow(job.workflow).clip_seconds(p))),
         "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": remixed_from, "error": error,
-        # OnePiece's own fields (the openai client keeps unknown ones: video.extra): an unfinished job's ETA
-        "extra": {"eta": getattr(job, "eta", None)},
+        # OnePiece's own fields (the openai client keeps unknown ones: video.extra): an unfinished job's ETA, a
+        # completed one's output (key, size, sha256: docs/api.md)
+        "extra": {"eta": getattr(job, "eta", None), "output": job.output},
     }
 
 

@@ -13,7 +13,7 @@ from rest_framework import serializers
 from engine.workflow import workflows
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
-from onepiece_platform.jobs.api.serializers import EtaSerializer
+from onepiece_platform.jobs.api.serializers import EtaSerializer, OutputSerializer
 from onepiece_platform.strict import (
     AsciiFloatField,
     AsciiIntegerField,
@@ -210,6 +210,8 @@ class VideoErrorSerializer(serializers.Serializer):
 
 class VideoExtraSerializer(serializers.Serializer):
     eta = EtaSerializer(allow_null=True, help_text="an unfinished job's ETA as its latest read estimated it")
+    output = OutputSerializer(allow_null=True, help_text="a completed video's stored output: key (null: inline "
+                              "in Redis), size, sha256, content_type (docs/api.md)")
 
 
 class VideoSerializer(serializers.Serializer):

@@ -58,6 +58,14 @@ class StageRunSerializer(serializers.Serializer):
                                            "cache skipped (a quality below lossless; null: no cache)")
 
 
+class OutputSerializer(serializers.Serializer):
+    key = serializers.CharField(allow_null=True, help_text="the object's key in the deployment's object store; "
+                                "null: kept inline in Redis (outputs under ONEPIECE_OBJECT_INLINE_BYTES)")
+    size = serializers.IntegerField(help_text="bytes")
+    sha256 = serializers.CharField(help_text="hex SHA-256 of the bytes (check a download against it)")
+    content_type = serializers.CharField()
+
+
 class EtaSerializer(serializers.Serializer):
     eta_s = serializers.FloatField(help_text="seconds from now until the job is done: the estimate's median")
     eta_p90_s = serializers.FloatField(help_text="seconds from now it is done by, nine times in ten")
@@ -79,17 +87,23 @@ class JobSerializer(serializers.ModelSerializer):
     eta = serializers.SerializerMethodField()
     quality = serializers.SerializerMethodField(
         help_text="lossless (bit-exact), extra-high or high: the step caching the job asked for (params.quality)")
+    output = serializers.SerializerMethodField(
+        help_text="a completed job's output: where it is stored, its size and SHA-256 (null until recorded)")
 
     class Meta:
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
                   "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "priority", "quality",
                   "created_at", "started_at",
-                  "finished_at", "cancel_requested", "webhook_url", "resubmissions", "eta", "links"]
+                  "finished_at", "cancel_requested", "webhook_url", "resubmissions", "output", "eta", "links"]
         read_only_fields = fields
 
     def get_quality(self, job: Job) -> str:
         return str((job.params or {}).get("quality") or "lossless")
+
+    @extend_schema_field(OutputSerializer(allow_null=True))
+    def get_output(self, job: Job) -> dict[str, Any] | None:
+        return job.output
 
     def get_queue_position(self, job: Job) -> int | None:
         return job.queue_position()
