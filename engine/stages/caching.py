@@ -58,7 +58,8 @@ _TAYLORSEER = {"extra-high": CacheSettings(cache_interval=2, disable_cache_befor
 #: workflow -> level -> settings, for the workflows whose denoise stage caches (the others serve lossless)
 LEVELS: dict[str, dict[str, CacheSettings]] = {"flux.1-schnell": _TAYLORSEER, "flux.1-dev": _TAYLORSEER,
                                                "qwen-image": _TAYLORSEER, "wan2.1-t2v": _TAYLORSEER,
-                                               "wan2.1-i2v": _TAYLORSEER}
+                                               "wan2.1-i2v": _TAYLORSEER, "wan2.2-t2v-a14b": _TAYLORSEER,
+                                               "wan2.2-i2v-a14b": _TAYLORSEER, "wan2.2-ti2v-5b": _TAYLORSEER}
 
 
 def levels(workflow: str) -> tuple[str, ...]:

@@ -160,6 +160,9 @@ class _Expert(WanDenoise):
         neg = inputs["negative_prompt_embeds"].to(self.device, dtype)
         mask = self._mask(latents, condition is not None)
         timesteps = scheduler.timesteps
+        # the request's caches, fresh in each expert stage: diffusers' hook keeps a state per transformer, so
+        # the low-noise expert's schedule starts at its first step (the boundary), not at the request's
+        cache = self._cache(params)
         for i in range(first, end):
             ctx.check()
             t = timesteps[i]
@@ -170,13 +173,15 @@ class _Expert(WanDenoise):
             else:
                 model_input = (latents if condition is None else torch.cat([latents, condition], dim=1)).to(dtype)
                 timestep = t.expand(latents.shape[0])
-            noise_pred = self._predict("cond", model_input, timestep, pos, None)
+            noise_pred = self._predict("cond", model_input, timestep, pos, None, (), cache)
             if guided:
-                noise_uncond = self._predict("uncond", model_input, timestep, neg, None)
+                noise_uncond = self._predict("uncond", model_input, timestep, neg, None, (), cache)
                 noise_pred = noise_uncond + scale * (noise_pred - noise_uncond)
             latents = scheduler.step(noise_pred, t, latents, return_dict=False)[0]
             ctx.step_done(i + 1 - first, end - first)
             ctx.offer_preview(i + 1, len(timesteps), latents)  # previews count the whole run's steps
+        if cache is not None:
+            ctx.stats["cache_skipped"] = round(cache.skipped_share(), 3)
         if self.high and self.boundary_ratio is not None:
             state = scheduler_state(scheduler, boundary) if end > first else _empty_state(scheduler, latents, boundary)
             return {"expert_latents": latents, **state}

@@ -50,7 +50,11 @@ def _denoised(runner: Any, params: dict[str, Any], inputs: dict[str, bytes]) -> 
 
 
 def _reference(folder: Path, workflow: str, params: dict[str, Any], png: bytes | None) -> Any:
-    """The pipeline's latents for ``params``, with diffusers' TaylorSeer hook as the level sets it."""
+    """The pipeline's latents for ``params``, with diffusers' TaylorSeer hook as the level sets it, on each
+    transformer (Wan2.2 A14B's experts each get one: the hook keeps a state per module, so the low-noise
+    expert's schedule starts at the boundary)."""
+    import inspect
+
     import torch
     from diffusers import WanImageToVideoPipeline, WanPipeline
 
@@ -59,9 +63,11 @@ def _reference(folder: Path, workflow: str, params: dict[str, Any], png: bytes |
 
     pipe = (WanPipeline if png is None else WanImageToVideoPipeline).from_pretrained(folder)
     settings = caching.settings(workflow, params.get("quality", "lossless"))
-    if settings is not None:
-        pipe.transformer.enable_cache(settings.config())
-    kwargs = {k: v for k, v in params.items() if k not in ("seed", "quality")}
+    for module in (pipe.transformer, getattr(pipe, "transformer_2", None)):
+        if module is not None and settings is not None:
+            module.enable_cache(settings.config())
+    takes = inspect.signature(type(pipe).__call__).parameters
+    kwargs = {k: v for k, v in params.items() if k in takes and k != "seed"}
     if png is not None:
         kwargs["image"] = decode_image(png)
     return pipe(generator=torch.Generator().manual_seed(params["seed"]), output_type="latent", **kwargs).frames
@@ -134,12 +140,62 @@ def test_a_cached_request_keeps_its_uncond_half(runners: dict[str, Any]) -> None
         assert torch.equal(with_peer, alone)
 
 
-def test_the_levels_are_wan21s_only() -> None:
+def test_every_wan_workflow_serves_the_levels() -> None:
     from engine.stages import caching
 
-    for name in ("wan2.1-t2v", "wan2.1-i2v"):
+    for name in ("wan2.1-t2v", "wan2.1-i2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b"):
         assert get_workflow(name).param("quality").choices == caching.levels(name) == ("lossless", "extra-high",
                                                                                         "high")
-    with pytest.raises(InvalidRequest) as err:  # Wan2.2's experts do not cache
-        get_workflow("wan2.2-t2v-a14b").resolve_params({"prompt": "x", "quality": "high"})
+    with pytest.raises(InvalidRequest) as err:
+        get_workflow("wan2.2-t2v-a14b").resolve_params({"prompt": "x", "quality": "highest"})
     assert err.value.field == "quality"
+
+
+@pytest.fixture(scope="module")
+def wan22(tiny_models: dict[str, Path]) -> dict[str, Any]:
+    from engine.stages.runner import LocalRunner
+
+    return {w: LocalRunner(w, tiny_models[w], "cpu") for w in ("wan2.2-t2v-a14b", "wan2.2-ti2v-5b")}
+
+
+@pytest.mark.parametrize("workflow", ["wan2.2-t2v-a14b", "wan2.2-ti2v-5b"])
+def test_wan22_levels_are_diffusers_own_hook_per_expert(workflow: str, wan22: dict[str, Any],
+                                                        tiny_models: dict[str, Path], input_png: bytes) -> None:
+    """Each expert stage keeps its own caches, made at its first step: ``high`` on the A14B model is the
+    pipeline's bytes with the hook on both transformers (a cache carried across the boundary would not be);
+    the 5B model (one transformer, the first frame held) likewise with an image. Each stage records the share
+    it skipped."""
+    import torch
+
+    from engine.stages.base import StageContext
+
+    runner = wan22[workflow]
+    png = input_png if workflow.endswith("5b") else None
+    size = {"height": 64, "width": 64} if workflow.endswith("5b") else {}
+    last = "denoise" if workflow.endswith("5b") else "denoise_low"
+    out: dict[str, Any] = {}
+    for q in ("lossless", "high"):  # 16 steps: each A14B expert runs past the warm-up, and skips
+        params = runner.spec.resolve_params({**BASE, **size, "num_inference_steps": 16, "quality": q})
+        seen: dict[str, Any] = {}
+        for stage in ("denoise_high", last) if last == "denoise_low" else (last,):
+            ex = runner.executors[stage]
+
+            def spy(i: Any, p: Any, ctx: Any, stage: str = stage, run: Any = ex.run, seen: dict = seen) -> Any:
+                c = StageContext()
+                got = run(i, p, c)
+                seen[stage] = (c.stats.get("cache_skipped"), got.get("denoised"))
+                return got
+
+            ex.run = spy
+        try:
+            runner.run(params, {} if png is None else {"image": png})
+        finally:
+            for ex in runner.executors.values():
+                ex.__dict__.pop("run", None)
+        out[q] = seen[last][1]
+        if q == "lossless":  # the one-call pipeline's bytes, no cache (tests/engine/stages/test_wan22.py)
+            assert all(skipped is None for skipped, _ in seen.values()), seen
+            continue
+        assert torch.equal(out[q], _reference(tiny_models[workflow], workflow, params, png)), (workflow, q)
+        assert all(skipped is not None and skipped > 0 for skipped, _ in seen.values()), seen
+    assert not torch.equal(out["high"], out["lossless"])

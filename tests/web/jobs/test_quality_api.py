@@ -47,9 +47,9 @@ def test_openai_routes_take_quality_through_extra_body(oa, workers) -> None:
             client.images.generate(prompt="a cat", size="64x64", model=model,
                                    extra_body={"quality": level, "num_inference_steps": 2})
         assert e.value.body["param"] == "quality", e.value.body
-    with pytest.raises(openai.BadRequestError) as e:  # Wan2.2's experts do not cache: refused, named
+    with pytest.raises(openai.BadRequestError) as e:  # a level no model serves: refused, named
         client.videos.create(prompt="a cat", size="64x64", model="wan2.2-t2v-a14b",
-                             extra_body={"quality": "high", "num_inference_steps": 2})
+                             extra_body={"quality": "ultra", "num_inference_steps": 2})
     assert e.value.body["param"] == "quality", e.value.body
     assert not Job.objects.exists()
     client.videos.create(prompt="a cat", size="64x64", model="wan2.1-t2v",
