@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.bench.harness import PARAMS, AsyncClient, _cores, _load_pipeline, _one_call, with_load_after
 from engine.procs import released_together
 from engine.store import keys
 
@@ -66,8 +67,6 @@ async def _closed_loop(proxy: str, token: str, params: dict[str, Any], names: li
                        seconds: float, seed: int) -> dict[str, Any]:
     """Completions per second with ``in_flight`` requests kept in the engine, each naming one of ``names``
     at random (none: no adapters)."""
-    from engine.bench.e2e import AsyncClient
-
     client = AsyncClient(proxy, token)
     rng = random.Random(seed)
     finished: list[float] = []
@@ -102,8 +101,6 @@ async def _closed_loop(proxy: str, token: str, params: dict[str, Any], names: li
 
 
 async def _warm(proxy: str, token: str, params: dict[str, Any], names: list[str]) -> None:
-    from engine.bench.e2e import AsyncClient
-
     client = AsyncClient(proxy, token)
     try:
         for lora in [{}] * 2 + [{"lora": [{"name": n, "scale": 1.0}]} for n in names]:
@@ -121,8 +118,6 @@ def with_spare_denoise(assignment: Any) -> Any:
     about one (the figure would measure the deployment, not the pool)."""
     import dataclasses
 
-    from engine.bench.e2e import _cores
-
     base = next(i for i in assignment.instances if i.stage == "denoise")
     spare = [dataclasses.replace(base, id=f"{base.workflow}.denoise.{k}") for k in range(1, max(0, _cores() - 1) + 1)]
     return dataclasses.replace(assignment, instances=(*assignment.instances, *spare))
@@ -130,7 +125,6 @@ def with_spare_denoise(assignment: Any) -> Any:
 
 def pool(model_dir: str, adapters: int, seconds: float, in_flight: int, work: Path,
          log: Any = print) -> dict[str, Any]:
-    from engine.bench.e2e import PARAMS
     from engine.bench.private import PrivateEngine
     from engine.store import JobStore
     from engine.worker.config import default_assignment
@@ -173,8 +167,6 @@ def _monolith(model_dir: str, params: dict[str, Any], threads: int, files: list[
 
     apply_env(os.environ, threads)  # a stage worker's budget, before torch loads
     import torch
-
-    from engine.bench.e2e import _load_pipeline, _one_call
 
     torch.set_num_threads(threads)
     pipe = _load_pipeline(model_dir, "cpu")
@@ -223,8 +215,6 @@ def _replicas(model_dir: str, params: dict[str, Any], seconds: float, plan: list
 
 
 def monoliths(model_dir: str, files: list[tuple[str, str]], seconds: float) -> dict[str, Any]:
-    from engine.bench.e2e import PARAMS, _cores
-
     params = PARAMS[WORKFLOW]
     cores = _cores()
     n = len(files)
@@ -258,7 +248,6 @@ def main(args: Any) -> int:
     """The ``--adapters`` run of ``onepiece bench e2e`` (engine.bench.e2e hands it over)."""
     import sys
 
-    from engine.bench.e2e import with_load_after
     from engine.bench.figures import provenance
 
     before = provenance()

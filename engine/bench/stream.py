@@ -14,6 +14,8 @@ import time
 import urllib.parse
 from typing import Any
 
+from engine.bench.harness import Client, _call, auth_headers
+
 WORKFLOW = "wan2.1-t2v"
 # the model's default size and length (81 frames) and steps: what a client that sets nothing gets
 PARAMS: dict[str, Any] = {"prompt": "a boat on a lake at dawn", "seed": 1}
@@ -21,7 +23,6 @@ PARAMS: dict[str, Any] = {"prompt": "a boat on a lake at dawn", "seed": 1}
 
 def one(proxy: str, params: dict[str, Any], timeout: float = 600) -> tuple[float, float, int]:
     """(seconds to the first playable fragment, seconds to completion, bytes streamed) of one video."""
-    from engine.bench.e2e import Client, _call, auth_headers
     from engine.stages.wan.video import split_boxes
 
     t0 = time.perf_counter()

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.cpu import vm_hwm_mb
-from engine.bench.e2e import PARAMS, _load_pipeline, _one_call
 from engine.bench.figures import pss_kb
+from engine.bench.harness import PARAMS, AsyncClient, _load_pipeline, _one_call
 from engine.bench.single_stage import MODULE as SINGLE_MODULE
 from engine.bench.single_stage import NAME as SINGLE
 from engine.bench.single_stage import STAGE as SINGLE_STAGE
@@ -77,8 +77,6 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
     engine's assignment is static, so one window after the fill measures its configuration (as one window
     measures each monolith's); with ``max_windows`` > 1, windows follow until one is no better than 5% above
     the best before it, and the capacity is the last."""
-    from engine.bench.e2e import AsyncClient
-
     client = AsyncClient(proxy, token)
     turn = itertools.count()
     finished: list[tuple[float, str]] = []
@@ -122,8 +120,6 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
 
 async def _results(proxy: str, token: str, jobs: Sequence[Job]) -> list[bytes | None]:
     """Each job once, one after the other: its result's bytes (None if it did not complete)."""
-    from engine.bench.e2e import AsyncClient
-
     client = AsyncClient(proxy, token)
     out: list[bytes | None] = []
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine.bench import e2e
+from engine.bench import e2e, harness
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -97,18 +97,18 @@ def test_the_one_call_baseline_at_a_level_is_diffusers_own_hook(tiny_models: dic
 
     wf, folder = "flux.1-dev", tiny_models["flux.1-dev"]
     params, inputs = e2e.request(wf, folder, "high")
-    assert params["quality"] == "high" and "quality" not in e2e.pipeline_kwargs(params, inputs)
+    assert params["quality"] == "high" and "quality" not in harness.pipeline_kwargs(params, inputs)
     settings = caching.settings(wf, "high")
-    pipe = e2e._load_pipeline(str(folder), "cpu", cache=settings)
-    baseline = e2e._one_call(pipe, params, "cpu", inputs=inputs)
+    pipe = harness._load_pipeline(str(folder), "cpu", cache=settings)
+    baseline = harness._one_call(pipe, params, "cpu", inputs=inputs)
 
     reference = FluxPipeline.from_pretrained(folder)
     reference.transformer.enable_cache(settings.config())
     kwargs = {k: v for k, v in params.items() if k not in ("seed", "quality", "preview_every")}
     out = reference(generator=torch.Generator().manual_seed(params["seed"]), output_type="np", **kwargs)
-    assert baseline == e2e.encode_outputs(out) and len(baseline) == 1
+    assert baseline == harness.encode_outputs(out) and len(baseline) == 1
     lossless, _ = e2e.request(wf, folder)
-    assert e2e._one_call(e2e._load_pipeline(str(folder), "cpu"), lossless, "cpu") != baseline
+    assert harness._one_call(harness._load_pipeline(str(folder), "cpu"), lossless, "cpu") != baseline
 
 
 @pytest.mark.models
@@ -120,14 +120,14 @@ def test_the_one_call_baseline_takes_the_image_batched_too(wf: str, tiny_models:
     import torch
 
     params, inputs = e2e.request(wf, tiny_models[wf])
-    pipe = e2e._load_pipeline(str(tiny_models[wf]), "cpu", image=True)
+    pipe = harness._load_pipeline(str(tiny_models[wf]), "cpu", image=True)
     assert type(pipe).__name__ == "WanImageToVideoPipeline"
-    batched = e2e._one_call(pipe, params, "cpu", batch=2, inputs=inputs)  # what the batched monolith runs
+    batched = harness._one_call(pipe, params, "cpu", batch=2, inputs=inputs)  # what the batched monolith runs
     assert len(batched) == 2 and all(v[4:8] == b"ftyp" for v in batched)
 
     def frames(files: dict[str, bytes], batch: int = 1) -> Any:
         gens = [torch.Generator().manual_seed(params["seed"] + i) for i in range(batch)]
-        kwargs = e2e.pipeline_kwargs(params, files, batch)
+        kwargs = harness.pipeline_kwargs(params, files, batch)
         return pipe(generator=gens if batch > 1 else gens[0], output_type="np", **kwargs).frames
 
     solo, two = frames(inputs), frames(inputs, 2)

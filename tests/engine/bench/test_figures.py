@@ -138,7 +138,7 @@ def test_the_monolith_encodes_what_the_staged_side_hands_the_client() -> None:
     import numpy as np
     from PIL import Image
 
-    from engine.bench.e2e import encode_outputs
+    from engine.bench.harness import encode_outputs
 
     images = np.random.RandomState(0).rand(2, 8, 12, 3).astype(np.float32)
     pngs = encode_outputs(SimpleNamespace(images=images, frames=None))
