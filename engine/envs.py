@@ -120,6 +120,10 @@ _VARS: dict[str, Callable[[], Any]] = {
     # benchmarks/object_inline.py (256 KiB here). Inline results are lost with Redis; 0 sends every output
     # to the store. Read by the last stage's workers (engine.worker.proc).
     "OBJECT_INLINE_BYTES": _bytes("ONEPIECE_OBJECT_INLINE_BYTES", 256 << 10),
+    # The object store's endpoint as clients reach it (http(s)://host[:port]), read by the web platform: result
+    # URLs are presigned GETs from it; unset, the platform's own signed URLs (onepiece_platform.jobs.result_urls).
+    # `onepiece up` sets it to its embedded store when that listens on loopback.
+    "OBJECT_STORE_PUBLIC_URL": _str("ONEPIECE_OBJECT_STORE_PUBLIC_URL", None),
     # The Python that runs the embedded S3 server (engine.embedded.s3): one with the `swift` package. Unset:
     # <this venv>/s3-venv/bin/python (./quickstart makes it), else this interpreter if it has swift.
     "S3_PYTHON": _str("ONEPIECE_S3_PYTHON", None),

@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             stack.callback(sup.forget_status)
             env = _child_env(args, state, host, *_start_services(stack, sup, state, host))
             env["ONEPIECE_OBJECT_STORE"] = _start_object_store(args.object_store, stack, sup, state, host)
+            env.update(_public_store_env(args.object_store, env["ONEPIECE_OBJECT_STORE"]))
             manage = [sys.executable, str(REPO_ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=REPO_ROOT)
             for db_file in state.glob("db.sqlite3*"):  # made by an earlier version with the default umask
@@ -253,6 +254,26 @@ def _start_object_store(choice: str | None, stack: ExitStack, sup: Supervisor, s
             store.close()
     _say(f"object store: {parse_url(choice).redacted()}")
     return choice
+
+
+def _public_store_env(choice: str | None, url: str) -> dict[str, str]:
+    """``ONEPIECE_OBJECT_STORE_PUBLIC_URL`` for the web platform when nothing set it: the embedded store's
+    endpoint when it listens on loopback (reachable by clients on this machine: result URLs are presigned GETs
+    from it), else nothing (the platform's own signed URLs)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    from engine.store.objects import parse_url
+
+    embedded = (choice or envs.OBJECT_STORE or DEFAULT_OBJECT_STORE).strip().lower() == "embedded"
+    if envs.OBJECT_STORE_PUBLIC_URL is not None or not embedded:
+        return {}
+    endpoint = parse_url(url).endpoint or ""
+    try:
+        loopback = ipaddress.ip_address(urlsplit(endpoint).hostname or "").is_loopback
+    except ValueError:
+        loopback = False
+    return {"ONEPIECE_OBJECT_STORE_PUBLIC_URL": endpoint} if loopback else {}
 
 
 def _service_child(name: str, service: RedisServer | EtcdServer | SwiftS3Server) -> Child:

@@ -65,6 +65,10 @@ DEFAULTS: dict[str, Any] = {
     # The engine's object store for outputs (ONEPIECE_OBJECT_STORE; engine.store.objects): the platform reads
     # results the engine put there when it reads the job store itself ("" or "none": results in Redis).
     "OBJECT_STORE": "",
+    # The endpoint clients reach that store at (ONEPIECE_OBJECT_STORE_PUBLIC_URL: http(s)://host[:port]): result
+    # URLs are then presigned GETs from it (jobs.result_urls); "" where clients cannot reach the store: the
+    # platform's own signed URLs, streaming from it. `onepiece up` sets its embedded store's loopback endpoint.
+    "OBJECT_STORE_PUBLIC_URL": "",
     # etcd key prefix of the cluster (engine.coord.keys): None is ONEPIECE_ETCD_ROOT, else /onepiece, as
     # for the engine's processes; tests use their own.
     "ETCD_ROOT": None,

@@ -64,3 +64,18 @@ def test_embedded_is_a_supervised_swift(tmp_path: Path) -> None:
         store.close()
     assert child.proc.poll() is not None  # stopped with the launcher
     assert (tmp_path / "s3" / "s3-credentials.json").exists()
+
+
+def test_the_embedded_store_on_loopback_is_the_public_endpoint(monkeypatch) -> None:
+    """Result URLs are presigned GETs from the embedded store on loopback (reachable on this machine); a
+    store given by URL, or an explicit ONEPIECE_OBJECT_STORE_PUBLIC_URL, is the operator's to declare."""
+    from onepiece_launcher.up import _public_store_env
+
+    monkeypatch.delenv("ONEPIECE_OBJECT_STORE_PUBLIC_URL", raising=False)
+    monkeypatch.delenv("ONEPIECE_OBJECT_STORE", raising=False)
+    url = "http://onepiece%3Aengine:s3cret@127.0.0.1:40127/onepiece-outputs"
+    assert _public_store_env(None, url) == {"ONEPIECE_OBJECT_STORE_PUBLIC_URL": "http://127.0.0.1:40127"}
+    assert _public_store_env("embedded", url.replace("127.0.0.1", "10.0.0.5")) == {}  # bound beyond loopback
+    assert _public_store_env("http://k:s@127.0.0.1:9000/b", "http://k:s@127.0.0.1:9000/b") == {}
+    monkeypatch.setenv("ONEPIECE_OBJECT_STORE_PUBLIC_URL", "https://s3.example.net")
+    assert _public_store_env("embedded", url) == {}  # already set: passed on as it is

@@ -148,6 +148,7 @@ ONEPIECE = {
     "PROXY_TOKEN": envs.PROXY_TOKEN or "",
     "SUPERVISOR_STATUS": envs.SUPERVISOR_STATUS,
     "OBJECT_STORE": envs.OBJECT_STORE or "",
+    "OBJECT_STORE_PUBLIC_URL": envs.OBJECT_STORE_PUBLIC_URL or "",
 }
 # Bodies are bounded before parsing (413); Django's own cap sits just above the platform's.
 DATA_UPLOAD_MAX_MEMORY_SIZE = (16 << 20) * 4 // 3 + (128 << 10)

@@ -24,8 +24,6 @@ import logging
 import time
 from typing import Any
 
-from django.core import signing
-from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.exceptions import NotFound
@@ -44,6 +42,10 @@ from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
 from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response, with_eta_header
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
+from onepiece_platform.jobs.result_urls import URL_MAX_AGE_S as URL_MAX_AGE_S
+from onepiece_platform.jobs.result_urls import URL_SALT as URL_SALT
+from onepiece_platform.jobs.result_urls import issue_url, unsign_result_url
+from onepiece_platform.jobs.result_urls import sign_result_url as sign_result_url
 from onepiece_platform.negotiation import BytesOrJsonNegotiation
 from onepiece_platform.strict import StrictFormParser as FormParser
 from onepiece_platform.strict import StrictJSONParser as JSONParser
@@ -55,15 +57,6 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           404: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_exceeded", 502: "server_error", 503: "server_error",
           504: "server_error"}
-URL_MAX_AGE_S = 3600
-# Signed result URLs: the token names the route's job kind ("image") with the UID, so a token can only ever
-# open an image job (never a video signed or forged for another route), and its timestamp must be in the
-# past: a token dated ahead (forged, or by a skewed clock) would otherwise stay valid for as long as it
-# claims. The salt changed with the format, so tokens of the old form are refused.
-URL_SALT = "onepiece.result-url.v2"
-URL_CLOCK_SKEW_S = 5
-
-
 IMAGE_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
 
 
@@ -79,28 +72,6 @@ def encode_image(png: bytes, fmt: str, quality: int = 100) -> bytes:
     with Image.open(io.BytesIO(png)) as im:
         im.convert("RGB").save(out, format=fmt.upper(), quality=int(quality))
     return out.getvalue()
-
-
-def sign_result_url(kind: str, uid: str, fmt: str = "png", quality: int = 100) -> str:
-    """A signed grant to ``kind``'s result ``uid``; an image's in ``fmt`` at ``quality``."""
-    suffix = "" if fmt == "png" else f".{fmt}.{int(quality)}"
-    return signing.TimestampSigner(salt=URL_SALT).sign(f"{kind}:{uid}{suffix}")
-
-
-def unsign_result_url(token: str, kind: str) -> str | None:
-    """The grant (``uid``, or ``uid.fmt.quality``) a valid, unexpired, not future-dated token of ``kind``
-    holds; None otherwise."""
-    signer = signing.TimestampSigner(salt=URL_SALT)
-    try:
-        inner = signing.Signer.unsign(signer, token)  # "kind:uid:timestamp", signature checked
-        value, stamp = inner.rsplit(signer.sep, 1)
-        age = time.time() - signing.b62_decode(stamp)
-    except (signing.BadSignature, ValueError):
-        return None
-    if not -URL_CLOCK_SKEW_S <= age <= URL_MAX_AGE_S:
-        return None
-    got_kind, _, uid = value.partition(":")
-    return uid if got_kind == kind and uid else None
 
 
 def _openai_error(data: Any, status: int) -> dict[str, Any]:
@@ -340,6 +311,8 @@ class VideoContentView(OpenAIView):
     content_negotiation_class = BytesOrJsonNegotiation
     @extend_schema(operation_id="downloadVideoContent", parameters=[s.ContentQuerySerializer],
                    responses={(200, "video/mp4"): OpenApiTypes.BINARY, (200, "image/png"): OpenApiTypes.BINARY,
+                              (200, "application/json"): s.VideoContentUrlSerializer,
+                              (206, "video/mp4"): OpenApiTypes.BINARY,
                               (200, "image/jpeg"): OpenApiTypes.BINARY, **_errors(400, 401, 404, 409, 410, 503)})
     def get(self, request: Request, video_id: str) -> Any:
         from django.http import HttpResponse
@@ -355,14 +328,41 @@ class VideoContentView(OpenAIView):
             from onepiece_platform.videos.stream import stream_video
 
             return stream_video(job.uid or "", job.state, isinstance(request._request, ASGIRequest))
-        response = result_response(job)
         variant = q.validated_data["variant"]
-        if variant == "video" or response.status_code != 200:
+        if q.validated_data.get("response_format") == "url":  # a URL with expires_at (jobs.result_urls)
+            if job.state != COMPLETED:
+                raise ApiError(409, f"the video is {job.state}; there is no content")
+            return Response({"id": job.uid, "object": "video.content_url", **issue_url(job, request, "video")})
+        if variant == "video":
+            return result_response(job, request)  # Range honoured: a player seeks
+        response = result_response(job)
+        if response.status_code != 200:
             return response
         render, ctype, ext = VARIANTS[variant]
         still = HttpResponse(render(response.content), content_type=ctype)
         still["Content-Disposition"] = f'attachment; filename="{job.uid}-{variant}.{ext}"'
         return still
+
+
+class VideoSignedContentView(OpenAIView):
+    """The mp4 behind a signed url (``/v1/videos/{id}/content?response_format=url`` where clients do not reach
+    the object store); no API key: the signature is the grant. A bad or expired signature is 404."""
+
+    content_negotiation_class = BytesOrJsonNegotiation
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(operation_id="getSignedVideoContent", auth=[],
+                   responses={(200, "video/mp4"): OpenApiTypes.BINARY, (206, "video/mp4"): OpenApiTypes.BINARY,
+                              404: ERRORS[404], 410: ERRORS[410], 416: OpenApiTypes.NONE},
+                   parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH)])
+    def get(self, request: Request, token: str) -> Any:
+        uid = unsign_result_url(token, "video")
+        job = None if uid is None else Job.objects.filter(
+            uid=uid, state=COMPLETED, hidden=False, workflow__in=_video_workflows()).first()
+        if job is None:
+            raise NotFound("no such video")
+        return result_response(job, request)
 
 
 class VideoRemixView(OpenAIView):
@@ -464,9 +464,8 @@ class ImageGenerationView(OpenAIView):
         for j in jobs:
             if d["response_format"] == "b64_json":
                 data.append({"b64_json": base64.b64encode(encode_image(_result(j), fmt, quality)).decode()})
-            else:
-                token = sign_result_url("image", j.uid or "", fmt, quality)
-                data.append({"url": request.build_absolute_uri(reverse("openai-image-content", args=[token]))})
+            else:  # a presigned GET from the store where clients reach it, else the platform's signed URL
+                data.append(issue_url(j, request, "image", fmt, quality))
         first = jobs[0].params
         return Response({"created": int(time.time()), "data": data, "output_format": fmt,
                          "size": f"{first.get('width')}x{first.get('height')}"})
@@ -487,7 +486,9 @@ class ImageContentView(OpenAIView):
     permission_classes = [AllowAny]
 
     @extend_schema(operation_id="getImageContent", auth=[], responses={(200, "image/png"): OpenApiTypes.BINARY,
-                                                                 404: ERRORS[404], 410: ERRORS[410]},
+                                                                 (206, "image/png"): OpenApiTypes.BINARY,
+                                                                 404: ERRORS[404], 410: ERRORS[410],
+                                                                 416: OpenApiTypes.NONE},
                    parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH)])
     def get(self, request: Request, token: str) -> Any:
         grant = unsign_result_url(token, "image")
@@ -499,9 +500,12 @@ class ImageContentView(OpenAIView):
         job = Job.objects.filter(uid=uid, state=COMPLETED, hidden=False, workflow__in=images).first()
         if job is None:
             raise NotFound("no such image")
+        if fmt not in IMAGE_TYPES or fmt == "png":
+            return result_response(job, request)  # streamed from the store where it is there; Range honoured
         response = result_response(job)
-        if fmt in IMAGE_TYPES and fmt != "png" and response.status_code == 200:
-            from django.http import HttpResponse
+        if response.status_code != 200:
+            return response
+        from onepiece_platform.jobs.result_urls import bytes_response
 
-            return HttpResponse(encode_image(response.content, fmt, int(quality or 100)), content_type=IMAGE_TYPES[fmt])
-        return response
+        return bytes_response(encode_image(response.content, fmt, int(quality or 100)),
+                              request.META.get("HTTP_RANGE"), IMAGE_TYPES[fmt])

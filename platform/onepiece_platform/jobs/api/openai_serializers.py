@@ -267,10 +267,15 @@ class ContentQuerySerializer(serializers.Serializer):
     stream = serializers.BooleanField(required=False, default=False,
                                       help_text="true: the video (variant video only) as it is made, a fragmented "
                                                 "mp4 in chunked transfer from its first fragment on")
+    response_format = serializers.ChoiceField(choices=["url"], required=False,
+                                              help_text="url: JSON with a URL of the finished mp4 and its "
+                                                        "expires_at instead of the bytes (variant video only)")
 
     def validate(self, attrs: dict) -> dict:
         if attrs.get("stream") and attrs.get("variant", "video") != "video":
             raise serializers.ValidationError({"stream": "only the video variant streams"})
+        if attrs.get("response_format") and (attrs.get("stream") or attrs.get("variant", "video") != "video"):
+            raise serializers.ValidationError({"response_format": "a url is of the finished video variant only"})
         return attrs
 
 
@@ -320,7 +325,17 @@ class ImageGenerateSerializer(_GenerateSerializer):
 
 class ImageDataSerializer(serializers.Serializer):
     b64_json = serializers.CharField(required=False)
-    url = serializers.CharField(required=False)
+    url = serializers.CharField(required=False, help_text="a presigned GET from the object store where clients "
+                                "reach it, else the platform's own signed URL; either answers Range requests")
+    expires_at = serializers.IntegerField(required=False, help_text="unix s the url stops working at")
+
+
+class VideoContentUrlSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    object = serializers.CharField(default="video.content_url")
+    url = serializers.CharField(help_text="the mp4: a presigned GET from the object store where clients reach it, "
+                                "else the platform's own signed URL; either answers Range requests (seek)")
+    expires_at = serializers.IntegerField(help_text="unix s the url stops working at")
 
 
 class ImagesResponseSerializer(serializers.Serializer):

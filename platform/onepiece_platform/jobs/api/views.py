@@ -188,6 +188,7 @@ class JobResultView(APIView):
     content_negotiation_class = BytesOrJsonNegotiation
 
     @extend_schema(operation_id="getJobResult", responses={(200, "image/png"): OpenApiTypes.BINARY, (200, "video/mp4"): OpenApiTypes.BINARY,
+                              (206, "video/mp4"): OpenApiTypes.BINARY, 416: OpenApiTypes.NONE,
                               **_errors(401, 404, 409, 410, 503)})
     def get(self, request: Request, uid: str) -> HttpResponse | Response:
         from onepiece_platform.videos.stream import stream_query, stream_video
@@ -201,20 +202,41 @@ class JobResultView(APIView):
 
             ctype, _ext = CONTENT_TYPES.get(get_workflow(job.workflow).final_output, ("application/octet-stream", ""))
             return stream_video(job.uid or "", job.state, isinstance(request._request, ASGIRequest), ctype)
-        return result_response(job)
+        return result_response(job, request)
 
 
-def result_response(job: Job) -> HttpResponse | Response:
+LOST = "the result expired or was lost with the result store; submit the job again"
+
+
+def result_response(job: Job, request: Any = None) -> Any:
+    """A completed job's output. With ``request``: its ``Range`` honoured (206), and an output in the object
+    store streamed from there (jobs.result_urls); without: the whole output in memory (the video variants
+    render from it)."""
+    from engine.store.objects import ObjectStoreError
     from onepiece_platform.engine_link.client import get_engine
+    from onepiece_platform.jobs import result_urls
 
     if job.state != COMPLETED:
         return error(409, f"the job is {job.state}; there is no result", state=job.state)
+    ctype, ext = CONTENT_TYPES.get(get_workflow(job.workflow).final_output, ("application/octet-stream", "bin"))
+    name, span = f"{job.uid}.{ext}", request.META.get("HTTP_RANGE") if request is not None else None
+    if request is not None:
+        from django.core.handlers.asgi import ASGIRequest
+
+        try:
+            ref = result_urls.stored_ref(job)
+            if ref is not None:
+                asgi = isinstance(getattr(request, "_request", request), ASGIRequest)
+                return result_urls.object_response(ref, span, ctype, name, asgi) or error(410, LOST)
+        except ObjectStoreError:
+            return error(503, "the object store is unavailable; retry shortly", retry_after=5)
     data = get_engine().result(job.uid or "")
     if data is None:
-        return error(410, "the result expired or was lost with the result store; submit the job again")
-    ctype, ext = CONTENT_TYPES.get(get_workflow(job.workflow).final_output, ("application/octet-stream", "bin"))
+        return error(410, LOST)
+    if request is not None:
+        return result_urls.bytes_response(data, span, ctype, name)
     resp = HttpResponse(data, content_type=ctype)
-    resp["Content-Disposition"] = f'attachment; filename="{job.uid}.{ext}"'
+    resp["Content-Disposition"] = f'attachment; filename="{name}"'
     return resp
 
 
