@@ -11,7 +11,7 @@ The model (:func:`raw`): a job finishes after its own remaining stage work (the 
 and what is left of the one it runs, from ``progress``), and, on a busy engine, not before the jobs served
 ahead of it have drained: ``(ahead + 1) / rate`` (Little's law on a saturated pipeline, as the Request
 Monitor predicts a new request's finish). Who is ahead (:meth:`Book.ahead`) follows the stages' serving
-order (engine.worker.order): every unfinished job of a higher priority, and those of the same priority
+order (engine.dispatch.order): every unfinished job of a higher priority, and those of the same priority
 accepted earlier, and lower ones accepted earlier that waited past the aging bound.
 
 Calibration: the raw model ignores hop costs, the cores the stages share, batching. Each finished job
@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.worker import order
+from engine.dispatch import order
 
 WINDOW = 200  # finished jobs a History keeps (the gate's window)
 RECENT = 40  # ratios each regime's calibration keeps (a small window: load changes are followed within it)
@@ -269,7 +269,7 @@ class Book:
         return out
 
     def ahead(self, job: Entry, now: float, aging_s: float | None = None) -> int:
-        """Unfinished jobs of ``job``'s workflow the stages serve before it (engine.worker.order's rule:
+        """Unfinished jobs of ``job``'s workflow the stages serve before it (engine.dispatch.order's rule:
         higher effective priority first, then acceptance order; ages counted from acceptance)."""
         mine = order.effective(job.priority, now - job.accepted, aging_s)
         n = 0

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from engine.coord.routes import Route, RouteTable
-from engine.worker.deliver import Outstanding, Producers, make_deliver
+from engine.dispatch.deliver import Outstanding, Producers, make_deliver
 
 
 class NoRoute(RuntimeError):

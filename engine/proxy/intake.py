@@ -48,10 +48,10 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
+from engine.dispatch import order
 from engine.proxy.monitor import Decision, Load, RequestMonitor
 from engine.store import keys
 from engine.transport.errors import MessageTooLarge
-from engine.worker import order
 from engine.workflow import InvalidRequest, WorkflowSpec, images, request_workflow
 from engine.workflow import message as wm
 from engine.workflow.images import ImageTooLarge
@@ -88,7 +88,7 @@ class Submission:
     params: dict[str, Any]
     inputs: dict[str, bytes]
     deadline: float | None  # absolute (epoch seconds)
-    priority: int  # the header's level (engine.worker.order.LEVELS: low -1, normal 0, high 1)
+    priority: int  # the header's level (engine.dispatch.order.LEVELS: low -1, normal 0, high 1)
     uid: str | None  # caller-supplied (32 lowercase hex), or None: the Proxy draws one
 
 
@@ -183,7 +183,7 @@ def as_seen_by(priority: int, load: Load, by_priority: Mapping[int, int] | None 
     normal and high, and high keeps its latency. A low request sees every job in flight as 1/LOW_SHARE
     jobs: it is refused at half the fill (the queue bound, and with a deadline the predicted finish) at
     which the others still enter, so half of the admission budget is kept for normal and high. A high
-    request is served before every waiting lower one (engine.worker.order), so the low jobs in flight
+    request is served before every waiting lower one (engine.dispatch.order), so the low jobs in flight
     (``by_priority``) are not ahead of it: it sees only the rest, bounded below by one job per instance
     (those being served, which it cannot pass). Normal sees the load as it is."""
     if priority < 0:

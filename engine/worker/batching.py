@@ -20,13 +20,13 @@ seed, scheduler, progress, cancel, deadline and error:
   batch runs) waits in line; while one waits no request behind it joins,
   so it starts when the active set, at most ``max_held`` requests, has
   ended (its bound);
-* the line is ordered by priority with aging (:mod:`engine.worker.order`):
+* the line is ordered by priority with aging (:mod:`engine.dispatch.order`):
   a higher-priority arrival goes ahead of waiting lower ones, so it joins at
   the next step boundary before them, and a batch still forming (``wait_s``)
   starts at once when one comes.
 
 Priorities inside the active set. Each step runs only the group of the highest
-effective priority present (:func:`engine.worker.order.effective`), at most
+effective priority present (:func:`engine.dispatch.order.effective`), at most
 ``max_batch`` of it in the order taken; the lower ones pause between steps,
 keeping their state (nothing restarts: a request's output depends only on its
 own inputs and step count, so a paused one ends with the bytes of an unpaused
@@ -64,9 +64,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.dispatch import order
 from engine.stages.base import Cancelled, DeadlineExceeded, SteppedStage
 from engine.transport.ring import Delivery
-from engine.worker import order
 from engine.workflow import message as wm
 
 log = logging.getLogger("onepiece.worker")

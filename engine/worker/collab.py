@@ -39,8 +39,8 @@ from typing import Any
 
 from engine.background import Background
 from engine.coord.routes import Route, RouteTable
+from engine.dispatch.deliver import Producers
 from engine.transport.ring import RingConsumer
-from engine.worker.deliver import Producers
 from engine.workflow import message as wm
 
 log = logging.getLogger("onepiece.collab")

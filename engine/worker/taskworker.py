@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.coord.routes import Route, RouteTable
+from engine.dispatch import order
+from engine.dispatch.deliver import Outstanding, Producers, make_deliver
 from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
 from engine.stages.preview import Previews
 from engine.store import JobStore, keys
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
-from engine.worker import chunks, order
-from engine.worker.deliver import Outstanding, Producers, make_deliver
+from engine.worker import chunks
 from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
 from engine.workflow.pricing import Fit, Samples
@@ -68,7 +69,7 @@ def stage_failed(stage: str, exc: BaseException) -> str:
 
 @dataclass
 class Held:
-    """A message taken off the inbox ring and not yet handled: its place in line (engine.worker.order)."""
+    """A message taken off the inbox ring and not yet handled: its place in line (engine.dispatch.order)."""
 
     d: Delivery
     msg: wm.Message | None  # None: undecodable (handle() fails its job)
@@ -183,7 +184,7 @@ class TaskWorker:
 
         What the ring holds is taken (``recv_many``: runs of records verified by one native call each) and
         held; the next message handled is the held one of highest priority, with aging
-        (:mod:`engine.worker.order`: one that waited ``order.AGING_S`` here is served as if high, and ties
+        (:mod:`engine.dispatch.order`: one that waited ``order.AGING_S`` here is served as if high, and ties
         go to the one taken first, so no later arrival passes it after that), and ``should_stop()`` is
         checked between messages. Each message is still released on its own, last, by :meth:`handle`: a
         stop or a crash leaves the held rest unreleased, exactly like messages not yet taken. A stage

@@ -1,4 +1,4 @@
-"""Adapter affinity in the ResultDeliver policies (engine.worker.deliver): a request with adapters goes where
+"""Adapter affinity in the ResultDeliver policies (engine.dispatch.deliver): a request with adapters goes where
 this sender sent them before, a new adapter where it evicts least, and affinity gives way when the warm
 instance is busier than the policy's choice by more than the cost of a load. Pure: no Redis, no model."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.coord.routes import Route
-from engine.worker.deliver import Outstanding, make_deliver
+from engine.dispatch.deliver import Outstanding, make_deliver
 
 ROUTES = [Route("sd-t2i", "denoise", f"i{n}", f"shm://x{n}") for n in range(2)]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import random
 
+from engine.dispatch import order
 from engine.proxy import eta
 from engine.proxy.intake import LOW_SHARE, as_seen_by
 from engine.proxy.monitor import Load, RequestMonitor
-from engine.worker import order
 from engine.workflow import get_workflow
 
 LOW, NORMAL, HIGH = order.LEVELS["low"], order.LEVELS["normal"], order.LEVELS["high"]

@@ -1,4 +1,4 @@
-"""Priorities at a stage (engine.worker.order): the TaskWorker serves what it holds highest priority first
+"""Priorities at a stage (engine.dispatch.order): the TaskWorker serves what it holds highest priority first
 through its real inbox ring and job store, a stop leaves the rest unreleased, aging bounds how long a low
 one is passed over, and the StepBatcher lets a high-priority arrival ahead of waiting low ones."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from engine.dispatch import order
 from engine.store import JobStore, keys
 from engine.transport.ring import RingConsumer
-from engine.worker import order
 from engine.worker.taskworker import TaskWorker
 from engine.workflow import message as wm
 from tests.engine.worker.rig import SPEC, BatcherHost, image_encode_worker, pixels_message

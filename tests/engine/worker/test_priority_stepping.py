@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from engine.worker import batching, order
+from engine.dispatch import order
+from engine.worker import batching
 from engine.workflow import message as wm
 from tests.engine.worker.rig import SPEC, BatcherHost
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.coord.routes import Route
-from engine.worker.deliver import Outstanding, make_deliver
+from engine.dispatch.deliver import Outstanding, make_deliver
 
 ROUTES = [Route("sd-t2i", "denoise", f"i{n}", f"shm://x{n}") for n in range(3)]
 
