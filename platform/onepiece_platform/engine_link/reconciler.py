@@ -85,6 +85,21 @@ def _superseded_progress(entries: list[tuple[str, dict[str, str]]]) -> set[str]:
     return out
 
 
+def _superseded_moves(entries: list[tuple[str, dict[str, str]]]) -> set[str]:
+    """The entry ids of stage timeline events followed, in ``entries``, by another event of the same job that
+    sets its state, stage and progress (any known type but ``accepted``): each is written on its stage run
+    only (``timeline_only``), and the later one moves the job's row, so the row is written once per batch."""
+    later: set[str] = set()
+    out: set[str] = set()
+    for entry_id, fields in reversed(entries):
+        uid, type_ = fields.get("uid", ""), fields.get("type", "")
+        if type_ in ledger.TIMELINE and uid in later:
+            out.add(entry_id)
+        if type_ in keys.EVENT_TYPES and type_ != keys.ACCEPTED:
+            later.add(uid)
+    return out
+
+
 def _merged_starts(entries: list[tuple[str, dict[str, str]]]) -> dict[str, str]:
     """stage_started entry id -> the id of the stage_finished of the same run (job, stage, attempt) later in
     ``entries``: the two are written as one (the run's start and end in one row write)."""
@@ -224,6 +239,7 @@ class Reconciler:
         started = time.monotonic()
         n = 0
         superseded = _superseded_progress(entries)
+        moved_later = _superseded_moves(entries)  # written on their stage runs only
         merged = _merged_starts(entries)  # stage_started id -> its stage_finished id, both in this batch
         start_of = {fin: start for start, fin in merged.items()}
         pending: dict[str, list[Any]] = {}  # skipped stage_started id -> [fields, a later event of its job applied]
@@ -237,7 +253,7 @@ class Reconciler:
                     else:
                         start = start_of.get(entry_id)
                         held = pending.pop(start)[0] if start is not None else None
-                        outcome = self._outcome(entry_id, fields, started=held)
+                        outcome = self._outcome(entry_id, fields, started=held, timeline_only=entry_id in moved_later)
                         if held is not None and outcome != "applied":
                             # held (an unknown job) or dead: undone, and the two go on as two, in their order
                             HeldEvent.objects.filter(entry_id=entry_id).delete()
@@ -277,6 +293,8 @@ class Reconciler:
             ev["started_ts"] = parse(started)["ts"]  # parsed when the two were paired (_merged_starts)
         if timeline_only:
             ev["timeline_only"] = True
+        if ev["uid"] in self._foreign and ev["type_"] != keys.ACCEPTED:
+            return "applied"  # a job the platform did not submit (its acceptance said so): no query for it
         return self._apply(entry_id, ev, fields)
 
     def _apply(self, entry_id: str, ev: dict[str, Any], fields: dict[str, str]) -> str:

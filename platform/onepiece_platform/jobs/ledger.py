@@ -27,7 +27,6 @@ import logging
 import re
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from engine.store import keys
@@ -54,21 +53,20 @@ CACHE_SKIPPED = re.compile(r"\bcache_skipped=(\d(?:\.\d+)?)\b")  # engine.worker
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def _measured(job_pk: int) -> float | None:
-    runs = [r.device_s for r in StageRun.objects.filter(job_id=job_pk, started__isnull=False, finished__isnull=False)]
-    return sum(r for r in runs if r is not None) if runs else None
-
-
 def _set_charge(job: Job, state: str, if_changed: bool = False) -> bool:
-    """Inside the transaction holding the job's row: its measured cost from the stage runs, a new version
-    (with ``if_changed``, only when the cost moved). True if a new charge was set."""
-    measured = _measured(job.pk)
-    if measured is None and state != COMPLETED and not StageRun.objects.filter(job_id=job.pk).exists():
+    """Inside the transaction holding the job's row (read after its lock was taken, so ``job`` has the row's
+    charge version): its measured cost from the stage runs, a new version (with ``if_changed``, only when the
+    cost moved). True if a new charge was set."""
+    runs = list(StageRun.objects.filter(job_id=job.pk).values_list("started", "finished"))
+    done = [max(0.0, f - s) for s, f in runs if s is not None and f is not None]
+    measured: float | None = sum(done) if done else None
+    if measured is None and state != COMPLETED and not runs:
         measured = 0.0  # nothing ran: the estimate is refunded
     if if_changed and measured == job.cost_measured_gpu_s:
         return False
-    Job.objects.filter(pk=job.pk).update(cost_measured_gpu_s=measured, charge_version=F("charge_version") + 1)
-    job.refresh_from_db(fields=["cost_measured_gpu_s", "charge_version"])
+    version = job.charge_version + 1
+    Job.objects.filter(pk=job.pk).update(cost_measured_gpu_s=measured, charge_version=version)
+    job.cost_measured_gpu_s, job.charge_version = measured, version
     return True
 
 
@@ -157,23 +155,46 @@ def finish(uid: str, state: str, detail: str = "", stage: str | None = None,
     return True
 
 
-def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail: str,
-               started_ts: float | None = None) -> bool:
-    """Record one timeline event on its stage run; True if it changed the run. ``started_ts``: the run's
-    start, when its stage_started event is applied with this one (one write per stage run)."""
-    run, made = StageRun.objects.get_or_create(job=job, stage=stage, attempt=attempt,
-                                               defaults={"started": started_ts})
-    runs = StageRun.objects.filter(pk=run.pk)
-    if type_ == keys.STAGE_STARTED:
-        return bool(runs.filter(started__isnull=True).update(started=ts))
-    if started_ts is not None and not made and run.started is None:
-        runs.update(started=started_ts)
+def _run_fields(type_: str, ts: float, detail: str) -> dict[str, object]:
+    """What a stage run's end event writes besides ``finished``."""
     extra: dict[str, object] = {"stopped": True, "detail": detail[:500]} if type_ == keys.STAGE_STOPPED else {}
     if type_ == keys.STAGE_FINISHED and (m := BATCH.search(detail)):
         extra["batch_size"] = min(int(m.group(1)), 32767)
     if type_ == keys.STAGE_FINISHED and (m := CACHE_SKIPPED.search(detail)):
         extra["cache_skipped"] = min(1.0, float(m.group(1)))
-    return bool(runs.filter(finished__isnull=True).update(finished=ts, **extra))
+    return extra
+
+
+def _stage_run(job: Job, type_: str, stage: str, attempt: int, ts: float, detail: str,
+               started_ts: float | None = None) -> StageRun | None:
+    """Record one timeline event on its stage run; the run as now written if this changed it, else None.
+    ``started_ts``: the run's start, when its stage_started event is applied with this one (one write per
+    stage run). The caller holds the job's row, so no other writer makes the same run meanwhile: a new run is
+    one INSERT with both its ends."""
+    run = StageRun.objects.filter(job=job, stage=stage, attempt=attempt).first()
+    if run is None:
+        if type_ == keys.STAGE_STARTED:
+            return StageRun.objects.create(job=job, stage=stage, attempt=attempt, started=ts)
+        return StageRun.objects.create(job=job, stage=stage, attempt=attempt, started=started_ts, finished=ts,
+                                       **_run_fields(type_, ts, detail))
+    runs = StageRun.objects.filter(pk=run.pk)
+    if type_ == keys.STAGE_STARTED:
+        if run.started is not None or not runs.filter(started__isnull=True).update(started=ts):
+            return None
+        run.started = ts
+        return run
+    if started_ts is not None and run.started is None:
+        runs.update(started=started_ts)
+        run.started = started_ts
+    if run.finished is not None:
+        return None
+    extra = _run_fields(type_, ts, detail)
+    if not runs.filter(finished__isnull=True).update(finished=ts, **extra):
+        return None
+    run.finished = ts
+    for k, v in extra.items():
+        setattr(run, k, v)
+    return run
 
 
 def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, detail: str, attempt: int = 1,
@@ -182,16 +203,21 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
 
     ``started_ts``: a stage_finished event carries its run's stage_started time (the reconciler applies the
     two as one write when one batch holds both). ``timeline_only``: record the event on its stage run only
-    (a stage_started applied after later events of its job, which set the job's state and progress).
-    ``output``: a completed event's description of the output (:func:`parse_output`).
+    (and the job's start), not the job's state, stage and progress: a later event of the job sets those (one
+    the reconciler applies in the same batch, or already did). ``output``: a completed event's description
+    of the output (:func:`parse_output`).
     Raises :class:`Job.DoesNotExist` for a UID the ledger does not know (the caller holds the event).
     """
     if type_ in keys.TERMINAL:
+        if finish(uid, type_, detail, stage or None, output=output):
+            return True
         if not Job.objects.filter(uid=uid).exists():
             raise Job.DoesNotExist(uid)
-        return finish(uid, type_, detail, stage or None, output=output)
-    changed_run = recharged = False
-    with transaction.atomic():
+        return False
+    run: StageRun | None = None
+    recharged = False
+    # no savepoint of its own: the caller's (the reconciler applies each event in one) undoes it on an error
+    with transaction.atomic(savepoint=False):
         # the row's lock orders this against a concurrent finish(): one of the two sees the other's stage run
         job = Job.objects.select_for_update().get(uid=uid)
         if job.submitting:
@@ -199,40 +225,44 @@ def apply_event(uid: str, type_: str, stage: str, progress: int, ts: float, deta
         # the engine counts attempts from 1 again after the platform submitted the job again
         attempt = max(1, attempt) + job.attempt_base
         if type_ in TIMELINE and stage:
-            changed_run = _stage_run(job, type_, stage, attempt, ts, detail, started_ts)
-        if timeline_only and not job.terminal:
-            if type_ == keys.STAGE_STARTED and job.started_at is None:
-                Job.objects.filter(pk=job.pk).update(started_at=dt.datetime.fromtimestamp(ts, dt.UTC))
-            return changed_run
+            run = _stage_run(job, type_, stage, attempt, ts, detail, started_ts)
         if job.terminal:
             # a stage's time read after the row was finished (the sweep or a status read got there first):
             # the timeline takes it and the charge follows; the state does not move
-            recharged = changed_run and _set_charge(job, job.state, if_changed=True)
+            recharged = run is not None and _set_charge(job, job.state, if_changed=True)
         else:
-            fields: dict[str, object]
-            if type_ == keys.ACCEPTED:
-                fields = {}
-            elif type_ == keys.RETRIED:  # started again from its first stage (its node was lost)
-                fields = {"state": QUEUED, "progress": 0, "stage": ""}
-            else:
-                fields = {"state": IN_PROGRESS, "progress": max(0, min(99, int(progress)))}
-                if stage:
-                    fields["stage"] = stage
-                start = ts if type_ == keys.STAGE_STARTED else started_ts
-                if start is not None and job.started_at is None:
-                    fields["started_at"] = dt.datetime.fromtimestamp(start, dt.UTC)
-            if fields:
-                Job.objects.filter(pk=job.pk, state__in=NON_TERMINAL).update(updated_at=timezone.now(), **fields)
+            _move(job, type_, stage, progress, ts, started_ts, timeline_only)
     if job.terminal:
         if recharged:
             settle(job)
-        return changed_run
-    if type_ == keys.STAGE_FINISHED and changed_run:
+        return run is not None
+    if type_ == keys.STAGE_FINISHED and run is not None:
         from onepiece_platform.ops import metrics
 
-        run = StageRun.objects.get(job=job, stage=stage, attempt=attempt)
         if run.device_s is not None:
             metrics.STAGE_SECONDS.labels(workflow=job.workflow, stage=stage).observe(run.device_s)
         metrics.STAGE_BATCH_SIZE.labels(workflow=job.workflow, stage=stage).observe(run.batch_size)
+    if timeline_only:
+        return run is not None
     push_job(job, fresh=False)
     return True
+
+
+def _move(job: Job, type_: str, stage: str, progress: int, ts: float, started_ts: float | None,
+          timeline_only: bool) -> None:
+    """The job's row after a non-terminal event (inside the transaction holding it): its state, stage and
+    progress, and its start the first time a stage starts (only the start with ``timeline_only``)."""
+    start = ts if type_ == keys.STAGE_STARTED else started_ts
+    started = {"started_at": dt.datetime.fromtimestamp(start, dt.UTC)} \
+        if start is not None and job.started_at is None and type_ in TIMELINE else {}
+    fields: dict[str, object]
+    if timeline_only or type_ == keys.ACCEPTED:
+        fields = started
+    elif type_ == keys.RETRIED:  # started again from its first stage (its node was lost)
+        fields = {"state": QUEUED, "progress": 0, "stage": ""}
+    else:
+        fields = {"state": IN_PROGRESS, "progress": max(0, min(99, int(progress))), **started}
+        if stage:
+            fields["stage"] = stage
+    if fields:
+        Job.objects.filter(pk=job.pk, state__in=NON_TERMINAL).update(updated_at=timezone.now(), **fields)

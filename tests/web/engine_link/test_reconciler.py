@@ -381,3 +381,72 @@ def test_a_batch_cut_by_its_time_limit_writes_what_a_whole_batch_writes(alice, s
 
     assert ledger(cut) == ledger(whole) == [("in_progress", 30, "denoise", True), ("denoise", True, True),
                                             ("text_encode", True, True)]
+
+
+STAGES = ("text_encode", "denoise", "vae_decode", "image_encode")
+
+
+def _whole_life(store, uid: str) -> None:
+    """An sd-t2i job's events after its acceptance: each stage's start and end (three progress events in
+    denoise), then its completion."""
+    p = 0
+    for s in STAGES:
+        store.event(uid, keys.STAGE_STARTED, s, p, state=keys.IN_PROGRESS)
+        if s == "denoise":
+            for k in (1, 2, 3):
+                store.event(uid, keys.PROGRESS, s, p + 5 * k, detail=f"step {k}/3", state=keys.IN_PROGRESS)
+        p += 20
+        store.event(uid, keys.STAGE_FINISHED, s, p, detail="0.010s batch=2")
+    store.finish(uid, "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
+
+
+def _writes(queries: list[dict]) -> dict[str, int]:
+    """INSERT/UPDATE statements per table of the captured queries."""
+    out: dict[str, int] = {}
+    for q in queries:
+        words = q["sql"].split()
+        if words[0] in ("INSERT", "UPDATE"):
+            table = words[2] if words[0] == "INSERT" else words[1]
+            key = f"{words[0]} {table.strip(chr(34))}"
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def test_a_jobs_life_in_one_batch_writes_each_stage_run_once_and_its_row_per_visible_change(alice, store) -> None:
+    """One write per stage run (its start and end in one INSERT) and one per change a client sees (the
+    job's start, its completion, its charge), not a dozen: a stage's end that a later event of the job
+    supersedes is written on its run only, and the later event moves the row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _, c, _ = alice
+    (uid,) = _submit(c, 1)
+    _whole_life(store, uid)
+    with CaptureQueriesContext(connection) as ctx:
+        assert Reconciler(block_ms=0).step() > 0
+    writes = _writes(ctx.captured_queries)
+    assert writes.get("INSERT jobs_stagerun") == 4 and "UPDATE jobs_stagerun" not in writes, writes
+    # the job's start, its completion, its charge and the charge's settling with the quota counters
+    assert writes.get("UPDATE jobs_job") == 4, writes
+    job = Job.objects.get(uid=uid)
+    assert job.state == "completed" and job.progress == 100 and job.started_at is not None
+    assert [(r.stage, r.batch_size, round(r.device_s, 6) >= 0) for r in job.stage_runs.order_by("started")] == \
+        [(s, 2, True) for s in STAGES]
+    assert job.cost_measured_gpu_s == pytest.approx(sum(r.device_s for r in job.stage_runs.all()))
+
+
+def test_a_foreign_jobs_events_cost_one_lookup(alice, store) -> None:
+    """A job sent to the Proxy directly (the platform did not submit it) is looked up once, at its
+    acceptance; its other events are counted applied without a query (they were one failed lookup each)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    uid = "f" * 32
+    store.accept(uid, "sd-t2i", 1.0)
+    _whole_life(store, uid)
+    with CaptureQueriesContext(connection) as ctx:
+        n = Reconciler(block_ms=0).step()
+    assert n == 13
+    lookups = [q for q in ctx.captured_queries if 'FROM "jobs_job"' in q["sql"]]
+    assert len(lookups) == 1, [q["sql"][:80] for q in lookups]
+    assert StreamCursor.objects.get(name="events").applied == 13 and not Job.objects.filter(uid=uid).exists()
