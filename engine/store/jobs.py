@@ -521,23 +521,24 @@ class JobStore:
         rows = self.r.xread({keys.preview_key(uid): after}, count=count, block=block_ms)
         return [_preview(i, f) for _k, entries in rows for i, f in entries]
 
-    def drop_results(self, uids: Iterable[str], chunk: int = 500) -> int:
+    def drop_results(self, uids: Iterable[str], chunk: int = 500, freed: dict[str, int] | None = None) -> int:
         """Delete these jobs' result bytes now instead of at their TTL; returns how many existed.
 
         ``UNLINK`` in commands of ``chunk`` keys: Redis frees the bytes (a video is megabytes) in a
-        background thread, and no single command holds the server while thousands go."""
+        background thread, and no single command holds the server while thousands go. ``freed``, when given,
+        gets the object store's deleted ``objects`` and their ``bytes`` added to it."""
         dropped = 0
         batch: list[str] = []
         for uid in uids:
             batch.append(keys.result_key(uid))
             if len(batch) >= chunk:
-                dropped += self._unlink_results(batch)
+                dropped += self._unlink_results(batch, freed)
                 batch = []
         if batch:
-            dropped += self._unlink_results(batch)
+            dropped += self._unlink_results(batch, freed)
         return dropped
 
-    def _unlink_results(self, result_keys: list[str]) -> int:
+    def _unlink_results(self, result_keys: list[str], freed: dict[str, int] | None = None) -> int:
         """UNLINK result keys and their streamed copies (engine.store.fragments), and delete every object of
         those jobs in the object store (found by the UID: also once Redis forgot the reference, and an
         attempt's orphan); how many results existed."""
@@ -546,7 +547,12 @@ class JobStore:
         if self.objects is not None:
             from engine.store.objects import result_prefix
 
-            stored = sum(1 for u in uids if self.objects.delete_prefix(result_prefix(u)))
+            for u in uids:
+                n, size = self.objects.purge(result_prefix(u))
+                stored += n > 0
+                if freed is not None:
+                    freed["objects"] = freed.get("objects", 0) + n
+                    freed["bytes"] = freed.get("bytes", 0) + size
         pipe = self.r.pipeline(transaction=False)
         pipe.unlink(*result_keys)
         pipe.unlink(*(keys.fragments_key(u) for u in uids))

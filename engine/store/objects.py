@@ -34,6 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 MULTIPART_THRESHOLD = 16 << 20  # objects above this go up in parts
 PART_SIZE = 8 << 20  # S3's minimum is 5 MiB for every part but the last
+PART_CONCURRENCY = 4  # parts in flight at once (boto3's upload_fileobj sends 10); benchmarks/object_delivery.md
 MAX_PRESIGN_S = 7 * 24 * 3600  # SigV4's ceiling for a presigned URL
 
 
@@ -168,9 +169,11 @@ class ObjectStore:
     """One bucket of an S3-compatible store. Thread-safe: boto3's clients are, and the client is made once."""
 
     def __init__(self, config: StoreConfig, connect_timeout: float = 5.0, read_timeout: float = 60.0,
-                 multipart_threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE) -> None:
+                 multipart_threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE,
+                 part_concurrency: int = PART_CONCURRENCY) -> None:
         self.config = config
         self.multipart_threshold, self.part_size = int(multipart_threshold), int(part_size)
+        self.part_concurrency = max(1, int(part_concurrency))
         self._timeouts = (connect_timeout, read_timeout)
         self._client: Any = None
 
@@ -230,8 +233,8 @@ class ObjectStore:
     def put(self, name: str, data: bytes | bytearray | memoryview,
             content_type: str = "application/octet-stream") -> ObjectRef:
         """Store ``data`` under ``name`` (the prefix added): in one request up to ``multipart_threshold``
-        bytes, else in parts of ``part_size``. The object appears whole or not at all: a failed multipart
-        upload is aborted. Returns its :class:`ObjectRef`."""
+        bytes, else in parts of ``part_size``, ``part_concurrency`` of them in flight at once. The object
+        appears whole or not at all: a failed multipart upload is aborted. Returns its :class:`ObjectRef`."""
         import base64
 
         from botocore.exceptions import BotoCoreError, ClientError
@@ -243,7 +246,8 @@ class ObjectStore:
         try:
             if view.nbytes <= self.multipart_threshold:
                 md5 = base64.b64encode(hashlib.md5(view, usedforsecurity=False).digest()).decode()
-                self.client.put_object(Bucket=self.config.bucket, Key=key, Body=bytes(view), ContentMD5=md5,
+                body = data if isinstance(data, bytes) else bytes(view)  # no copy of what is bytes already
+                self.client.put_object(Bucket=self.config.bucket, Key=key, Body=body, ContentMD5=md5,
                                        ContentType=content_type, Metadata=meta)
             else:
                 self._put_parts(key, view, content_type, meta)
@@ -252,27 +256,37 @@ class ObjectStore:
         return ref
 
     def _put_parts(self, key: str, view: memoryview, content_type: str, meta: dict[str, str]) -> None:
-        import base64
+        from concurrent.futures import ThreadPoolExecutor
 
         bucket = self.config.bucket
         upload = self.client.create_multipart_upload(Bucket=bucket, Key=key, ContentType=content_type,
                                                      Metadata=meta)["UploadId"]
+        starts = list(range(0, view.nbytes, self.part_size))
+        pool = ThreadPoolExecutor(min(self.part_concurrency, len(starts)), thread_name_prefix="s3-part")
         try:
-            parts = []
-            for n, start in enumerate(range(0, view.nbytes, self.part_size), start=1):
-                chunk = view[start:start + self.part_size]
-                md5 = base64.b64encode(hashlib.md5(chunk, usedforsecurity=False).digest()).decode()
-                got = self.client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=n,
-                                              Body=bytes(chunk), ContentMD5=md5)
-                parts.append({"PartNumber": n, "ETag": got["ETag"]})
+            futures = [pool.submit(self._put_part, key, upload, n, view[start:start + self.part_size])
+                       for n, start in enumerate(starts, start=1)]
+            parts = [{"PartNumber": n, "ETag": f.result()} for n, f in enumerate(futures, start=1)]
             self.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
                                                   MultipartUpload={"Parts": parts})
         except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # no part may land after the abort
             try:
                 self.client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
             except Exception:  # the original failure is the one to report; the store expires stale uploads
                 pass
             raise
+        finally:
+            pool.shutdown(wait=False)
+
+    def _put_part(self, key: str, upload: str, number: int, chunk: memoryview) -> str:
+        """Upload one part (its Content-MD5 checked by the store); its ETag."""
+        import base64
+
+        md5 = base64.b64encode(hashlib.md5(chunk, usedforsecurity=False).digest()).decode()
+        got = self.client.upload_part(Bucket=self.config.bucket, Key=key, UploadId=upload, PartNumber=number,
+                                      Body=bytes(chunk), ContentMD5=md5)
+        return str(got["ETag"])
 
     def head(self, name: str | ObjectRef) -> ObjectRef | None:
         """The object's :class:`ObjectRef` as the store has it (size, the recorded sha256), or None."""
@@ -351,17 +365,22 @@ class ObjectStore:
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object whose name starts with ``prefix`` (under the store's prefix); how many."""
+        return self.purge(prefix)[0]
+
+    def purge(self, prefix: str) -> tuple[int, int]:
+        """Delete every object whose name starts with ``prefix`` (under the store's prefix); (how many, their
+        bytes as the listing gave them): what a clean-up reports it freed."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self.key(prefix)
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.config.bucket, Prefix=key)
-            found = [o["Key"] for page in pages for o in page.get("Contents", [])]
+            found = [(o["Key"], int(o.get("Size") or 0)) for page in pages for o in page.get("Contents", [])]
         except (ClientError, BotoCoreError) as exc:
             raise self._fail("list", key, exc) from exc
-        for k in found:
+        for k, _ in found:
             self.delete(ObjectRef(k, 0, ""))
-        return len(found)
+        return len(found), sum(size for _, size in found)
 
     # -- presigned URLs -------------------------------------------------------------------------
     def presign_get(self, name: str | ObjectRef, expires_s: int = 3600) -> Presigned:

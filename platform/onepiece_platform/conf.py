@@ -58,6 +58,16 @@ DEFAULTS: dict[str, Any] = {
     "IMAGE_WAIT_S": 120.0,
     # Ledger rows of finished jobs are deleted by the clean-up task after this many days.
     "LEDGER_RETENTION_DAYS": 30,
+    # How long a job's output is kept after it finished, per key tier (the priority tier: accounts.models,
+    # PriorityTier, capped by the API key's max_priority): the default a request gets, and the ceiling of the
+    # ``retention`` (seconds) it may ask for; over the ceiling is a 400 naming retention. A ceiling above
+    # LEDGER_RETENTION_DAYS is cut to it (the row and its objects go then anyway). The Celery task
+    # onepiece.expire_outputs (every 5 minutes: CELERY_BEAT_SCHEDULE) deletes outputs whose retention ended.
+    "OUTPUT_RETENTION_S": {
+        "low": {"default": 86400, "max": 7 * 86400},
+        "normal": {"default": 7 * 86400, "max": 30 * 86400},
+        "high": {"default": 30 * 86400, "max": 30 * 86400},
+    },
     # The status file of the supervisor that started this process's siblings (``onepiece up`` writes
     # <state>/processes.json: engine.embedded.supervisor), shown by /readyz and the dashboard; "" where
     # something else supervises the processes (compose, Kubernetes, systemd report on their own).

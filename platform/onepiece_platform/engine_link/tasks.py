@@ -7,6 +7,7 @@ since tasks are acked late) does no harm. Arguments and results are JSON.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ from engine.workflow import get_workflow
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.engine_link.objects import job_store
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(name="onepiece.warm_up", acks_late=True, reject_on_worker_lost=True)
@@ -93,6 +96,8 @@ def clean_up(retention_days: int | None = None, batch: int = 1000) -> dict[str, 
     old = Job.objects.filter(state__in=TERMINAL, finished_at__lt=cutoff).order_by("pk")
     while chunk := list(old.values_list("pk", "uid")[:batch]):
         results += store.drop_results(uid for _, uid in chunk if uid)
+        # their objects are gone: the rows' deletion need not look for them again (jobs.signals)
+        Job.objects.filter(pk__in=[pk for pk, _ in chunk], output_purged_at__isnull=True).update(output_purged_at=now)
         _, per_model = Job.objects.filter(pk__in=[pk for pk, _ in chunk]).delete()
         rows += per_model.get(Job._meta.label, 0)
     # a row whose web process died mid-submit and that the engine never spoke of (the reconciler's sweep
@@ -100,3 +105,33 @@ def clean_up(retention_days: int | None = None, batch: int = 1000) -> dict[str, 
     _, per_model = Job.objects.filter(submitting=True, state__in=TERMINAL,
                                       created_at__lt=now - dt.timedelta(minutes=10)).delete()
     return {"ledger_rows": rows, "results": int(results), "abandoned": per_model.get(Job._meta.label, 0)}
+
+
+@shared_task(name="onepiece.expire_outputs", acks_late=True, reject_on_worker_lost=True)
+def expire_outputs(batch: int = 500) -> dict[str, int]:
+    """Delete the outputs of completed jobs whose retention has ended (the job's ``retention`` after it
+    finished: the request's, or its key tier's default), from the object store and from Redis; returns and
+    logs how many jobs, and how many objects and bytes that freed in the store.
+
+    Each job's row keeps its ledger entry (until ``LEDGER_RETENTION_DAYS``) with ``output_purged_at`` set, so
+    its result routes answer 410 and it is not looked at again. Batches of ``batch`` jobs, each marked once
+    its objects are gone: a run killed midway leaves only whole jobs done, and the next run goes on
+    (idempotent: deleting an object twice is no error)."""
+    from django.db.models import DateTimeField, ExpressionWrapper, F
+
+    from onepiece_platform.jobs.models import COMPLETED, Job
+
+    store = job_store()
+    now = timezone.now()
+    due = (Job.objects.filter(state=COMPLETED, output_purged_at__isnull=True, retention__isnull=False,
+                              finished_at__isnull=False, uid__isnull=False)
+           .annotate(until=ExpressionWrapper(F("finished_at") + F("retention"), output_field=DateTimeField()))
+           .filter(until__lte=now).order_by("pk"))
+    freed = {"objects": 0, "bytes": 0}
+    jobs = 0
+    while chunk := list(due.values_list("pk", "uid")[:batch]):
+        store.drop_results((uid for _, uid in chunk), freed=freed)
+        jobs += Job.objects.filter(pk__in=[pk for pk, _ in chunk]).update(output_purged_at=now)
+    report = {"jobs": jobs, **freed}
+    log.info("expired outputs: %d jobs, %d objects, %d bytes freed", jobs, freed["objects"], freed["bytes"])
+    return report

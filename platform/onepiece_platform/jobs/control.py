@@ -9,7 +9,7 @@ from django.utils import timezone
 from engine.store import keys
 from onepiece_platform.engine_link.client import EngineError, get_engine
 from onepiece_platform.jobs import ledger
-from onepiece_platform.jobs.models import CANCELLED, IN_PROGRESS, NON_TERMINAL, Job
+from onepiece_platform.jobs.models import CANCELLED, COMPLETED, IN_PROGRESS, NON_TERMINAL, Job
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,34 @@ def cancel(job: Job) -> Job:
 
 def drop_result(job: Job) -> None:
     """A deleted job's result bytes go now, not at their TTL: the engine deletes them if the job has
-    finished. Of one still running (cancelled but not yet stopped), or when the engine cannot be reached,
-    the hourly clean-up (``onepiece.clean_up``) deletes them once they exist."""
+    finished, and the platform deletes its objects from the store by the ledger (:func:`purge_output`: also
+    when the engine no longer knows the job). Of one still running (cancelled but not yet stopped), or when
+    the engine cannot be reached, the hourly clean-up (``onepiece.clean_up``) deletes them once they exist."""
     if not job.uid:
         return
     try:
         get_engine().drop_result(job.uid)
     except EngineError:
         log.warning("engine unreachable while deleting the result of %s; the clean-up will", job.uid)
+    purge_output(job)
+
+
+def purge_output(job: Job) -> tuple[int, int]:
+    """Delete a finished job's objects from the object store now (every object under its UID), and record
+    that on its row (``output_purged_at``: its result routes answer 410); (objects, bytes) freed. Nothing
+    without a store in this process or for an unfinished job; a store that fails is logged (the retention
+    clean-up, ``onepiece.expire_outputs``, deletes them at the latest when the retention ends)."""
+    from engine.store.objects import ObjectStoreError, result_prefix
+    from onepiece_platform.engine_link.objects import get_object_store
+
+    store = get_object_store()
+    if store is None or not job.uid or not job.terminal:
+        return 0, 0
+    try:
+        freed = store.purge(result_prefix(job.uid))
+    except ObjectStoreError:
+        log.warning("could not delete the objects of %s now; the retention clean-up will", job.uid, exc_info=True)
+        return 0, 0
+    Job.objects.filter(pk=job.pk, state=COMPLETED, output_purged_at__isnull=True).update(
+        output_purged_at=timezone.now())
+    return freed

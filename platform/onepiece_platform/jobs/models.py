@@ -15,9 +15,12 @@ a shared document.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from engine.store.keys import JobState
 
@@ -79,6 +82,15 @@ class Job(models.Model):
     output_sha256 = models.CharField(max_length=64, blank=True, editable=False,
                                      help_text="hex SHA-256 of the output's bytes")
     output_content_type = models.CharField(max_length=100, blank=True, editable=False)
+    # How long the output is kept after the job finished (the request's ``retention``, else its key tier's
+    # default: services.check_retention); null for rows from before retention (kept as long as the row).
+    # The clean-up task ``onepiece.expire_outputs`` deletes the objects once it has passed and sets
+    # output_purged_at, as does a video's deletion and an upload to the client's bucket without keep_output.
+    retention = models.DurationField(null=True, blank=True, editable=False,
+                                     help_text="how long the output is kept after the job finished")
+    output_purged_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                            help_text="when the stored output was deleted (retention, deletion, "
+                                                      "delivered to the client's bucket)")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -114,6 +126,22 @@ class Job(models.Model):
             return None
         return {"key": self.output_key or None, "size": self.output_size, "sha256": self.output_sha256,
                 "content_type": self.output_content_type or "application/octet-stream"}
+
+    @property
+    def retain_until(self) -> dt.datetime | None:
+        """When the output's retention ends (finished + retention); None while unfinished or without one."""
+        if self.finished_at is None or self.retention is None:
+            return None
+        return self.finished_at + self.retention
+
+    def output_gone(self, now: dt.datetime | None = None) -> str:
+        """Why the output can no longer be served ("" while it can): deleted, or its retention ended."""
+        if self.output_purged_at is not None:
+            return f"the output was deleted at {self.output_purged_at:%Y-%m-%dT%H:%M:%SZ}"
+        until = self.retain_until
+        if until is not None and until <= (now or timezone.now()):
+            return f"the output's retention ended at {until:%Y-%m-%dT%H:%M:%SZ}"
+        return ""
 
     @property
     def charge_gpu_s(self) -> float:

@@ -134,14 +134,22 @@ def issue_url(job: Any, request: Any, kind: str, fmt: str = "png", quality: int 
     the platform), else the platform's own signed URL (module docstring)."""
     from django.urls import reverse
 
+    from onepiece_platform.api_errors import ApiError
+
+    if job.output_gone():
+        raise ApiError(410, job.output_gone())
+    # never later than the output's retention: the object is deleted then (a signed URL is refused from then on)
+    until = job.retain_until
+    max_age = URL_MAX_AGE_S if until is None else max(1, min(URL_MAX_AGE_S, int(until.timestamp() - time.time())))
     store = public_store() if fmt == "png" else None
     ref = stored_ref(job) if store is not None else None
     if ref is not None:
-        signed = store.presign_get(ref, URL_MAX_AGE_S)
+        signed = store.presign_get(ref, max_age)
         return {"url": signed.url, "expires_at": signed.expires_at}
     token = sign_result_url(kind, job.uid or "", fmt, quality)
     route = "openai-image-content" if kind == "image" else "openai-video-signed-content"
-    return {"url": request.build_absolute_uri(reverse(route, args=[token])), "expires_at": token_expires_at(token)}
+    expires_at = token_expires_at(token) if until is None else min(token_expires_at(token), int(until.timestamp()))
+    return {"url": request.build_absolute_uri(reverse(route, args=[token])), "expires_at": expires_at}
 
 
 # -- bytes with Range ----------------------------------------------------------------------------------------

@@ -55,6 +55,14 @@ class IdempotencyInProgress(Exception):
 
 
 @dataclass(frozen=True)
+class OutputOptions:
+    """What happens to a job's output: ``retention`` (seconds it is kept after the job finishes; None: the key
+    tier's default, :func:`check_retention`)."""
+
+    retention: int | None = None
+
+
+@dataclass(frozen=True)
 class Submitted:
     job: Job
     created: bool  # False: an Idempotency-Key repeat answered with the earlier job
@@ -115,6 +123,32 @@ def check_priority(user: Any, api_key: Any, priority: object) -> str:
     if PRIORITIES.index(priority) > PRIORITIES.index(ceiling):
         raise Invalid("priority", f"priority {priority} is over what {whose} may use (at most {ceiling})", 403)
     return priority
+
+
+def retention_bounds(user: Any, api_key: Any) -> tuple[int, int, str]:
+    """(default, ceiling, tier) of the output retention, in seconds, for a request with ``api_key`` (or from a
+    session): ``OUTPUT_RETENTION_S`` of the key's tier (:func:`priority_ceiling`), the ceiling cut to
+    ``LEDGER_RETENTION_DAYS`` (the ledger's clean-up deletes the row and its objects then)."""
+    tier = priority_ceiling(user, api_key)[0]
+    table = conf.get("OUTPUT_RETENTION_S")
+    bounds = table.get(tier) or table["normal"]
+    ceiling = min(int(bounds["max"]), int(conf.get("LEDGER_RETENTION_DAYS")) * 86400)
+    return min(int(bounds["default"]), ceiling), ceiling, tier
+
+
+def check_retention(user: Any, api_key: Any, retention: object) -> dt.timedelta:
+    """How long the request's output is kept after its job finishes: ``retention`` seconds (a positive
+    integer, at most the ceiling of the key's tier: else a 400 naming ``retention``), or, when None, the
+    tier's default (:func:`retention_bounds`)."""
+    default, ceiling, tier = retention_bounds(user, api_key)
+    if retention is None:
+        return dt.timedelta(seconds=default)
+    if isinstance(retention, bool) or not isinstance(retention, int) or retention < 1:
+        raise Invalid("retention", "retention must be a whole number of seconds, 1 or more")
+    if retention > ceiling:
+        raise Invalid("retention", f"retention {retention} s is over the ceiling of the {tier} tier "
+                      f"({ceiling} s)")
+    return dt.timedelta(seconds=retention)
 
 
 def inherited_priority(user: Any, api_key: Any, source: str) -> str:
@@ -212,10 +246,29 @@ def _ask_engine(job: Job, inputs: dict[str, bytes]) -> None:
         raise
 
 
+def _create_row(job: Job, inputs: dict[str, bytes], scope: str) -> Submitted | None:
+    """Write ``job`` (with its inputs) in one transaction; None when written, else the earlier job whose
+    Idempotency-Key it repeats (or :class:`IdempotencyInProgress`)."""
+    key = job.idempotency_key
+    try:
+        # the row claims the Idempotency-Key before anything is counted or sent
+        with transaction.atomic():
+            job.save(force_insert=True)
+            keep_inputs(job, inputs)  # to submit it again if the engine loses it (engine_link/resubmit.py)
+    except IntegrityError:
+        if not key:  # not a key clash: a real error, never "someone's earlier job"
+            raise
+        earlier = Job.objects.filter(owner=job.owner, idempotency_key=key).first()
+        if earlier is None or (earlier.submitting and not earlier.terminal):
+            raise IdempotencyInProgress(key) from None
+        return _repeat(earlier, job.workflow, job.api, scope)
+    return None
+
+
 def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
            idempotency_key: str = "", api: str = "native", deadline_s: float | None = None,
            api_key: Any = None, webhook_url: str = "", scope: str = SCOPE_JOBS,
-           priority: str | None = None) -> Submitted:
+           priority: str | None = None, output: OutputOptions | None = None) -> Submitted:
     """Raises Invalid, QuotaExceeded, IdempotencyInProgress, EngineRejected, EngineError.
 
     ``scope``: the route and operation an ``idempotency_key`` belongs to (``SCOPE_*``, :func:`remix_scope`).
@@ -225,6 +278,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
     ``priority``: ``low``, ``normal`` or ``high``, within the user's tier and the key's cap
     (:func:`check_priority`; None: the highest allowed, up to normal); every stage serves higher priority
     first, with aging (engine.worker.order), and the ledger row records it.
+    ``output``: the output's retention within the key tier's ceiling (:func:`check_retention`).
     """
     if idempotency_key:
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
@@ -232,27 +286,19 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
             if earlier.submitting and not earlier.terminal:
                 raise IdempotencyInProgress(idempotency_key)
             return _repeat(earlier, workflow, api, scope)
+    output = output or OutputOptions()
     priority = check_priority(user, api_key, priority)
+    retention = check_retention(user, api_key, output.retention)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
     # The platform names the job: the row holds its UID before the engine can write an event about it.
-    uid = uuid.uuid4().hex
-    try:
-        # the row claims the Idempotency-Key before anything is counted or sent
-        with transaction.atomic():
-            job = Job.objects.create(uid=uid, owner=user, workflow=workflow, params=resolved, api=api,
-                                     cost_estimate_gpu_s=cost, idempotency_key=idempotency_key,
-                                     idempotency_scope=scope if idempotency_key else "", submitting=True,
-                                     api_key=api_key, webhook_url=webhook_url, deadline_s=deadline_s,
-                                     priority=priority)
-            keep_inputs(job, inputs)  # to submit it again if the engine loses it (engine_link/resubmit.py)
-    except IntegrityError:
-        if not idempotency_key:  # not a key clash: a real error, never "someone's earlier job"
-            raise
-        earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
-        if earlier is None or (earlier.submitting and not earlier.terminal):
-            raise IdempotencyInProgress(idempotency_key) from None
-        return _repeat(earlier, workflow, api, scope)
+    job = Job(uid=uuid.uuid4().hex, owner=user, workflow=workflow, params=resolved, api=api,
+              cost_estimate_gpu_s=cost, idempotency_key=idempotency_key,
+              idempotency_scope=scope if idempotency_key else "", submitting=True, api_key=api_key,
+              webhook_url=webhook_url, deadline_s=deadline_s, priority=priority, retention=retention)
+    repeat = _create_row(job, inputs, scope)
+    if repeat is not None:
+        return repeat
     _reserve(job, cost, limits)
     _ask_engine(job, inputs)
     Job.objects.filter(pk=job.pk).update(submitting=False, updated_at=timezone.now())

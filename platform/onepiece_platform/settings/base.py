@@ -168,5 +168,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BEAT_SCHEDULE = {
     "clean-up": {"task": "onepiece.clean_up", "schedule": 3600.0},
+    # outputs whose retention ended (jobs' retention: docs/api.md), deleted within 5 minutes of it
+    "expire-outputs": {"task": "onepiece.expire_outputs", "schedule": 300.0},
 }
 DEFAULT_EXCEPTION_REPORTER_FILTER = "onepiece_platform.debug.RedactingReporterFilter"  # service URLs hold passwords

@@ -140,6 +140,22 @@ def poll_after_ms(job: Job) -> int:
     return int(min(high, max(low, remaining * 1000 / 4)))
 
 
+def content_expires_at(job: Job) -> int | None:
+    """When a completed video's content stops being served (Unix s): its retention's end, and for an output
+    kept inline in Redis (or with no object store) no later than the result store's TTL
+    (ONEPIECE_RESULT_TTL_S); /content is 410 after it. None: unfinished, or kept as long as its ledger row."""
+    import datetime as dt
+
+    from onepiece_platform.engine_link.objects import get_object_store
+
+    if job.finished_at is None or job.state != COMPLETED:
+        return None
+    ends = [job.retain_until] if job.retain_until is not None else []
+    if not job.output_key and (job.output_sha256 or get_object_store() is None):
+        ends.append(job.finished_at + dt.timedelta(seconds=envs.RESULT_TTL_S))
+    return int(min(ends).timestamp()) if ends else None
+
+
 def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
     p = job.params
     error = None
@@ -152,15 +168,14 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
         "id": job.uid, "object": "video", "model": job.workflow, "status": status, "progress": job.progress,
         "created_at": int(job.created_at.timestamp()),
         "completed_at": int(job.finished_at.timestamp()) if job.finished_at and job.state == COMPLETED else None,
-        # the result store keeps a result this long after it is written (ONEPIECE_RESULT_TTL_S); /content is 410 after
-        "expires_at": int(job.finished_at.timestamp()) + envs.RESULT_TTL_S
-        if job.finished_at and job.state == COMPLETED else None,
+        "expires_at": content_expires_at(job),
         "prompt": p.get("prompt"),
         "seconds": str(round(get_workflow(job.workflow).clip_seconds(p))),
         "size": f"{p.get('width')}x{p.get('height')}", "remixed_from_video_id": remixed_from, "error": error,
         # OnePiece's own fields (the openai client keeps unknown ones: video.extra): an unfinished job's ETA, a
         # completed one's output (key, size, sha256: docs/api.md)
-        "extra": {"eta": getattr(job, "eta", None), "output": job.output},
+        "extra": {"eta": getattr(job, "eta", None), "output": job.output,
+                  "retention_s": None if job.retention is None else int(job.retention.total_seconds())},
     }
 
 
@@ -225,13 +240,18 @@ def _levels(workflow: str) -> tuple[str, ...]:
     return next((p.choices for p in spec.params if p.name == "quality"), ())
 
 
+def output_options(d: dict[str, Any]) -> services.OutputOptions:
+    """The output's options of a validated create request (OnePiece extensions, sent in extra_body)."""
+    return services.OutputOptions(d.get("retention"))
+
+
 # the workflow's parameter -> the field a client of this route sent it as, when that is not its own name
 _SENT_AS = {"width": "size", "height": "size", "num_frames": "seconds"}
 
 
 def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: dict[str, bytes],
                   scope: str = services.SCOPE_VIDEOS, priority: str | None = None,
-                  deadline_s: float | None = None) -> Job:
+                  deadline_s: float | None = None, output: services.OutputOptions | None = None) -> Job:
     """Submit as the native API does; a size or length the workflow refuses is reported on the field the
     client sent (``size`` / ``seconds``, or ``width`` / ``num_frames`` when it sent those). The Idempotency-Key is taken whole (over the limit:
     400) and belongs to ``scope``, the route and operation (a remix: of that one source)."""
@@ -239,7 +259,7 @@ def _submit_video(request: Request, model: str, params: dict[str, Any], inputs: 
     try:
         return services.submit(request.user, model, params, inputs, key, "openai",
                                api_key=api_key_of(request), scope=scope, priority=priority,
-                               deadline_s=deadline_s).job
+                               deadline_s=deadline_s, output=output).job
     except services.Invalid as exc:
         sent = _SENT_AS.get(exc.field)
         if sent is not None and sent in request.data and exc.field not in request.data:
@@ -264,7 +284,7 @@ class VideoListCreateView(OpenAIView):
             raise services.Invalid("model", f"unknown video model {model!r}; known: {', '.join(_video_workflows())}")
         params = _video_params(get_workflow(model), d)
         return Response(_video(_submit_video(request, model, params, _image_input(model, ref),
-                                             priority=d["priority"])))
+                                             priority=d["priority"], output=output_options(d))))
 
     @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
     def get(self, request: Request) -> Response:
@@ -440,7 +460,8 @@ class ImageGenerationView(OpenAIView):
                 # accepting work this call would cancel at the end of it
                 jobs.append(services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai",
                                             deadline_s=float(conf.get("IMAGE_WAIT_S")),
-                                            api_key=api_key_of(request), priority=d["priority"]).job)
+                                            api_key=api_key_of(request), priority=d["priority"],
+                                            output=output_options(d)).job)
         except Exception:
             # all n or none: a request refused part-way (quota, engine busy) must not leave its first
             # images running, charged, for a caller who was told it failed

@@ -146,6 +146,9 @@ class _GenerateSerializer(RefuseUnknownFields):
     # OnePiece extension (extra_body, SGLang's name and levels): lossless (default, bit-exact), extra-high or
     # high (step caching); which a model serves is checked where the request is resolved (its spec)
     quality = serializers.CharField(required=False, max_length=16)
+    # OnePiece extension (extra_body): seconds the output is kept, within the API key tier's ceiling (checked
+    # where the request is submitted: services.check_retention); not sent: the tier's default
+    retention = AsciiIntegerField(required=False, min_value=1, max_value=10 * 365 * 86400)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -212,6 +215,8 @@ class VideoExtraSerializer(serializers.Serializer):
     eta = EtaSerializer(allow_null=True, help_text="an unfinished job's ETA as its latest read estimated it")
     output = OutputSerializer(allow_null=True, help_text="a completed video's stored output: key (null: inline "
                               "in Redis), size, sha256, content_type (docs/api.md)")
+    retention_s = serializers.IntegerField(allow_null=True, help_text="seconds the video is kept after it "
+                                           "finished (null: as long as its ledger row)")
 
 
 class VideoSerializer(serializers.Serializer):

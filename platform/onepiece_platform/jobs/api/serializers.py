@@ -13,7 +13,7 @@ from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.api_schema import PageSerializer
 from onepiece_platform.jobs.models import STATES, Job
-from onepiece_platform.strict import AsciiFloatField, RefuseUnknownFields
+from onepiece_platform.strict import AsciiFloatField, AsciiIntegerField, RefuseUnknownFields
 
 
 class SubmitSerializer(RefuseUnknownFields):
@@ -29,6 +29,10 @@ class SubmitSerializer(RefuseUnknownFields):
                                                  "10 s at a stage counts as high: none starves); the account's "
                                                  "tier, or the API key's lower cap, sets the highest allowed (403 "
                                                  "over it); default: the highest allowed, up to normal")
+    retention = AsciiIntegerField(required=False, min_value=1, max_value=10 * 365 * 86400,
+                                  help_text="seconds the output is kept after the job finishes, at most the "
+                                            "ceiling of the API key's tier (400 naming retention over it); "
+                                            "default: the tier's default")
     webhook_url = serializers.CharField(required=False, max_length=2000,
                                         help_text="also send the job's terminal event (job.completed, job.failed, "
                                                   "job.cancelled, job.expired) here, signed with the secret of "
@@ -89,13 +93,18 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="lossless (bit-exact), extra-high or high: the step caching the job asked for (params.quality)")
     output = serializers.SerializerMethodField(
         help_text="a completed job's output: where it is stored, its size and SHA-256 (null until recorded)")
+    retention_s = serializers.SerializerMethodField(
+        help_text="seconds the output is kept after the job finishes (null: as long as the ledger row)")
+    output_expires_at = serializers.SerializerMethodField(
+        help_text="when the output's retention ends and it is deleted (null while unfinished)")
 
     class Meta:
         model = Job
         fields = ["uid", "workflow", "params", "state", "progress", "stage", "queue_position", "detail",
                   "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "priority", "quality",
                   "created_at", "started_at",
-                  "finished_at", "cancel_requested", "webhook_url", "resubmissions", "output", "eta", "links"]
+                  "finished_at", "cancel_requested", "webhook_url", "resubmissions", "output", "retention_s",
+                  "output_expires_at", "eta", "links"]
         read_only_fields = fields
 
     def get_quality(self, job: Job) -> str:
@@ -104,6 +113,14 @@ class JobSerializer(serializers.ModelSerializer):
     @extend_schema_field(OutputSerializer(allow_null=True))
     def get_output(self, job: Job) -> dict[str, Any] | None:
         return job.output
+
+    def get_retention_s(self, job: Job) -> int | None:
+        return None if job.retention is None else int(job.retention.total_seconds())
+
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_output_expires_at(self, job: Job) -> str | None:
+        until = job.retain_until
+        return None if until is None else serializers.DateTimeField().to_representation(until)
 
     def get_queue_position(self, job: Job) -> int | None:
         return job.queue_position()

@@ -134,7 +134,8 @@ class JobListCreateView(APIView):
         done = services.submit(request.user, s.validated_data["workflow"], params,
                                inputs, key, "native", s.validated_data.get("deadline_s"),
                                api_key=api_key_of(request), webhook_url=hook,
-                               priority=s.validated_data["priority"])
+                               priority=s.validated_data["priority"],
+                               output=services.OutputOptions(s.validated_data.get("retention")))
         body = JobSerializer(done.job).data
         return Response(body, status=status.HTTP_202_ACCEPTED,
                         headers={"Location": body["links"]["self"]})
@@ -218,6 +219,8 @@ def result_response(job: Job, request: Any = None) -> Any:
 
     if job.state != COMPLETED:
         return error(409, f"the job is {job.state}; there is no result", state=job.state)
+    if job.output_gone():  # deleted, or past its retention (the clean-up may not have run yet)
+        return error(410, job.output_gone())
     ctype, ext = CONTENT_TYPES.get(get_workflow(job.workflow).final_output, ("application/octet-stream", "bin"))
     name, span = f"{job.uid}.{ext}", request.META.get("HTTP_RANGE") if request is not None else None
     if request is not None:
