@@ -100,6 +100,16 @@ DEFAULTS: dict[str, Any] = {
     # The delivery worker looks for due rows this often when idle; attempts in flight per worker.
     "WEBHOOK_POLL_S": 1.0,
     "WEBHOOK_CONCURRENCY": 8,
+    # A request's output_upload_url (the client's presigned PUT URL): the webhook delivery worker uploads the
+    # output there under the webhooks' egress policy above (onepiece_platform.webhooks.uploads). An output over
+    # MAX_BYTES is not sent (S3 takes at most 5 GiB in one PUT); one attempt may take TIMEOUT_S; a failed one
+    # is retried after RETRY_DELAYS_S (the last repeats; jitter as webhooks') up to ATTEMPTS in all, and a
+    # claimed upload is due again LEASE_S after its claim (its worker died): above TIMEOUT_S.
+    "OUTPUT_UPLOAD_MAX_BYTES": 5 << 30,
+    "OUTPUT_UPLOAD_TIMEOUT_S": 600.0,
+    "OUTPUT_UPLOAD_RETRY_DELAYS_S": (5, 30, 120, 600, 1800),
+    "OUTPUT_UPLOAD_ATTEMPTS": 6,
+    "OUTPUT_UPLOAD_LEASE_S": 900.0,
 }
 
 

@@ -211,3 +211,45 @@ class StageRun(models.Model):
         if self.device_s is not None:
             d["device_s"] = round(self.device_s, 6)
         return d
+
+
+UPLOAD_PENDING, UPLOADED, UPLOAD_FAILED, UPLOAD_SKIPPED = "pending", "uploaded", "failed", "skipped"
+
+
+class OutputUpload(models.Model):
+    """A request's ``output_upload_url``: the client's presigned PUT URL its output is uploaded to once the job
+    completes, by the webhook delivery worker under the webhooks' egress policy
+    (:mod:`onepiece_platform.webhooks.uploads`), and how that went. ``pending`` until a 2xx (``uploaded``), a
+    refusal that retrying cannot change or the last attempt (``failed``), or the job ending without an output
+    (``skipped``). Each attempt is claimed as a webhook delivery is (``next_attempt_at`` pushed by a lease)."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="output_upload")
+    url = models.TextField(editable=False, help_text="the presigned PUT URL (a credential: the API shows it "
+                                                     "without its query)")
+    keep_output = models.BooleanField(default=False, help_text="keep the output in our store after it was "
+                                                               "uploaded (false: deleted then)")
+    state = models.CharField(max_length=8, default=UPLOAD_PENDING, db_index=True,
+                             choices=[(s, s) for s in (UPLOAD_PENDING, UPLOADED, UPLOAD_FAILED, UPLOAD_SKIPPED)])
+    attempt_count = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(help_text="due from then, once the job completed")
+    claim_token = models.CharField(max_length=32, blank=True, editable=False)
+    last_status = models.PositiveSmallIntegerField(null=True, blank=True, help_text="the bucket's HTTP status")
+    last_error = models.CharField(max_length=500, blank=True)
+    uploaded_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.job_id} -> {self.where} {self.state}"
+
+    @property
+    def where(self) -> str:
+        """The URL without its query (the signature), as the API shows where the output went."""
+        from urllib.parse import urlsplit
+
+        p = urlsplit(self.url)
+        return f"{p.scheme}://{p.hostname or ''}{f':{p.port}' if p.port else ''}{p.path}"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"url": self.where, "keep_output": self.keep_output, "state": self.state,
+                "attempts": self.attempt_count, "status": self.last_status, "error": self.last_error or None,
+                "uploaded_at": self.uploaded_at.isoformat().replace("+00:00", "Z") if self.uploaded_at else None}

@@ -33,7 +33,7 @@ from onepiece_platform import conf
 from onepiece_platform.accounts.models import PRIORITIES, lowest, tier_of
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
 from onepiece_platform.engine_link.models import Rejection
-from onepiece_platform.jobs.models import NON_TERMINAL, Job, JobInput
+from onepiece_platform.jobs.models import NON_TERMINAL, Job, JobInput, OutputUpload
 from onepiece_platform.quotas import counters
 from onepiece_platform.quotas.models import Limits, limits_for
 
@@ -57,9 +57,25 @@ class IdempotencyInProgress(Exception):
 @dataclass(frozen=True)
 class OutputOptions:
     """What happens to a job's output: ``retention`` (seconds it is kept after the job finishes; None: the key
-    tier's default, :func:`check_retention`)."""
+    tier's default, :func:`check_retention`); ``upload_url``, the client's presigned PUT URL it is uploaded to
+    once the job completes (:mod:`onepiece_platform.webhooks.uploads`), and ``keep_output``: keep our copy
+    after that upload succeeded (else it is deleted then)."""
 
     retention: int | None = None
+    upload_url: str = ""
+    keep_output: bool = False
+
+
+def vet_upload_url(url: str) -> str:
+    """``url`` if the egress policy lets the platform PUT to it (the webhooks' policy:
+    :func:`onepiece_platform.webhooks.ssrf.vet`); else a 400 naming ``output_upload_url``."""
+    from onepiece_platform.webhooks import ssrf
+
+    try:
+        ssrf.vet(url)
+    except ssrf.UnsafeUrl as exc:
+        raise Invalid("output_upload_url", f"output_upload_url: {exc}") from None
+    return url
 
 
 @dataclass(frozen=True)
@@ -246,15 +262,18 @@ def _ask_engine(job: Job, inputs: dict[str, bytes]) -> None:
         raise
 
 
-def _create_row(job: Job, inputs: dict[str, bytes], scope: str) -> Submitted | None:
-    """Write ``job`` (with its inputs) in one transaction; None when written, else the earlier job whose
-    Idempotency-Key it repeats (or :class:`IdempotencyInProgress`)."""
+def _create_row(job: Job, inputs: dict[str, bytes], scope: str, output: OutputOptions) -> Submitted | None:
+    """Write ``job`` (with its inputs and its output upload) in one transaction; None when written, else the
+    earlier job whose Idempotency-Key it repeats (or :class:`IdempotencyInProgress`)."""
     key = job.idempotency_key
     try:
         # the row claims the Idempotency-Key before anything is counted or sent
         with transaction.atomic():
             job.save(force_insert=True)
             keep_inputs(job, inputs)  # to submit it again if the engine loses it (engine_link/resubmit.py)
+            if output.upload_url:  # due once the job completes (webhooks.uploads)
+                OutputUpload.objects.create(job=job, url=output.upload_url, keep_output=output.keep_output,
+                                            next_attempt_at=timezone.now())
     except IntegrityError:
         if not key:  # not a key clash: a real error, never "someone's earlier job"
             raise
@@ -278,7 +297,8 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
     ``priority``: ``low``, ``normal`` or ``high``, within the user's tier and the key's cap
     (:func:`check_priority`; None: the highest allowed, up to normal); every stage serves higher priority
     first, with aging (engine.worker.order), and the ledger row records it.
-    ``output``: the output's retention within the key tier's ceiling (:func:`check_retention`).
+    ``output``: the output's retention within the key tier's ceiling (:func:`check_retention`), and the
+    client's ``output_upload_url`` (vetted here: :func:`vet_upload_url`) with ``keep_output``.
     """
     if idempotency_key:
         earlier = Job.objects.filter(owner=user, idempotency_key=idempotency_key).first()
@@ -289,6 +309,8 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
     output = output or OutputOptions()
     priority = check_priority(user, api_key, priority)
     retention = check_retention(user, api_key, output.retention)
+    if output.upload_url:
+        vet_upload_url(output.upload_url)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
     # The platform names the job: the row holds its UID before the engine can write an event about it.
@@ -296,7 +318,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
               cost_estimate_gpu_s=cost, idempotency_key=idempotency_key,
               idempotency_scope=scope if idempotency_key else "", submitting=True, api_key=api_key,
               webhook_url=webhook_url, deadline_s=deadline_s, priority=priority, retention=retention)
-    repeat = _create_row(job, inputs, scope)
+    repeat = _create_row(job, inputs, scope, output)
     if repeat is not None:
         return repeat
     _reserve(job, cost, limits)

@@ -22,6 +22,7 @@ from onepiece_platform.webhooks import ssrf
 
 USER_AGENT = "OnePiece-Webhooks/1"
 READ_LIMIT = 1024  # of the receiver's answer, kept for the attempt's error
+BLOCK = 256 << 10  # bytes per send of a streamed body (an output uploaded to a client's bucket)
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,10 @@ def tls_context() -> ssl.SSLContext:
 def _connection(target: ssrf.Target, address: str, timeout: float) -> http.client.HTTPConnection:
     conn: http.client.HTTPConnection
     if target.scheme == "https":
-        conn = http.client.HTTPSConnection(target.host, target.port, timeout=timeout, context=tls_context())
+        conn = http.client.HTTPSConnection(target.host, target.port, timeout=timeout, context=tls_context(),
+                                           blocksize=BLOCK)
     else:
-        conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout)
+        conn = http.client.HTTPConnection(target.host, target.port, timeout=timeout, blocksize=BLOCK)
 
     def pinned(addr: tuple[str, int], timeout: Any = None, source_address: Any = None) -> socket.socket:
         return socket.create_connection((address, target.port), timeout, source_address)
@@ -67,6 +69,13 @@ def _abort(conn: http.client.HTTPConnection) -> None:
 
 def post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> Outcome:
     """POST ``body`` to ``url`` once; never raises (every failure is an :class:`Outcome` with its error)."""
+    return send("POST", url, body, {"Content-Type": "application/json", **headers}, timeout_s)
+
+
+def send(method: str, url: str, body: Any, headers: dict[str, str], timeout_s: float) -> Outcome:
+    """``method`` ``body`` (bytes, or a readable object with ``Content-Length`` in ``headers``) to ``url`` once,
+    under the egress policy (:func:`ssrf.vet` before the attempt, the vetted address only, no redirect
+    followed, ``timeout_s`` for the whole attempt); never raises (a failure is an :class:`Outcome`)."""
     start = time.monotonic()
     deadline = start + timeout_s
 
@@ -98,8 +107,8 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> Ou
     watchdog.start()
     try:
         conn.sock.settimeout(max(0.001, deadline - time.monotonic()))
-        conn.request("POST", target.path, body=body, headers={
-            "Content-Type": "application/json", "User-Agent": USER_AGENT, "Connection": "close", **headers})
+        conn.request(method, target.path, body=body, headers={
+            "User-Agent": USER_AGENT, "Connection": "close", **headers})
         resp = conn.getresponse()
         answer = resp.read(READ_LIMIT)
         if 200 <= resp.status < 300:

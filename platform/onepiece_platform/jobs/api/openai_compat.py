@@ -40,6 +40,7 @@ from onepiece_platform.api_errors import ApiError
 from onepiece_platform.engine_link.client import EngineError, get_engine
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
+from onepiece_platform.jobs.api.serializers import output_upload_of
 from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response, with_eta_header
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
 from onepiece_platform.jobs.result_urls import URL_MAX_AGE_S as URL_MAX_AGE_S
@@ -175,7 +176,8 @@ def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
         # OnePiece's own fields (the openai client keeps unknown ones: video.extra): an unfinished job's ETA, a
         # completed one's output (key, size, sha256: docs/api.md)
         "extra": {"eta": getattr(job, "eta", None), "output": job.output,
-                  "retention_s": None if job.retention is None else int(job.retention.total_seconds())},
+                  "retention_s": None if job.retention is None else int(job.retention.total_seconds()),
+                  "output_upload": output_upload_of(job)},
     }
 
 
@@ -242,7 +244,7 @@ def _levels(workflow: str) -> tuple[str, ...]:
 
 def output_options(d: dict[str, Any]) -> services.OutputOptions:
     """The output's options of a validated create request (OnePiece extensions, sent in extra_body)."""
-    return services.OutputOptions(d.get("retention"))
+    return services.OutputOptions(d.get("retention"), d.get("output_upload_url", ""), d["keep_output"])
 
 
 # the workflow's parameter -> the field a client of this route sent it as, when that is not its own name

@@ -13,7 +13,7 @@ from rest_framework import serializers
 from engine.workflow import workflows
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
-from onepiece_platform.jobs.api.serializers import EtaSerializer, OutputSerializer
+from onepiece_platform.jobs.api.serializers import EtaSerializer, OutputSerializer, OutputUploadSerializer
 from onepiece_platform.strict import (
     AsciiFloatField,
     AsciiIntegerField,
@@ -149,6 +149,10 @@ class _GenerateSerializer(RefuseUnknownFields):
     # OnePiece extension (extra_body): seconds the output is kept, within the API key tier's ceiling (checked
     # where the request is submitted: services.check_retention); not sent: the tier's default
     retention = AsciiIntegerField(required=False, min_value=1, max_value=10 * 365 * 86400)
+    # OnePiece extension (extra_body): a presigned PUT URL of the client's bucket the output is uploaded to once
+    # the job completes (the webhooks' egress policy; webhooks.uploads), our copy kept only with keep_output
+    output_upload_url = serializers.CharField(required=False, max_length=8000)
+    keep_output = serializers.BooleanField(required=False, default=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -217,6 +221,8 @@ class VideoExtraSerializer(serializers.Serializer):
                               "in Redis), size, sha256, content_type (docs/api.md)")
     retention_s = serializers.IntegerField(allow_null=True, help_text="seconds the video is kept after it "
                                            "finished (null: as long as its ledger row)")
+    output_upload = OutputUploadSerializer(allow_null=True, help_text="the output_upload_url upload: where it "
+                                           "went and how it went (null without one)")
 
 
 class VideoSerializer(serializers.Serializer):
@@ -325,6 +331,13 @@ class ImageGenerateSerializer(_GenerateSerializer):
         # DRF's message names only the value: the client is told what it may send (str.format'ed: {input})
         served = ", ".join(sizes.choices)
         sizes.error_messages["invalid_choice"] = f'"{{input}}" is not a valid choice; the sizes served: {served}'
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if attrs.get("output_upload_url") and attrs.get("n", 1) > 1:
+            raise serializers.ValidationError({"output_upload_url": ["takes one image (n=1): one URL is one "
+                                                                     "object"]})
+        return attrs
 
 
 

@@ -33,6 +33,13 @@ class SubmitSerializer(RefuseUnknownFields):
                                   help_text="seconds the output is kept after the job finishes, at most the "
                                             "ceiling of the API key's tier (400 naming retention over it); "
                                             "default: the tier's default")
+    output_upload_url = serializers.CharField(required=False, max_length=8000,
+                                              help_text="a presigned PUT URL of your bucket: the output is uploaded "
+                                                        "there once the job completes (the webhooks' egress policy: "
+                                                        "public addresses only, no redirect followed)")
+    keep_output = serializers.BooleanField(required=False, default=False,
+                                           help_text="with output_upload_url: keep the output here too after the "
+                                                     "upload succeeded (default false: deleted then)")
     webhook_url = serializers.CharField(required=False, max_length=2000,
                                         help_text="also send the job's terminal event (job.completed, job.failed, "
                                                   "job.cancelled, job.expired) here, signed with the secret of "
@@ -70,6 +77,28 @@ class OutputSerializer(serializers.Serializer):
     content_type = serializers.CharField()
 
 
+class OutputUploadSerializer(serializers.Serializer):
+    url = serializers.CharField(help_text="the output_upload_url without its query (its signature)")
+    keep_output = serializers.BooleanField(help_text="our copy is kept after the upload")
+    state = serializers.ChoiceField(choices=["pending", "uploaded", "failed", "skipped"],
+                                    help_text="pending until the PUT succeeded (uploaded) or failed for good; "
+                                              "skipped: the job ended without an output")
+    attempts = serializers.IntegerField()
+    status = serializers.IntegerField(allow_null=True, help_text="the bucket's HTTP status on the last attempt")
+    error = serializers.CharField(allow_null=True, help_text="why the last attempt failed")
+    uploaded_at = serializers.DateTimeField(allow_null=True)
+
+
+def output_upload_of(job: Job) -> dict[str, Any] | None:
+    """The job's output upload (OutputUpload.as_dict), or None when the request had no output_upload_url."""
+    from django.core.exceptions import ObjectDoesNotExist
+
+    try:
+        return job.output_upload.as_dict()  # type: ignore[attr-defined]
+    except ObjectDoesNotExist:
+        return None
+
+
 class EtaSerializer(serializers.Serializer):
     eta_s = serializers.FloatField(help_text="seconds from now until the job is done: the estimate's median")
     eta_p90_s = serializers.FloatField(help_text="seconds from now it is done by, nine times in ten")
@@ -95,6 +124,9 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="a completed job's output: where it is stored, its size and SHA-256 (null until recorded)")
     retention_s = serializers.SerializerMethodField(
         help_text="seconds the output is kept after the job finishes (null: as long as the ledger row)")
+    output_upload = serializers.SerializerMethodField(
+        help_text="where the output_upload_url upload went (the URL without its query) and how it went; null "
+                  "without one")
     output_expires_at = serializers.SerializerMethodField(
         help_text="when the output's retention ends and it is deleted (null while unfinished)")
 
@@ -104,7 +136,7 @@ class JobSerializer(serializers.ModelSerializer):
                   "stage_times", "stage_runs", "cost_estimate_gpu_s", "cost_measured_gpu_s", "priority", "quality",
                   "created_at", "started_at",
                   "finished_at", "cancel_requested", "webhook_url", "resubmissions", "output", "retention_s",
-                  "output_expires_at", "eta", "links"]
+                  "output_expires_at", "output_upload", "eta", "links"]
         read_only_fields = fields
 
     def get_quality(self, job: Job) -> str:
@@ -113,6 +145,10 @@ class JobSerializer(serializers.ModelSerializer):
     @extend_schema_field(OutputSerializer(allow_null=True))
     def get_output(self, job: Job) -> dict[str, Any] | None:
         return job.output
+
+    @extend_schema_field(OutputUploadSerializer(allow_null=True))
+    def get_output_upload(self, job: Job) -> dict[str, Any] | None:
+        return output_upload_of(job)
 
     def get_retention_s(self, job: Job) -> int | None:
         return None if job.retention is None else int(job.retention.total_seconds())

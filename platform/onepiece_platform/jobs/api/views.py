@@ -97,7 +97,8 @@ class JobListCreateView(APIView):
     def get(self, request: Request) -> Response:
         f = JobListFilter(data=request.query_params)
         f.is_valid(raise_exception=True)
-        qs = Job.objects.filter(owner=request.user, uid__isnull=False, hidden=False).prefetch_related("stage_runs")
+        qs = (Job.objects.filter(owner=request.user, uid__isnull=False, hidden=False)
+              .select_related("output_upload").prefetch_related("stage_runs"))
         if "state" in f.validated_data:
             qs = qs.filter(state=f.validated_data["state"])
         if "workflow" in f.validated_data:
@@ -135,7 +136,9 @@ class JobListCreateView(APIView):
                                inputs, key, "native", s.validated_data.get("deadline_s"),
                                api_key=api_key_of(request), webhook_url=hook,
                                priority=s.validated_data["priority"],
-                               output=services.OutputOptions(s.validated_data.get("retention")))
+                               output=services.OutputOptions(s.validated_data.get("retention"),
+                                                             s.validated_data.get("output_upload_url", ""),
+                                                             s.validated_data["keep_output"]))
         body = JobSerializer(done.job).data
         return Response(body, status=status.HTTP_202_ACCEPTED,
                         headers={"Location": body["links"]["self"]})
