@@ -199,3 +199,11 @@ def test_a_deleted_job_row_takes_its_objects(alice, on_store: JobStore, object_s
     with django_capture_on_commit_callbacks(execute=True):
         user.delete()
     assert object_store.newest(result_prefix(two)) is None
+
+
+def test_the_celery_beat_runs_expire_outputs_every_five_minutes() -> None:
+    from onepiece_platform.celery_app import app
+
+    app.loader.import_default_modules()  # the worker's autodiscovery: engine_link.tasks
+    entry = next(e for e in app.conf.beat_schedule.values() if e["task"] == "onepiece.expire_outputs")
+    assert entry["schedule"] == 300.0 and "onepiece.expire_outputs" in app.tasks
