@@ -41,7 +41,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -58,6 +58,7 @@ from engine.workflow import get_workflow, workflows
 
 __all__ = ["MAX_BODY", "STATE", "Limits", "make_app"]
 
+T = TypeVar("T")
 log = logging.getLogger("onepiece.proxy")
 
 STATE = web.AppKey("state", ProxyState)  # the store, the caches, the book: engine.proxy.state
@@ -210,7 +211,9 @@ async def _wait_terminal(app: web.Application, uid: str, st: Any, wait: float) -
     costs nothing while it waits and hears of the end within a millisecond. In case an event was missed (a
     Redis restart, a trimmed stream) the status is read again after 1 s, then 2, 4 and every 8 s: a read a
     second per waiter was the Proxy's largest CPU cost per request under load (a client's 30 s poll read
-    the status 31 times; now 7)."""
+    the status 31 times; now 7). A job whose end the stream already showed (before this waiter listened) is
+    in the Proxy's recent ends: its status is read at once; one that ends later wakes the waiter, so no read
+    is needed before the wait."""
     store, endings = app[STATE].store, app[STATE].endings
     entry = endings.setdefault(uid, [asyncio.Event(), 0])  # [event, waiters]: several polls may wait on one job
     entry[1] += 1
@@ -224,7 +227,8 @@ async def _wait_terminal(app: web.Application, uid: str, st: Any, wait: float) -
             return st
 
     try:
-        st = await read(st)  # it may have ended before we listened
+        if uid in app[STATE].recent_ends:  # it ended before we listened: its end was read, so read its status
+            st = await read(st)
         pause = RECHECK_S
         while not st.terminal and (left := deadline - time.monotonic()) > 0:
             try:
@@ -270,43 +274,43 @@ async def cancel(request: web.Request, uid: str, st: Any) -> web.Response:
 
 async def result(request: web.Request) -> web.Response:
     """The result's bytes. With an object store, also for a job Redis no longer knows (restarted, expired):
-    its output is found in the store by the UID."""
-    found = await _lookup(request)
-    store = request.app[STATE].store
-    uid = _uid(request)
-    if isinstance(found, web.Response):
-        if found.status != 404 or store.objects is None or uid is None:
-            return found
-        return await _stored_result(store, uid, found)
-    uid, st = found
+    its output is found in the store by the UID. The status and the bytes are read in one trip off the loop."""
+    store, uid = request.app[STATE].store, _uid(request)
+    if uid is None:
+        return error(404, "unknown or expired request")
+
+    def read() -> tuple[Any, bytes | None]:
+        st = store.status(uid)
+        if st is not None and st.state != keys.COMPLETED:
+            return st, None
+        if st is None and store.objects is None:
+            return None, None
+        return st, store.result(uid)
+
+    got = await _read_result(read)
+    if isinstance(got, web.Response):
+        return got
+    st, data = got
+    if st is None:
+        return error(404, "unknown or expired request") if data is None else \
+            web.Response(body=data, content_type=sniff_content_type(data))
     if st.state != keys.COMPLETED:
         return web.json_response({"uid": uid, "state": st.state, "error": "no result"}, status=409)
-    data = await _read_result(store, uid)
-    if isinstance(data, web.Response):
-        return data
     if data is None:
         return error(410, "the result expired")
     output = get_workflow(st.workflow).final_output
     return web.Response(body=data, content_type=CONTENT_TYPES.get(output, "application/octet-stream"))
 
 
-async def _read_result(store: Any, uid: str) -> bytes | None | web.Response:
-    """The result's bytes (None: none), or the 503 that Redis or the object store being away answers."""
+async def _read_result(read: Callable[[], T]) -> T | web.Response:
+    """``read()`` off the loop (the result's bytes, with its status), or the 503 that Redis or the object
+    store being away answers."""
     try:
-        return await asyncio.to_thread(store.result, uid)
+        return await asyncio.to_thread(read)
     except outage.UNAVAILABLE as exc:
         return store_down(exc)
     except ObjectStoreError as exc:
         return busy(f"the object store is unavailable: {exc}", outage.RETRY_AFTER_S)
-
-
-async def _stored_result(store: Any, uid: str, not_found: web.Response) -> web.Response:
-    data = await _read_result(store, uid)
-    if isinstance(data, web.Response):
-        return data
-    if data is None:
-        return not_found
-    return web.Response(body=data, content_type=sniff_content_type(data))
 
 
 @_job_route

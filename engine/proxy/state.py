@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,6 +26,8 @@ from engine.proxy.monitor import Load, RequestMonitor
 from engine.store import JobStore, keys
 from engine.workflow import get_workflow, images
 from engine.workflow.pricing import Pricer
+
+RECENT_ENDS = 10_000  # ended jobs remembered (a long poll started within seconds of its job's end)
 
 T = TypeVar("T")
 
@@ -58,6 +61,9 @@ class ProxyState:
     book: eta.Book = field(default_factory=eta.Book)  # jobs this Proxy accepted and has not seen end
     histories: dict[tuple[str, int], eta.History] = field(default_factory=dict)  # finished jobs' ETA record
     endings: dict[str, list[Any]] = field(default_factory=dict)  # uid -> [Event set at its end, waiters]
+    # the last RECENT_ENDS jobs the endings stream said ended (oldest first): a long poll that starts after its
+    # job's end was read looks here, not in Redis (engine.proxy.app._wait_terminal)
+    recent_ends: OrderedDict[str, None] = field(default_factory=OrderedDict)
     accepted: dict[str, int] = field(default_factory=dict)  # workflow -> requests accepted since start
     admitting: dict[str, asyncio.Lock] = field(default_factory=dict)  # workflow -> held from count to acceptance
 
@@ -129,6 +135,9 @@ class ProxyState:
     def ended(self, uid: str, state: str, now: float) -> None:
         """A job left the line: out of the book, and a completed one's time against what it was told at submit
         into its history (the ETA's calibration)."""
+        self.recent_ends[uid] = None
+        if len(self.recent_ends) > RECENT_ENDS:
+            self.recent_ends.popitem(last=False)
         job = self.book.end(uid)
         if job is not None and state == keys.COMPLETED:
             self.histories.setdefault((job.workflow, job.priority), eta.History()).record(
