@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from engine import __version__
+
 # name -> (module that defines ``add_arguments(parser)`` and ``run(args) -> int``, help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("onepiece_launcher.up", "run everything on this machine with embedded defaults"),
@@ -26,8 +28,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine import __version__
-
     parser = argparse.ArgumentParser(
         prog="onepiece",
         description="OnePiece: serving multi-stage AIGC workflows (image-to-video, text-to-image).",

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import envs
 from engine.adapters.formats import NotSafetensors, read_header, shown, weight_shapes
 
 #: workflow -> (the denoise model's component, the diffusers pipeline whose LoRA loader reads its adapters)
@@ -293,8 +294,6 @@ class AdapterStore:
 
 
 def default_root() -> Path:
-    from engine import envs
-
     return Path(envs.ADAPTER_STORE) if envs.ADAPTER_STORE else envs.STATE_DIR / "adapters"
 
 

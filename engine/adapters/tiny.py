@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.adapters.formats import weight_shapes
 from engine.adapters.registry import denoise_component
+from engine.stages.tiny import make_tiny
 
 TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
@@ -31,8 +32,6 @@ def make_tiny_lora(workflow: str, out: str | Path, seed: int = 0, rank: int = 4,
 
     component = denoise_component(workflow)
     if model_dir is None:
-        from engine.stages.tiny import make_tiny
-
         with tempfile.TemporaryDirectory() as tmp:
             shapes = weight_shapes(make_tiny(tmp, workflow, 0)[workflow] / component)
     else:

@@ -30,6 +30,7 @@ import os
 from typing import Any
 
 from engine import envs
+from engine.coord.client import Endpoint, redact, use_tls
 from engine.coord.keys import default_root
 
 ENGINE_USER = "onepiece"
@@ -58,8 +59,6 @@ def _range_end(prefix: bytes) -> bytes:
 class _Gateway:
     def __init__(self, url: str, timeout: float) -> None:
         import requests
-
-        from engine.coord.client import Endpoint, use_tls
 
         self.url = Endpoint.parse(url).url
         self.http = requests.Session()
@@ -158,8 +157,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.coord.client import Endpoint, redact
-
     url = args.etcd_url or (envs.ETCD_URL or "").split(",")[0].strip()
     if not url:
         print("onepiece etcd-auth: give --etcd-url or set ONEPIECE_ETCD_URL")

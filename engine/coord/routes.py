@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.coord.keys import Keyspace, read_prefix
+from engine.coord.keys import Keyspace, read_keys, read_prefix
 from engine.coord.watch import Change, PrefixWatch, WatchEnded
 from engine.workflow import limits as model_limits
 
@@ -91,8 +91,6 @@ def withdraw_route(client: Any, route: Route, keys: Keyspace | None = None) -> N
 def live_nodes(client: Any, keys: Keyspace | None = None) -> set[str]:
     """Names of the nodes registered now (each key lives as long as its node's lease). Raises when etcd
     cannot be read: an unknown membership must never be taken for an empty one."""
-    from engine.coord.keys import read_keys
-
     return read_keys(client, (keys or Keyspace.from_env()).nodes())  # names only: not every node's report
 
 

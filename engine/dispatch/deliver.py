@@ -21,7 +21,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from engine import envs
 from engine.coord.routes import Route
+from engine.transport.errors import TransportError
 
 log = logging.getLogger("onepiece.deliver")
 
@@ -83,8 +85,6 @@ class Producers:
 
     def poll(self, instance: str) -> int:
         """Unacknowledged sends to ``instance`` (0 if none or its peer is gone); resends what it dropped."""
-        from engine.transport.errors import TransportError
-
         got = self._by_instance.get(instance)
         if got is None:
             return 0
@@ -126,8 +126,6 @@ class ResultDeliver(ABC):
     #: policy's own choice
     adapter_load_s: float = 1.0
     def __init__(self, outstanding: Outstanding) -> None:
-        from engine import envs
-
         self.outstanding = outstanding
         #: how many adapters this sender remembers per instance: what an instance keeps loaded (its LRU,
         #: ``onepiece node --max-adapters``, which sets ONEPIECE_MAX_ADAPTERS for the node's workers)

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
+from engine.coord.auth import ENGINE_USER, EtcdAuthSetupError, ensure_auth
 from engine.embedded import children
 
 
@@ -185,15 +186,11 @@ class EtcdServer(_ChildService):
     def url(self) -> str:
         if not self.password:
             return self.plain_url
-        from engine.coord.auth import ENGINE_USER
-
         return f"http://{ENGINE_USER}:{quote(self.password, safe='')}@{self.host}:{self.client_port}"
 
     def start(self, timeout: float = 20.0) -> EtcdServer:
         super().start(timeout)
         if self.password:
-            from engine.coord.auth import EtcdAuthSetupError, ensure_auth
-
             try:
                 assert self.root_password
                 ensure_auth(self.plain_url, self.root_password, self.password)

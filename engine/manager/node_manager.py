@@ -47,6 +47,8 @@ from engine.manager.election import Election, NotLeader
 from engine.manager.overrides import Overrides, validate
 from engine.manager.planner import ManagerConfig, Observation
 from engine.manager.publish import Published
+from engine.workflow import get_workflow
+from engine.workflow.pools import pool_of, pools
 
 __all__ = ["ManagerConfig", "NodeManager", "Observation", "TickResult"]
 
@@ -77,8 +79,6 @@ class NodeManager:
         self.overrides = Overrides()
         self._published = Published()  # what was last written under each published key
         self._force = False  # an accepted operator action applies at once, past hysteresis
-        from engine.workflow.pools import pool_of, pools
-
         # stage pools: (workflow, stage) pairs of the same executor on the same component bytes share instances
         self.pools = pools(config.workflows)
         self.pool_of = pool_of(self.pools)
@@ -145,8 +145,6 @@ class NodeManager:
     def _operator_actions(self, seen: Observation) -> None:
         """Validate and apply queued operator actions, oldest first; each result and audit entry is
         written in the same fenced transaction as the overrides it changes."""
-        from engine.workflow import get_workflow
-
         if not seen.actions:
             return
         cluster = {

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.coord.actions import ACTIONS, MODES, Action, ActionRefused
+from engine.workflow import get_workflow
 
 
 @dataclass
@@ -128,8 +129,6 @@ class _Check:
         if mode not in MODES:
             raise ActionRefused(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "collaboration":
-            from engine.workflow import get_workflow
-
             spec = get_workflow(wf)
             if not any(spec.stage(s).cfg_parallel for s in spec.route()):
                 raise ActionRefused(

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.coord.routes import Route, RouteTable
 from engine.dispatch.deliver import Outstanding, Producers, make_deliver
+from engine.transport.errors import TransportError
 
 
 class NoRoute(RuntimeError):
@@ -52,8 +53,6 @@ class Injector:
         return await loop.run_in_executor(self._pool, self._max_message, workflow, stage)
 
     def _max_message(self, workflow: str, stage: str) -> int | None:
-        from engine.transport.errors import TransportError
-
         limits, rings, reached = [], [], True
         for route in self.routes.candidates(workflow, stage):
             rings.append(route.ring_id)
@@ -76,8 +75,6 @@ class Injector:
 
     def _send(self, workflow: str, stage: str, data: bytes, cost: float, nodes: set[str] | None = None,
               after: Callable[[Route], Any] | None = None) -> Route:
-        from engine.transport.errors import TransportError
-
         candidates = self.routes.candidates(workflow, stage)
         if nodes is not None:  # e.g. a restart after a node was lost: the route cache may still list it
             candidates = [r for r in candidates if r.node in nodes]

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from engine.coord.proxies import register_proxy
 from engine.proxy.injector import Injector
 from engine.proxy.recovery import OrphanSweeper
 from engine.proxy.state import DRAIN_SAMPLE_S, ProxyState
@@ -127,8 +128,6 @@ async def sweep_orphans(sweeper: OrphanSweeper, interval: float) -> None:
 async def register(state: ProxyState, workflow_set: str, name: str, url: str, interval: float = 1.0) -> None:
     """Keep this Proxy registered in its Workflow Set with what it accepts per second (the Node Manager's
     measure of the set's load); the registration goes with the lease when the Proxy does."""
-    from engine.coord.proxies import register_proxy
-
     client, lease, rates = state.routes.client, None, {}
     last, t_last = dict(state.accepted), time.monotonic()
     ttl = max(3, int(4 * interval))

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from engine.stages import invariant
+from engine.stages import caching, invariant
 from engine.stages.base import BatchedCallStage, StageContext, SteppedStage
 from engine.stages.components import TorchStage, read_config
 
@@ -238,8 +238,6 @@ class SteppedModularStage(ModularStage, SteppedStage):
         self.setup_loop(own, block_state)
         cache = None
         if self.denoiser is not None:
-            from engine.stages import caching
-
             cache = caching.for_request(self.served_workflow or "", params, per_pass=self.cache_per_pass)
         return _Stepping(state, block_state, own, list(block_state.timesteps), cache=cache)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.stages.base import StageContext, StageExecutor
 from engine.stages.layout import check_components
+from engine.stages.registry import executor_class
 from engine.workflow import get_workflow
 from engine.workflow import message as wm
 
@@ -65,8 +66,6 @@ class LocalRunner:
         load_hook: Callable[[str, Callable[[], StageExecutor]], StageExecutor] | None = None,
     ) -> None:
         """Load every stage. ``load_hook(stage, load)`` may wrap each load (the profiler measures it)."""
-        from engine.stages.registry import executor_class
-
         self.spec = get_workflow(workflow)
         self.model_dir = Path(model_dir)
         self.executors: dict[str, StageExecutor] = {}

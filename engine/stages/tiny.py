@@ -17,6 +17,8 @@ from typing import Any
 
 from engine.stages import tiny_common as common
 from engine.stages import tiny_t2i, tiny_wan22
+from engine.workflow.limits import SERVING_FILE
+from engine.workflow.pools import link_identical
 
 
 def build_wan_i2v(out: Path, seed: int = 0) -> Path:
@@ -123,8 +125,6 @@ def _serving(build: Callable[[Path, int], Path], serving: dict[str, Any]) -> Cal
 def write_serving(folder: Path, serving: dict[str, Any]) -> None:
     import json
 
-    from engine.workflow.limits import SERVING_FILE
-
     (folder / SERVING_FILE).write_text(json.dumps(serving, indent=2) + "\n")
 
 
@@ -134,8 +134,6 @@ SERVING = {"wan2.1-i2v": WAN_SERVING, "wan2.1-t2v": WAN_SERVING}
 def ensure_serving(folder: Path, workflow: str) -> bool:
     """Give a tiny model folder built before serving defaults existed its own (``onepiece up`` reuses the
     tiny models of an earlier run); True if it wrote one."""
-    from engine.workflow.limits import SERVING_FILE
-
     if workflow not in SERVING or (folder / SERVING_FILE).exists():
         return False
     write_serving(folder, SERVING[workflow])
@@ -169,8 +167,6 @@ def make_tiny(out: str | Path, workflow: str | None = None, seed: int = 0) -> di
         if workflow not in BUILDERS:
             raise KeyError(f"no tiny model for workflow {workflow!r}; known: {', '.join(BUILDERS)}")
         return {workflow: BUILDERS[workflow](Path(out), seed)}
-    from engine.workflow.pools import link_identical
-
     built = {n: build(Path(out) / n, seed) for n, build in BUILDERS.items()}
     link_identical(out)  # components several workflows share (same bytes) are kept once on disk
     return built

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import struct
 
+from engine.transport.errors import RecordError
+
 MAGIC = 0x4F50_5249_4E47_3031  # "OPRING01"
 VERSION = 1
 UNIT = 64  # buffer allocation unit and record alignment (a cache line)
@@ -139,8 +141,6 @@ def parse_record(buf: memoryview | bytes, offset: int, span: int) -> RecordHeade
     Raises :class:`~engine.transport.errors.RecordError` on anything malformed;
     never reads outside ``buf[offset : offset + span]``.
     """
-    from engine.transport.errors import RecordError
-
     if offset < 0 or span < RECORD_HEADER or offset + span > len(buf):
         raise RecordError(f"record span [{offset}, {offset + span}) does not fit a {len(buf)}-byte buffer")
     magic, producer, flags, epoch, hv, seq, length, slot, checksum = RECORD.unpack_from(buf, offset)

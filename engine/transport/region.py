@@ -18,7 +18,7 @@ import abc
 import importlib
 from urllib.parse import urlparse
 
-from engine.transport.errors import OutOfBounds, RegionError
+from engine.transport.errors import OutOfBounds, RegionError, RegionMismatch
 
 
 class MemoryRegion(abc.ABC):
@@ -140,7 +140,5 @@ def attach_region(address: str, *, expected_size: int | None = None) -> MemoryRe
     region = _backend(u.scheme).attach(u)
     if expected_size is not None and region.size != expected_size:
         region.close()
-        from engine.transport.errors import RegionMismatch
-
         raise RegionMismatch(f"region {address!r} has {region.size} bytes, expected {expected_size}")
     return region

@@ -24,7 +24,7 @@ from urllib.parse import ParseResult
 from engine.transport.errors import OutOfBounds, PeerUnavailable, RegionError
 from engine.transport.layout import REMOTE
 from engine.transport.region import MemoryRegion
-from engine.transport.shm import ShmRegion
+from engine.transport.shm import ShmRegion, open_segment
 
 REQ = struct.Struct("<BxxxIQQQ")
 REP = struct.Struct("<BxxxIQ")
@@ -57,8 +57,6 @@ class TcpServedRegion(ShmRegion):
     payload_integrity = False
 
     def __init__(self, name: str, size: int | None, host: str, port: int) -> None:
-        from engine.transport.shm import open_segment
-
         fd, size, path = open_segment(name, size)
         super().__init__(name, fd, size, owner=True, path=path)
         try:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.workflow import get_workflow
+from engine.workflow.pools import Pool, pools
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,6 @@ def default_assignment(model_dirs: dict[str, str], device: str | None = None,
     """One instance per stage pool of the workflows in ``model_dirs`` (what ``onepiece up`` runs): stages of
     several workflows whose executor and components are the same bytes share one (engine.workflow.pools);
     ``share=False``: one instance per stage of every workflow."""
-    from engine.workflow.pools import Pool, pools
-
     found = pools(model_dirs) if share else [Pool(((wf, st),)) for wf in sorted(model_dirs)
                                                for st in get_workflow(wf).route()]
     instances = [

@@ -49,7 +49,12 @@ from engine import envs
 from engine.coord import etcd_client
 from engine.coord.keys import Keyspace
 from engine.coord.routes import Route, publish_route, withdraw_route
+from engine.coord.watch import ChangeFlag
 from engine.embedded import children
+from engine.embedded.services import free_port
+from engine.store import JobStore
+from engine.telemetry.devices import DeviceSampler
+from engine.transport.layout import max_payload
 from engine.worker import priority
 from engine.worker.config import Assignment, Batching, Calibration, InstanceSpec, StageTiming
 from engine.worker.threads import apply_env, budget_for, inherited, is_cuda
@@ -142,16 +147,12 @@ class TaskManager:
     def start(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._unlink_segments()
-        from engine.store import JobStore
-
         self.client = etcd_client(self.s.etcd_url)
         self.store = JobStore.from_url(self.s.redis_url, ttl=self.s.result_ttl_s)
         self.lease = self.client.lease(self.s.lease_ttl_s)
         self._lease_refreshed = self.clock()
         if self.static is not None:
             self.client.put(self.keys.assignment(self.s.node), self.static.to_json())
-        from engine.coord.watch import ChangeFlag
-
         self._assignment_changes = ChangeFlag(self.client, self.keys.assignment(self.s.node),
                                               name="onepiece-node-assignment")
         self._report(force=True)
@@ -383,8 +384,6 @@ class TaskManager:
         """This host's devices (NVML, or CPU figures labelled as such in each sample's ``source``)."""
         try:
             if self._devices is None:
-                from engine.telemetry.devices import DeviceSampler
-
                 self._devices = DeviceSampler()
             return [d.as_dict() for d in self._devices.sample()]
         except Exception as exc:  # telemetry must never stop the node
@@ -423,8 +422,6 @@ class TaskManager:
     # -- helpers ---------------------------------------------------------------------------------------
     def _routes(self, inst: _Instance) -> list[Route]:
         """The instance's routes: one per (workflow, stage) it serves, each with its workflow's limits."""
-        from engine.transport.layout import max_payload
-
         dirs = self.desired.model_dirs
         return [Route(w, st, inst.spec.id, inst.address, self.s.node, inst.generation, inst.collab,
                       inst.spec.workflow_set, self._limits(w, dirs.get(w, inst.model_dir)), max_payload(self.s.ring_bytes))
@@ -462,8 +459,6 @@ class TaskManager:
         name = f"{self.prefix}{iid}"
         if self.s.transport == "shm":
             return f"shm://{name}"
-        from engine.embedded.services import free_port
-
         return f"{self.s.transport}://{self.s.data_host}:{free_port(self.s.data_host)}/{name}"
 
     def _unlink(self, address: str) -> None:

@@ -32,11 +32,13 @@ from typing import Any
 from engine.coord.routes import Route, RouteTable
 from engine.dispatch import order
 from engine.dispatch.deliver import Outstanding, Producers, make_deliver
-from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor
+from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor, SteppedStage
 from engine.stages.preview import Previews
 from engine.store import JobStore, keys
+from engine.transport.errors import RegionExists, TransportError
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
 from engine.worker import chunks
+from engine.worker.batching import StepBatcher
 from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
 from engine.workflow.pricing import Fit, Samples
@@ -139,8 +141,6 @@ class WorkerConfig:
 
 def open_ring(address: str, config: RingConfig) -> RingConsumer:
     """Create the inbox ring, or recover it if a previous incarnation left it behind."""
-    from engine.transport.errors import RegionExists
-
     try:
         return RingConsumer.create(address, config)
     except RegionExists:
@@ -191,12 +191,8 @@ class TaskWorker:
         that steps (SteppedStage) with ``max_batch`` > 1 is served by :class:`engine.worker.batching.StepBatcher`
         instead, under the same release rule.
         """
-        from engine.stages.base import SteppedStage
-
         should_stop = self._calibrating(should_stop)
         if self.config.max_batch > 1 and isinstance(self.executor, SteppedStage):
-            from engine.worker.batching import StepBatcher
-
             self.batcher = StepBatcher(self, self.executor, self.config.max_batch,
                                        self.config.batch_wait_ms / 1000.0, RECV_BATCH, self.config.max_held or None,
                                        self._batch_key)
@@ -570,8 +566,6 @@ class TaskWorker:
         inbox slot, which is released right after, so the producer keeps a copy
         for retransmission instead.
         """
-        from engine.transport.errors import TransportError
-
         size = wm.encoded_size(h, tensors, blobs)
         deadline = time.monotonic() + self.config.send_timeout_s
         delay = 0.05

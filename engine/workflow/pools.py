@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.workflow import get_workflow
+
 log = logging.getLogger(__name__)
 
 DIGEST_FILE = ".onepiece-digest.json"
@@ -85,8 +87,6 @@ def stage_digest(workflow: str, stage: str, model_dir: str | Path) -> str | None
     """What makes a stage the computation it is: its executor class, and for each component the class the
     model folder records for it and the digest of its files. None when a component folder is missing or
     unreadable (the stage then shares with nothing; its worker will say what is missing)."""
-    from engine.workflow import get_workflow
-
     spec = get_workflow(workflow).stage(stage)
     h = hashlib.sha256(spec.executor.encode())
     index: dict[str, object] = {}
@@ -138,8 +138,6 @@ class Pool:
 def pools(model_dirs: Mapping[str, str]) -> list[Pool]:
     """The pools of the workflows in ``model_dirs`` (workflow -> model folder), in route order of the first
     workflow that uses each. Stages whose digest cannot be computed are pools of their own."""
-    from engine.workflow import get_workflow
-
     by_digest: dict[str, list[tuple[str, str]]] = {}
     order: list[str] = []
     for w in sorted(model_dirs):

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine import envs
 from engine.adapters.request import adapter_set
 from engine.stages import invariant
 from engine.stages.base import SteppedStage
@@ -57,7 +58,6 @@ class SDDenoise(TorchStage, SteppedStage):
     def adapters(self) -> Any:
         """The instance's hot adapters (engine.adapters.hot), made on first use."""
         if self.hot is None:
-            from engine import envs
             from engine.adapters.hot import HotAdapters
 
             self.hot = HotAdapters(self.pipe.unet, self.workflow,

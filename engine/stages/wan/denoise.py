@@ -17,7 +17,9 @@ from typing import Any, ClassVar
 
 import torch
 
+from engine import envs
 from engine.adapters.request import adapter_set
+from engine.stages import caching, invariant
 from engine.stages.base import StageContext, SteppedStage
 from engine.stages.components import TorchStage, load_component
 from engine.stages.wan.vae import check_wan_size, wan_vae_factors
@@ -45,7 +47,6 @@ class WanDenoise(TorchStage):
     def adapters(self) -> Any:
         """The instance's hot adapters (engine.adapters.hot), made on first use."""
         if self.hot is None:
-            from engine import envs
             from engine.adapters.hot import HotAdapters
 
             self.hot = HotAdapters(self.transformer, self.workflow,
@@ -163,16 +164,12 @@ class WanDenoise(TorchStage):
     def cfg_share(self, params: Mapping[str, Any]) -> float:
         """The share of a step this instance computes itself in Collaboration mode (engine.worker.calibrate):
         half of a guided one, which :meth:`run` sends a peer; all of one it keeps (unguided, adapters, cached)."""
-        from engine.stages import caching
-
         helped = float(params.get("guidance_scale", 1.0)) > 1.0 and not adapter_set(params) \
             and caching.for_request(self.served_workflow or "", params, per_pass=True) is None
         return 0.5 if helped else 1.0
 
     def _cache(self, params: Mapping[str, Any]) -> Any:
         """The request's step caches, one per guidance pass (None: lossless)."""
-        from engine.stages import caching
-
         return caching.for_request(self.served_workflow or "", params, per_pass=True)
 
 
@@ -248,8 +245,6 @@ class _SteppedWan(SteppedStage):
     @torch.no_grad()
     def step(self, states: list[Any]) -> None:
         import contextlib
-
-        from engine.stages import invariant
 
         dtype = self.transformer.dtype
         rows: list[tuple[_WanStep, str, Any]] = []  # (request, pass, its cache)

@@ -17,6 +17,7 @@ same code runs over shared memory, the TCP emulation and RDMA verbs.
 
 from __future__ import annotations
 
+from engine.transport.region import attach_region
 from engine.transport.ring.base import RingConfig, RingStats
 from engine.transport.ring.consumer import Batch, Delivery, RingConsumer
 from engine.transport.ring.producer import Reservation, RingProducer
@@ -41,7 +42,5 @@ def create_ring(address: str, config: RingConfig | None = None) -> RingConsumer:
 
 def attach_producer(address: str, producer_id: int | None = None, **kwargs: float) -> RingProducer:
     """Attach to the ring at ``address`` as a producer."""
-    from engine.transport.region import attach_region
-
     return RingProducer(attach_region(address), producer_id, **kwargs)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from engine.transport import layout as L
 from engine.transport.errors import (
+    RegionError,
     RegionMismatch,
 )
 from engine.transport.region import MemoryRegion
@@ -140,7 +141,6 @@ def local_backlog(address: str) -> dict[str, float] | None:
     import os
     import struct
 
-    from engine.transport.errors import RegionError
     from engine.transport.shm import shm_path
 
     scheme, _, rest = address.partition("://")

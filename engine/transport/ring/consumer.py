@@ -18,7 +18,7 @@ from engine.transport.errors import (
     RecordError,
     RegionMismatch,
 )
-from engine.transport.region import MemoryRegion
+from engine.transport.region import MemoryRegion, create_region, reopen_region
 from engine.transport.ring.base import (
     FREE_BATCH,
     LOOKAHEAD,
@@ -240,14 +240,10 @@ class RingConsumer(_RingBase):
 
         Messages the dead consumer delivered but did not release are delivered again.
         """
-        from engine.transport.region import reopen_region
-
         return cls(reopen_region(address), config, recover=True)
 
     @classmethod
     def create(cls, address: str, config: RingConfig | None = None) -> RingConsumer:
-        from engine.transport.region import create_region
-
         config = config or RingConfig()
         return cls(create_region(address, config.region_bytes), config)
 
