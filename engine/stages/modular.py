@@ -226,7 +226,7 @@ class SteppedModularStage(ModularStage, SteppedStage):
     def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _Stepping:
         self.prepare(params)
         state = self._state(self.block_inputs(inputs, params))
-        mine: dict[str, Any] = {"scheduler": type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)}
+        mine: dict[str, Any] = {"scheduler": self.fresh_scheduler(self.pipe.scheduler)}
         if getattr(self.pipe, "guider", None) is not None:  # prepare() set its scale for this request
             mine["guider"] = copy.deepcopy(self.pipe.guider)
         own = _Own(self.pipe, **mine)

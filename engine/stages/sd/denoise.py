@@ -82,7 +82,7 @@ class SDDenoise(TorchStage, SteppedStage):
         pipe, unet = self.pipe, self.pipe.unet
         # A fresh scheduler per request: schedulers keep per-run state (step
         # index, history), and a long-lived stage serves many requests.
-        scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
+        scheduler = self.fresh_scheduler(pipe.scheduler)
         guidance = float(params["guidance_scale"])
         cfg = guidance > 1.0
         pos = inputs["prompt_embeds"].to(self.device)

@@ -113,7 +113,7 @@ class WanDenoise(TorchStage):
         model = self.transformer
         dtype = model.dtype
         # Per-request scheduler: UniPC keeps a history of model outputs.
-        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        scheduler = self.fresh_scheduler(self.scheduler)
         scheduler.set_timesteps(params["num_inference_steps"], device=self.device)
         guidance = float(params["guidance_scale"])
         pos = inputs["prompt_embeds"].to(self.device, dtype)
@@ -227,7 +227,7 @@ class _SteppedWan(SteppedStage):
     @torch.no_grad()
     def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _WanStep:
         dtype = self.transformer.dtype
-        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        scheduler = self.fresh_scheduler(self.scheduler)
         scheduler.set_timesteps(params["num_inference_steps"], device=self.device)
         image = inputs["image_embeds"].to(self.device, dtype) if self.transformer.config.image_dim is not None else None
         latents, condition = self._initial(inputs, params)

@@ -115,7 +115,7 @@ class _Expert(WanDenoise):
 
     def steps_of(self, params: Mapping[str, Any]) -> tuple[Any, int, int, int]:
         """(a fresh scheduler with the request's timesteps, the boundary step, first step, end step)."""
-        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        scheduler = self.fresh_scheduler(self.scheduler)
         scheduler.set_timesteps(params["num_inference_steps"], device=self.device)
         scheduler.set_begin_index(0)  # as WanPipeline (the same index _init_step_index finds)
         k = boundary_step(scheduler.timesteps, self.boundary_ratio, scheduler.config.num_train_timesteps)
@@ -231,7 +231,7 @@ class Wan22TI2VDenoise(_Expert):
     high = False
 
     def steps_of(self, params: Mapping[str, Any]) -> tuple[Any, int, int, int]:
-        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        scheduler = self.fresh_scheduler(self.scheduler)
         scheduler.set_timesteps(params["num_inference_steps"], device=self.device)
         return scheduler, 0, 0, len(scheduler.timesteps)
 
