@@ -57,6 +57,7 @@ class Load:
     steps: int = SHORT
     done: list[tuple[float, str, str]] = field(default_factory=list)  # (finished at, uid, state)
     refused: int = 0
+    inflight: set[str] = field(default_factory=set)  # accepted and not ended yet
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
@@ -78,14 +79,26 @@ class Load:
                 time.sleep(0.2)
                 continue
             assert status == 202, doc
-            st = self.c.wait(str(doc["uid"]), {"completed", "failed", "cancelled", "expired"}, timeout=300)
-            self.done.append((time.monotonic(), str(doc["uid"]), st["state"]))
+            uid = str(doc["uid"])
+            self.inflight.add(uid)
+            st = self.c.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=300)
+            self.done.append((time.monotonic(), uid, st["state"]))
+            self.inflight.discard(uid)
 
     def rate(self, since: float, until: float) -> float:
         """Completions per second between the window's first and last completion (no quantisation at the
         window's edges: with ~1 request/s, whole-window counts are off by up to one request each side)."""
         times = sorted(t for t, _, s in self.done if since <= t < until and s == "completed")
         return (len(times) - 1) / (times[-1] - times[0]) if len(times) >= 2 else 0.0
+
+    def drained(self, timeout: float = 120) -> None:
+        """Wait until every request in flight now has ended: the queues a move built at the stages have then
+        drained out, and what runs next entered the new allocation."""
+        queued = set(self.inflight)
+        deadline = time.monotonic() + timeout
+        while queued & self.inflight:
+            assert time.monotonic() < deadline, f"{len(queued & self.inflight)} requests still in flight"
+            time.sleep(0.05)
 
     def measure(self, seconds: float) -> float:
         t0 = time.monotonic()
@@ -121,13 +134,16 @@ def live(tiny_models: dict[str, Path], tmp_path: Path) -> Iterator[Live]:
         with engine(redis.url, etcd_srv.url, [node], tmp, f"test-{os.getpid()}-live-",
                     {"OMP_NUM_THREADS": "1"}) as (c, _procs):
             env = {k: v for k, v in os.environ.items() if not k.startswith("ONEPIECE_")}
-            for name in ("nm-a", "nm-b"):
+            for name in ("nm-a", "nm-b"):  # nm-a leads, nm-b stands by (the fail-over below shows it does)
                 managers[name] = subprocess.Popen(
                     [sys.executable, "-m", "engine.cli", "manager", "--etcd-url", etcd_srv.url, "--name", name,
                      "--workflow", f"{WF}={tiny_models[WF]}", "--slots-per-node", str(SLOTS), "--ttl", str(TTL),
                      "--interval", "0.5", "--cooldown", "3", "--min-gain", "0.1"],
                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                time.sleep(1.0)  # nm-a leads
+                deadline = time.monotonic() + 60
+                while name == "nm-a" and _leader(c) != "nm-a":  # the election key names nm-a before nm-b starts
+                    assert managers[name].poll() is None and time.monotonic() < deadline, "nm-a did not lead"
+                    time.sleep(0.05)
             yield Live(c, managers, etcd_srv.url)
             for p in managers.values():
                 stop(p)
@@ -206,7 +222,7 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
         report = json.loads(c.etcd.get(KEYS.node("n1"))[0])
         drains = [m["drain_s"] for m in report["moves"] if m["event"] == "drained" and m["at"] > shift]
         startups = [m for m in report["moves"] if m["event"] == "ready" and m["at"] > shift]
-        time.sleep(8)  # let the queues built during the move drain out
+        load.drained()  # the queues built during the move drained out
         phases.append(("long settled", time.monotonic()))
         rebalanced = max(load.measure(WINDOW_S) for _ in range(WINDOWS))
         # the allocation measured is the one the manager settled on: the same instances (a plan applied again
@@ -229,7 +245,7 @@ def test_a_load_shift_moves_instances_to_the_new_bottleneck(live: Live) -> None:
         for k, n in enumerate(candidates):
             _pin(live, n)
             _settled(c, n, timeout=180)
-            time.sleep(8)  # let the queues built during the move drain out
+            load.drained()  # the queues built during the move drained out
             t0 = time.monotonic()
             if k == len(candidates) - 1:
                 # leader SIGKILL under load: the standby leads within TTL + 1 s; no accepted request fails

@@ -49,9 +49,23 @@ def collab(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
 
 
 def _set_mode(c: Cluster, mode: str) -> None:
-    """What the leading Node Manager publishes after a set_mode action (tested in tests/engine/manager)."""
-    c.etcd.put(KEYS.capacity(WF), json.dumps({"rps": 1.0, "mode": mode}))
-    time.sleep(0.5)  # workers refresh their route tables every 0.2 s here
+    """What the leading Node Manager publishes after a set_mode action (tested in tests/engine/manager), and the
+    event the workers act on: a route table that watches the capacity keys, as the workers' do, sees the mode
+    (its own full reads are a minute apart, so only the watch's event can show it)."""
+    from engine.coord.routes import RouteTable
+
+    table = RouteTable(c.etcd, refresh_s=0.2, keys=KEYS, full_read_s=60.0).start()
+    try:
+        deadline = time.monotonic() + 30
+        while not table.watching:
+            assert time.monotonic() < deadline, "the route table's watches did not open"
+            time.sleep(0.02)
+        c.etcd.put(KEYS.capacity(WF), json.dumps({"rps": 1.0, "mode": mode}))
+        while table.mode(WF) != mode:
+            assert time.monotonic() < deadline, f"no route table saw mode {mode!r}"
+            time.sleep(0.02)
+    finally:
+        table.stop()
 
 
 def _run(c: Cluster, png: bytes) -> tuple[str, bytes, str]:
