@@ -13,11 +13,9 @@ from engine.worker.config import Assignment, InstanceSpec, default_assignment
 
 
 @pytest.fixture
-def etcd(etcd_server: Any) -> Iterator[Any]:
-    client = etcd_client(etcd_server.url)
-    client.delete_prefix("/onepiece/")
-    yield client
-    client.delete_prefix("/onepiece/")
+def etcd(etcd_server: Any, etcd_root: str) -> Iterator[Any]:
+    """A client of the session's etcd, the engine's keys under a root of this test's own."""
+    yield etcd_client(etcd_server.url)
 
 
 def test_published_routes_are_read_and_withdrawn(etcd: Any) -> None:

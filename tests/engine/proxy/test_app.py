@@ -27,11 +27,10 @@ SD = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}
 
 
 @pytest.fixture
-def env(redis_server: Any, etcd_server: Any) -> Iterator[dict[str, Any]]:
+def env(redis_server: Any, etcd_server: Any, etcd_root: str) -> Iterator[dict[str, Any]]:
     store = JobStore.from_url(redis_server.url, ttl=60)
     store.r.flushdb()
     etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")
     address = f"shm://test-{os.getpid()}-proxy"
     ring = RingConsumer.create(address, RingConfig(slots=16, buffer_bytes=1 << 20))
     routes = [Route(wf, "text_encode", f"{wf}.text_encode.0", address) for wf in ("sd-t2i", "wan2.1-i2v")]
@@ -39,7 +38,6 @@ def env(redis_server: Any, etcd_server: Any) -> Iterator[dict[str, Any]]:
         publish_route(etcd, r)
     yield {"store": store, "etcd": etcd, "ring": ring, "routes": routes}
     ring.close()
-    etcd.delete_prefix("/onepiece/")
     store.close()
 
 

@@ -39,7 +39,7 @@ def _fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]
 
 
 @pytest.mark.parametrize("with_store", [True, False], ids=["object-store", "redis-only"])
-def test_result_survives_a_redis_kill(tmp_path: Path, etcd_server: Any, object_store: ObjectStore,
+def test_result_survives_a_redis_kill(tmp_path: Path, etcd_server: Any, etcd_root: str, object_store: ObjectStore,
                                       with_store: bool) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
@@ -47,7 +47,6 @@ def test_result_survives_a_redis_kill(tmp_path: Path, etcd_server: Any, object_s
     objects = ObjectStore(object_store.config) if with_store else None
     store = JobStore.from_url(redis.url, ttl=60, objects=objects)
     etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")
     address = f"shm://test-{os.getpid()}-proxy-objects"
     ring = RingConsumer.create(address, RingConfig(slots=4, buffer_bytes=1 << 20))
     publish_route(etcd, Route("sd-t2i", "text_encode", "sd-t2i.text_encode.0", address))
@@ -91,20 +90,18 @@ def test_result_survives_a_redis_kill(tmp_path: Path, etcd_server: Any, object_s
         asyncio.run(main())
     finally:
         ring.close()
-        etcd.delete_prefix("/onepiece/")
         store.close()
         redis.stop()
 
 
 @pytest.mark.parametrize("with_store", [True, False], ids=["object-store", "redis-only"])
-def test_presigned_result_url(tmp_path: Path, redis_server: Any, etcd_server: Any, object_store: ObjectStore,
+def test_presigned_result_url(tmp_path: Path, redis_server: Any, etcd_server: Any, etcd_root: str, object_store: ObjectStore,
                               with_store: bool) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
     store = JobStore.from_url(redis_server.url, ttl=60, objects=ObjectStore(object_store.config) if with_store
                               else None)
     etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")
     address = f"shm://test-{os.getpid()}-proxy-result-url"
     ring = RingConsumer.create(address, RingConfig(slots=4, buffer_bytes=1 << 20))
     publish_route(etcd, Route("sd-t2i", "text_encode", "sd-t2i.text_encode.0", address))
@@ -145,5 +142,4 @@ def test_presigned_result_url(tmp_path: Path, redis_server: Any, etcd_server: An
         asyncio.run(main())
     finally:
         ring.close()
-        etcd.delete_prefix("/onepiece/")
         store.close()

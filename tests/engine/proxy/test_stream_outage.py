@@ -23,13 +23,12 @@ TOKEN = "test-proxy-stream-outage-" + "0" * 16
 SD = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}
 
 
-def test_the_streamed_result_is_a_503_while_redis_is_down(tmp_path: Path, etcd_server: Any) -> None:
+def test_the_streamed_result_is_a_503_while_redis_is_down(tmp_path: Path, etcd_server: Any, etcd_root: str) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
     redis = RedisServer("redis-server", tmp_path / "redis").start()
     store = JobStore.from_url(redis.url, ttl=60)
     etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")
     address = f"shm://test-{os.getpid()}-proxy-stream-outage"
     ring = RingConsumer.create(address, RingConfig(slots=4, buffer_bytes=1 << 20))
     publish_route(etcd, Route("sd-t2i", "text_encode", "sd-t2i.text_encode.0", address))
@@ -59,6 +58,5 @@ def test_the_streamed_result_is_a_503_while_redis_is_down(tmp_path: Path, etcd_s
         asyncio.run(main())
     finally:
         ring.close()
-        etcd.delete_prefix("/onepiece/")
         store.close()
         redis.stop()

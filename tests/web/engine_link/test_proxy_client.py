@@ -102,7 +102,7 @@ def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, e
     dead = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # the busier set's Proxy: never asked
     state = {"busy": {"proxies": [dead], "workflows": {"sd-t2i": {"capacity": 1.0, "arrival": 0.9}}},
              "idle": {"proxies": [proxy_url], "workflows": {"sd-t2i": {"capacity": 1.0, "arrival": 0.1}}}}
-    etcd.put(Keyspace().sets_state(), json.dumps(state))
+    etcd.put(Keyspace.from_env().sets_state(), json.dumps(state))  # the root of this test (proxy_url)
     settings.ETCD_URL = etcd_server.url
     settings.ONEPIECE = {"ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
                          "PROXY_URL": "etcd", **_TOKEN}
@@ -112,6 +112,6 @@ def test_proxy_discovery_sends_a_job_to_the_least_loaded_sets_proxy(proxy_url, e
     for _ in range(6):  # a look-up tries the registered Proxies in turn: the dead one never fails it
         assert c.status(r.json()["uid"]) is not None
     state["idle"]["workflows"]["sd-t2i"]["capacity"] = 0.0  # now no set can take sd-t2i but the busy one
-    etcd.put(Keyspace().sets_state(), json.dumps(state))
+    etcd.put(Keyspace.from_env().sets_state(), json.dumps(state))  # the root of this test (proxy_url)
     with pytest.raises(EngineError, match="unreachable"):
         ProxyEngineClient("etcd", timeout=1).submit("sd-t2i", SD, {})
