@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -125,6 +126,39 @@ def test_failed_multipart_upload_leaves_no_object(object_store: ObjectStore, mon
     monkeypatch.setattr(store.client, "complete_multipart_upload", broken)
     with pytest.raises(ConnectionResetError):
         store.put("half", os.urandom(11 * MiB))
+    assert store.head("half") is None
+    assert store.client.list_multipart_uploads(Bucket=store.config.bucket).get("Uploads", []) == []
+
+
+def test_multipart_parts_go_up_concurrently(object_store: ObjectStore, monkeypatch) -> None:
+    """Parts are in flight together, as boto3's upload_fileobj sends them: one after another, a part's
+    fixed cost on the store is paid once per part (benchmarks/object_delivery.md)."""
+    store = ObjectStore(object_store.config, multipart_threshold=6 * MiB, part_size=5 * MiB, part_concurrency=3)
+    together = threading.Barrier(3, timeout=10)  # serial uploads never get three parts here at once
+    real = store.client.upload_part
+
+    def gated(**kwargs):
+        together.wait()
+        return real(**kwargs)
+
+    monkeypatch.setattr(store.client, "upload_part", gated)
+    data = os.urandom(15 * MiB)
+    ref = store.put("together", data)
+    assert store.get("together") == data and ref.sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_a_failed_part_aborts_the_whole_upload(object_store: ObjectStore, monkeypatch) -> None:
+    store = ObjectStore(object_store.config, multipart_threshold=6 * MiB, part_size=5 * MiB)
+    real = store.client.upload_part
+
+    def second_fails(**kwargs):
+        if kwargs["PartNumber"] == 2:
+            raise ConnectionResetError("part 2 lost its connection")
+        return real(**kwargs)
+
+    monkeypatch.setattr(store.client, "upload_part", second_fails)
+    with pytest.raises(ConnectionResetError):
+        store.put("half", os.urandom(16 * MiB))
     assert store.head("half") is None
     assert store.client.list_multipart_uploads(Bucket=store.config.bucket).get("Uploads", []) == []
 
