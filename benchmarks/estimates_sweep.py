@@ -3,14 +3,14 @@
 
     OMP_NUM_THREADS=1 python benchmarks/estimates_sweep.py [--models DIR] [--calibrate-s 2] [--out FILE]
 
-Starts its own redis-server and etcd (engine.embedded), one ``onepiece node`` serving sd-t2i, FLUX.1-schnell
-and wan2.1-t2v (one instance per stage pool, ``default_assignment``) and one ``onepiece proxy``, the
+Starts its own redis-server and etcd (engine.embedded), one ``onepiece node`` serving sd-t2i, FLUX.1-schnell,
+FLUX.1-dev and wan2.1-t2v (one instance per stage pool, ``default_assignment``) and one ``onepiece proxy``, the
 commands an operator runs; ``--models DIR`` serves the folders in DIR (``<workflow>/`` each), else tiny models
 are built in a temporary folder first (engine.stages.tiny.models_or_tiny). It waits until every instance has
 published its warm-up calibration (engine.worker.calibrate), then, one request at a time on the idle engine:
 sd-t2i at 64, 128 and 256 px at its default steps, 512 px at ``--steps-512`` steps (50 would take about 15
 minutes of one CPU core with the tiny model: the per-step price is what is checked, the steps multiply it),
-then FLUX.1-schnell and wan2.1-t2v at their defaults. For each, before submitting: the price (the Proxy's
+then FLUX.1-schnell, FLUX.1-dev and wan2.1-t2v at their defaults. For each, before submitting: the price (the Proxy's
 rule, engine.workflow.pricing.Pricer, over the fits the instances published, as the Proxy reads them); the
 ETA (``eta_s`` and ``eta_p90_s`` of the Proxy's 202); then the measured time (202 to completed, as the client
 sees it) and the ratios. Writes JSON (``--out``, default ``benchmarks/estimates/<date>.json``); the
@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-WORKFLOWS = ["sd-t2i", "flux.1-schnell", "wan2.1-t2v"]
+WORKFLOWS = ["sd-t2i", "flux.1-schnell", "flux.1-dev", "wan2.1-t2v"]
 
 
 def sweep(steps_512: int) -> list[tuple[str, dict[str, Any]]]:
@@ -44,7 +44,7 @@ def sweep(steps_512: int) -> list[tuple[str, dict[str, Any]]]:
     return [("sd-t2i", {"height": 64, "width": 64}), ("sd-t2i", {"height": 128, "width": 128}),
             ("sd-t2i", {"height": 256, "width": 256}),
             ("sd-t2i", {"height": 512, "width": 512, "num_inference_steps": steps_512}),
-            ("flux.1-schnell", {}), ("wan2.1-t2v", {})]
+            ("flux.1-schnell", {}), ("flux.1-dev", {}), ("wan2.1-t2v", {})]
 
 
 class Proxy:
