@@ -36,7 +36,10 @@ def two_nodes(tiny_models: dict[str, Path], tmp_path: Path
     etcd_srv = EtcdServer("etcd", tmp_path / "etcd").start()
     runs = [NodeRun(name, Assignment(tuple(InstanceSpec(f"sd-t2i.{s}.{name}", "sd-t2i", s, "cpu") for s in ROUTE),
                                      {"sd-t2i": str(tiny_models["sd-t2i"])}),
-                    ("--stage-time", ",".join(f"{s}=1.0" for s in ROUTE)))
+                    # its workers at the node's own priority: eight of them load at once while the other
+                    # xdist worker runs tests at nice 0. Once in CI n2's workers were not ready after 240 s
+                    # (n1's were), likely starved at nice 10; what this test checks is the move, not nice
+                    ("--stage-time", ",".join(f"{s}=1.0" for s in ROUTE), "--worker-nice", "0"))
             for name in ("n1", "n2")]
     prefix = f"test-{os.getpid()}-loss-"
     try:
