@@ -184,6 +184,7 @@ def one(proxy: Proxy, store: Any, folder: Path, wf: str, params: dict[str, Any])
 
 def main() -> None:
     from engine.bench.figures import provenance
+    from engine.bench.harness import with_load_after
     from engine.stages.tiny import models_or_tiny
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -222,9 +223,7 @@ def main() -> None:
     args.out.write_text(json.dumps({"calibration": calibration, "rows": rows, "models": args.models or "tiny",
                                     "calibrate_s": args.calibrate_s or "default", "steps_512": args.steps_512,
                                     "cpus": os.cpu_count(),
-                                    "provenance": {**{k: v for k, v in before.items() if k != "load_average"},
-                                                   "load_average_before": before["load_average"],
-                                                   "load_average_after": list(os.getloadavg())}}, indent=1))
+                                    "provenance": with_load_after(before)}, indent=1))
     print(f"written {args.out}")
 
 

@@ -204,6 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     from engine.bench.figures import provenance
+    from engine.bench.harness import with_load_after
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=200)
@@ -223,9 +224,7 @@ def main() -> int:
     k = result["after_sigkill"]
     print(f"after SIGKILL: Redis restarted with {k['redis_keys_after_restart']} keys; read back {k['read_back']} "
           f"of {k['outputs']}; all downloadable: {k['all_downloadable']}")
-    result["provenance"] = {**{k: v for k, v in before.items() if k != "load_average"},
-                            "load_average_before": before["load_average"],
-                            "load_average_after": list(os.getloadavg())}
+    result["provenance"] = with_load_after(before)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(f"written {args.out}")
