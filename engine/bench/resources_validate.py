@@ -156,6 +156,13 @@ class _Engine:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} within {self.cfg.startup_timeout_s:.0f}s; see {self.work}")
 
+    def worker_pid(self, instance: str) -> int:
+        """The pid of a ready worker, from the node's log."""
+        for line in (self.work / "node.log").read_text(errors="replace").splitlines():
+            if f"worker {instance} ready (pid " in line:
+                return int(line.rsplit("(pid ", 1)[1].split(")", 1)[0])
+        raise LookupError(f"worker {instance} is not ready in {self.work / 'node.log'}")
+
     def stop(self) -> None:
         for p in reversed(self.procs):  # the proxy first, then the node (it stops its workers)
             procs.stop(p, signal.SIGINT)
@@ -190,6 +197,57 @@ class _Engine:
         return done
 
 
+def _marks(eng: _Engine, uid: str, st: dict[str, Any], route: list[str]
+           ) -> tuple[dict[str, float], dict[str, float]]:
+    """One request's (stage_started, stage_finished) times per stage, from its events."""
+    started: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    for e in eng.store.events(uid):
+        if e["type"] == "stage_started":
+            started[e["stage"]] = float(e["ts"])
+        elif e["type"] == "stage_finished":
+            finished[e["stage"]] = float(e["ts"])
+    finished[route[-1]] = float(st["updated"])
+    return started, finished
+
+
+def _timings(eng: _Engine, uid: str, st: dict[str, Any], route: list[str]
+             ) -> tuple[dict[str, float], dict[str, float]]:
+    """One request's (service seconds per stage, transit seconds into each stage), from its events."""
+    started, finished = _marks(eng, uid, st, route)
+    service, transit = {}, {}
+    prev = float(st["created"])
+    for s in route:
+        transit[s] = started[s] - prev
+        service[s] = finished[s] - started[s]
+        prev = finished[s]
+    return service, transit
+
+
+def _observed(marks: list[tuple[dict[str, float], dict[str, float]]], created: list[float], route: list[str],
+              transit: dict[str, float]) -> list[dict[str, float]]:
+    """Each request's service time per stage as the instance delivered it under load.
+
+    That is stage_started to stage_finished, plus any delay of the start beyond
+    the calibrated hand-off once the request was ready and the instance free (a
+    worker held off the CPU stalls its instance, not one request's transfer).
+    The instance counts as free at the last finish at that stage before this
+    start: exact for a stage of one instance, an upper bound on the freeing time
+    (so a lower bound on the added delay) for more.
+    """
+    out = []
+    for i, (started, finished) in enumerate(marks):
+        service = {}
+        ready = created[i]
+        for s in route:
+            freed = max((f[s] for j, (_, f) in enumerate(marks) if j != i and f[s] <= started[s]), default=ready)
+            could = max(ready + transit[s], freed)
+            service[s] = finished[s] - min(started[s], could)
+            ready = finished[s]
+        out.append(service)
+    return out
+
+
 def _calibrate(eng: _Engine, n: int) -> tuple[dict[str, float], dict[str, float], float]:
     """(service seconds per stage, transit seconds into each stage, idle end-to-end median)."""
     from engine.workflow import get_workflow
@@ -205,25 +263,16 @@ def _calibrate(eng: _Engine, n: int) -> tuple[dict[str, float], dict[str, float]
             raise RuntimeError(f"calibration request {uid} did not complete: {st}")
         if i < 2:  # warm-up
             continue
-        started: dict[str, float] = {}
-        finished: dict[str, float] = {}
-        for e in eng.store.events(uid):
-            if e["type"] == "stage_started":
-                started[e["stage"]] = float(e["ts"])
-            elif e["type"] == "stage_finished":
-                finished[e["stage"]] = float(e["ts"])
-        finished[route[-1]] = float(st["updated"])
-        prev = float(st["created"])
+        one_service, one_transit = _timings(eng, uid, st, route)
         for s in route:
-            transit[s].append(started[s] - prev)
-            service[s].append(finished[s] - started[s])
-            prev = finished[s]
+            service[s].append(one_service[s])
+            transit[s].append(one_transit[s])
         e2e.append(float(st["updated"]) - float(st["created"]))
     return ({s: statistics.median(v) for s, v in service.items()},
             {s: statistics.median(v) for s, v in transit.items()}, statistics.median(e2e))
 
 
-def _load(eng: _Engine, rate: float, n: int, seed: int) -> list[dict[str, Any]]:
+def _load(eng: _Engine, rate: float, n: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
     rng = random.Random(seed)
     uids: list[str] = []
     lock = threading.Lock()
@@ -250,7 +299,54 @@ def _load(eng: _Engine, rate: float, n: int, seed: int) -> list[dict[str, Any]]:
     if errors:
         raise RuntimeError(f"{len(errors)} submissions failed: {errors[0]}")
     done = eng.wait_all(uids, timeout=60 + 5 * n / rate)
-    return [done[u] for u in uids if u in done]
+    return [(u, done[u]) for u in uids if u in done]
+
+
+def _point(eng: _Engine, cfg: ValidationConfig, route: list[str], frac: float, rate: float,
+           rows: list[tuple[str, dict[str, Any]]], service: dict[str, float], transit: dict[str, float],
+           log: Callable[[str], None]) -> dict[str, Any]:
+    """One load's measured figures against two simulations of the same arrivals.
+
+    ``simulated`` is the prediction: every request at the calibrated service and
+    transit times. ``replayed`` gives each request the service time at each stage
+    that the engine's events show it had under this load (:func:`_observed`), so it
+    checks the queueing model alone (instance counts, FCFS, hand-offs), whatever
+    the host's other work did to the stage times since calibration.
+    """
+    ok = [(u, r) for u, r in rows if r["state"] == keys.COMPLETED]
+    if len(ok) < max(3, cfg.requests // 2):
+        raise RuntimeError(f"load {frac}: only {len(ok)} of {cfg.requests} requests completed")
+    t0 = min(float(r["created"]) for _, r in ok)
+    arrivals = [float(r["created"]) - t0 for _, r in ok]
+    finishes = [float(r["updated"]) - t0 for _, r in ok]
+    _, m_tp, m_p50, m_p99 = stats(arrivals, finishes, cfg.warmup)
+    seen = _observed([_marks(eng, u, r, route) for u, r in ok], [float(r["created"]) for _, r in ok], route,
+                     transit)
+    hop0 = transit[route[0]]
+
+    def after(s: str) -> str | None:
+        return route[route.index(s) + 1] if s != route[-1] else None
+
+    shifted = [a + hop0 for a in arrivals]
+    sim = simulate(route, cfg.instances, lambda s, i: service[s], shifted,
+                   lambda s, i: transit[n] if (n := after(s)) else 0.0, warmup=cfg.warmup)
+    rep = simulate(route, cfg.instances, lambda s, i: seen[i][s], shifted,
+                   lambda s, i: transit[n] if (n := after(s)) else 0.0, warmup=cfg.warmup)
+    rep_p50 = rep.latency_p50 + hop0
+    s_p50, s_p99 = sim.latency_p50 + hop0, sim.latency_p99 + hop0
+    point = {
+        "load_x_capacity": frac, "offered_rps": rate, "completed": len(ok), "requests": cfg.requests,
+        "measured": {"throughput_rps": m_tp, "latency_p50_s": m_p50, "latency_p99_s": m_p99},
+        "simulated": {"throughput_rps": sim.throughput, "latency_p50_s": s_p50, "latency_p99_s": s_p99},
+        "replayed": {"throughput_rps": rep.throughput, "latency_p50_s": rep_p50},
+        "throughput_diff_pct": _pct(sim.throughput, m_tp), "p50_diff_pct": _pct(s_p50, m_p50),
+    }
+    point["within_10pct"] = abs(point["throughput_diff_pct"]) <= 10 and abs(point["p50_diff_pct"]) <= 10
+    log(f"load {frac:.2f}x ({rate:.2f} req/s, {len(ok)} done): throughput measured {m_tp:.2f} vs "
+        f"simulated {sim.throughput:.2f} req/s ({point['throughput_diff_pct']:+.1f}%), p50 "
+        f"{m_p50 * 1e3:.0f} vs {s_p50 * 1e3:.0f} ms ({point['p50_diff_pct']:+.1f}%); replayed with the "
+        f"observed stage times: {rep.throughput:.2f} req/s, p50 {rep_p50 * 1e3:.0f} ms")
+    return point
 
 
 def _pct(sim: float, measured: float) -> float:
@@ -258,8 +354,12 @@ def _pct(sim: float, measured: float) -> float:
 
 
 def run(cfg: ValidationConfig, model_dir: Path | None = None, work_dir: Path | None = None,
-        ring_prefix: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Start the engine, calibrate, run the loads, simulate them; returns the comparison."""
+        ring_prefix: str | None = None, log: Callable[[str], None] = print,
+        before_load: Callable[[_Engine], None] | None = None) -> dict[str, Any]:
+    """Start the engine, calibrate, run the loads, simulate them; returns the comparison.
+
+    ``before_load(engine)`` runs after the calibration (a test disturbs the engine there).
+    """
     from engine.workflow import get_workflow
 
     route = get_workflow(cfg.workflow).route()
@@ -281,34 +381,12 @@ def run(cfg: ValidationConfig, model_dir: Path | None = None, work_dir: Path | N
         capacity = min(cfg.instances[s] / service[s] for s in route)
         log(f"calibrated: service {_fmt(service)}, transit {_fmt(transit)}, idle e2e {idle * 1e3:.0f} ms, "
             f"capacity {capacity:.2f} req/s")
+        if before_load is not None:
+            before_load(eng)
         points = []
         for k, frac in enumerate(cfg.loads):
-            rate = frac * capacity
-            rows = _load(eng, rate, cfg.requests, cfg.seed + k + 1)
-            ok = [r for r in rows if r["state"] == keys.COMPLETED]
-            if len(ok) < max(3, cfg.requests // 2):
-                raise RuntimeError(f"load {frac}: only {len(ok)} of {cfg.requests} requests completed")
-            t0 = min(float(r["created"]) for r in ok)
-            arrivals = [float(r["created"]) - t0 for r in ok]
-            finishes = [float(r["updated"]) - t0 for r in ok]
-            _, m_tp, m_p50, m_p99 = stats(arrivals, finishes, cfg.warmup)
-            hop0 = transit[route[0]]
-            sim = simulate(route, cfg.instances, lambda s, i: service[s],
-                           [a + hop0 for a in arrivals],
-                           lambda s, i: transit[route[route.index(s) + 1]] if s != route[-1] else 0.0,
-                           warmup=cfg.warmup)
-            s_p50, s_p99 = sim.latency_p50 + hop0, sim.latency_p99 + hop0
-            point = {
-                "load_x_capacity": frac, "offered_rps": rate, "completed": len(ok), "requests": cfg.requests,
-                "measured": {"throughput_rps": m_tp, "latency_p50_s": m_p50, "latency_p99_s": m_p99},
-                "simulated": {"throughput_rps": sim.throughput, "latency_p50_s": s_p50, "latency_p99_s": s_p99},
-                "throughput_diff_pct": _pct(sim.throughput, m_tp), "p50_diff_pct": _pct(s_p50, m_p50),
-            }
-            point["within_10pct"] = abs(point["throughput_diff_pct"]) <= 10 and abs(point["p50_diff_pct"]) <= 10
-            points.append(point)
-            log(f"load {frac:.2f}x ({rate:.2f} req/s, {len(ok)} done): throughput measured {m_tp:.2f} vs "
-                f"simulated {sim.throughput:.2f} req/s ({point['throughput_diff_pct']:+.1f}%), p50 "
-                f"{m_p50 * 1e3:.0f} vs {s_p50 * 1e3:.0f} ms ({point['p50_diff_pct']:+.1f}%)")
+            rows = _load(eng, frac * capacity, cfg.requests, cfg.seed + k + 1)
+            points.append(_point(eng, cfg, route, frac, frac * capacity, rows, service, transit, log))
         return {"workflow": cfg.workflow, "instances": cfg.instances, "stage_seconds": cfg.stage_seconds,
                 "calibrated_service_s": service, "calibrated_transit_s": transit, "idle_latency_s": idle,
                 "capacity_rps": capacity, "requests_per_load": cfg.requests, "points": points,

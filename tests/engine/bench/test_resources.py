@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -130,14 +132,39 @@ def test_simulation_tracks_the_real_engine(tiny_models: dict[str, Path], tmp_pat
                                           "image_encode": 0.03},
                            instances={"text_encode": 1, "denoise": 1, "vae_decode": 1, "image_encode": 1},
                            loads=(0.6,), requests=12, calibration=2, startup_timeout_s=120)
-    out = run(cfg, model_dir=tiny_models["sd-t2i"], work_dir=tmp_path / "engine",
-              ring_prefix=f"test-{os.getpid()}-res-", log=lambda s: None)
+    stalled = threading.Event()
+    resumed = threading.Event()
+
+    def stall(eng: Any) -> None:
+        # the denoise worker held off the CPU for 1.5 s a second into the load, as a busy host does to it:
+        # the prediction from the calibration cannot know, the replay of the observed stage times must
+        pid = eng.worker_pid("sd-t2i.denoise.0")
+
+        def pause() -> None:
+            if resumed.wait(1.0):
+                return
+            os.kill(pid, signal.SIGSTOP)
+            stalled.set()
+            resumed.wait(1.5)
+            os.kill(pid, signal.SIGCONT)
+
+        threading.Thread(target=pause, daemon=True).start()
+
+    try:
+        out = run(cfg, model_dir=tiny_models["sd-t2i"], work_dir=tmp_path / "engine",
+                  ring_prefix=f"test-{os.getpid()}-res-", log=lambda s: None, before_load=stall)
+    finally:
+        resumed.set()
+    assert stalled.is_set()
     assert out["calibrated_service_s"]["denoise"] >= 0.2  # the stretch holds the instance
     (p,) = out["points"]
     assert p["completed"] == 12
-    # a generous bound: it catches broken wiring, not noise on a shared 2-core machine
+    # The replay gives each request the stage times the engine's events show it had under this load: it
+    # checks the queueing model (instance counts, FCFS, hand-offs) whatever the host did to the stages.
     for key in ("throughput_rps", "latency_p50_s"):
-        assert 0.5 <= p["simulated"][key] / p["measured"][key] <= 2.0, p
+        assert 0.8 <= p["replayed"][key] / p["measured"][key] <= 1.25, json.dumps(p)
+    # the stall was real: the prediction from the idle calibration misses the measured latency
+    assert p["simulated"]["latency_p50_s"] < 0.8 * p["measured"]["latency_p50_s"], json.dumps(p)
 
 
 # -- batching with published gains, shared pools, Wan2.2 A14B's experts (issue 24 item 8, issue 26 item 5) --
