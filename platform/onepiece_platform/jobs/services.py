@@ -167,6 +167,15 @@ def check_retention(user: Any, api_key: Any, retention: object) -> dt.timedelta:
     return dt.timedelta(seconds=retention)
 
 
+def inherited_retention(user: Any, api_key: Any, source: dt.timedelta | None) -> int | None:
+    """The retention (seconds) of a request made from an earlier job (a remix) that names none: the source's,
+    where it is within the ceiling of this request's key tier; else None (the tier's default)."""
+    if source is None:
+        return None
+    seconds = int(source.total_seconds())
+    return seconds if 1 <= seconds <= retention_bounds(user, api_key)[1] else None
+
+
 def inherited_priority(user: Any, api_key: Any, source: str) -> str:
     """The priority of a request made from an earlier job (a remix): the source's, capped by what this
     request's key (or account) may use now."""

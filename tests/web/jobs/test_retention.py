@@ -207,3 +207,61 @@ def test_the_celery_beat_runs_expire_outputs_every_five_minutes() -> None:
     app.loader.import_default_modules()  # the worker's autodiscovery: engine_link.tasks
     entry = next(e for e in app.conf.beat_schedule.values() if e["task"] == "onepiece.expire_outputs")
     assert entry["schedule"] == 300.0 and "onepiece.expire_outputs" in app.tasks
+
+
+def test_a_remix_keeps_its_sources_retention_within_the_keys_tier(oa, workers) -> None:
+    """A remix names no retention: the source's where this key's tier allows it, else the tier's default; or
+    its own, within the ceiling (400 naming retention over it)."""
+    from onepiece_platform.quotas.models import Quota
+
+    client, user = oa
+    Quota.objects.create(user=user, max_concurrent_jobs=20)
+    workers.hold = True  # the sources stay queued: a remix needs only their parameters and options
+    make = {"prompt": "a cat", "size": "64x64", "model": "wan2.1-t2v"}
+    short = client.videos.create(**make, extra_body={**EXTRA, "retention": 600})
+    long = client.videos.create(**make, extra_body={**EXTRA, "retention": 20 * DAY})
+    plain = client.videos.create(**make, extra_body=EXTRA)  # the tier's default, 7 days
+
+    def kept(video_id: str, **extra: Any) -> dt.timedelta:
+        return Job.objects.get(uid=client.videos.remix(video_id, prompt="a dog", extra_body=extra).id).retention
+
+    assert kept(short.id) == dt.timedelta(seconds=600)  # not the tier's default
+    assert kept(long.id) == dt.timedelta(days=20) and kept(plain.id) == dt.timedelta(days=7)
+    assert kept(short.id, retention=120) == dt.timedelta(seconds=120)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.videos.remix(short.id, prompt="a dog", extra_body={"retention": 31 * DAY})
+    assert e.value.body["param"] == "retention"
+    PriorityTier.objects.create(user=user, max_priority="low")  # the operator lowers the tier: ceiling 7 days
+    assert kept(long.id) == dt.timedelta(days=1)  # over the ceiling now: the low tier's default
+    assert kept(short.id) == dt.timedelta(seconds=600)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.videos.remix(short.id, prompt="a dog", extra_body={"retention": 8 * DAY})
+    assert e.value.body["param"] == "retention"
+
+
+def test_a_remixs_objects_go_with_it_never_with_its_source(oa, workers, on_store: JobStore,
+                                                          object_store: ObjectStore) -> None:
+    """Deleting the source leaves its remixes' objects (they download); a deleted remix takes its own, and the
+    retention clean-up deletes a remix's once the retention it inherited ends."""
+    from onepiece_platform.engine_link.tasks import expire_outputs
+
+    workers.store.objects = on_store.objects
+    client, _ = oa
+    try:
+        source = client.videos.create_and_poll(prompt="a cat", size="64x64", model="wan2.1-t2v",
+                                               poll_interval_ms=50, extra_body={**EXTRA, "retention": 600})
+        one, two = (client.videos.poll(client.videos.remix(source.id, prompt=p).id, poll_interval_ms=50)
+                    for p in ("a dog", "a fox"))
+        assert one.status == two.status == "completed"
+        assert all(object_store.newest(result_prefix(v.id)) for v in (source, one, two))
+        assert client.videos.delete(source.id).deleted
+        assert object_store.newest(result_prefix(source.id)) is None
+        assert object_store.newest(result_prefix(one.id)) and object_store.newest(result_prefix(two.id))
+        assert client.videos.download_content(one.id).read()[4:8] == b"ftyp"
+        assert client.videos.delete(one.id).deleted
+        assert object_store.newest(result_prefix(one.id)) is None and object_store.newest(result_prefix(two.id))
+        Job.objects.filter(uid=two.id).update(finished_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=601))
+        assert expire_outputs.apply().get()["jobs"] == 1  # 600 s, the source's, not the tier's 7 days
+        assert object_store.newest(result_prefix(two.id)) is None
+    finally:
+        workers.store.objects = None

@@ -394,7 +394,9 @@ class VideoRemixView(OpenAIView):
                    responses={200: s.VideoSerializer, **_errors(400, 401, 404, 409, 413, 429, 503)})
     def post(self, request: Request, video_id: str) -> Response:
         """A new video with the source's parameters (size, frames, steps, seed, lora, ...) and options
-        (priority, capped by what this key may use now; deadline_s), and a new prompt."""
+        (priority, capped by what this key may use now; deadline_s; retention, within this key's tier), and
+        a new prompt. Its output is its own: its objects go with it (deleted or expired), never with the
+        source's."""
         from django.db import transaction
 
         from onepiece_platform.videos.models import Remix
@@ -403,12 +405,17 @@ class VideoRemixView(OpenAIView):
         source = _own_video(request, video_id)
         v = s.VideoRemixSerializer(data=request.data)
         v.is_valid(raise_exception=True)
-        params = {**source.params, "prompt": v.validated_data["prompt"]}
+        d = v.validated_data
+        params = {**source.params, "prompt": d["prompt"]}
+        key = api_key_of(request)
+        retention = d["retention"] if "retention" in d else services.inherited_retention(
+            request.user, key, source.retention)
         job = _submit_video(request, source.workflow, params,
-                            _image_input(source.workflow, v.validated_data.get("input_reference")),
+                            _image_input(source.workflow, d.get("input_reference")),
                             services.remix_scope(source.uid), deadline_s=source.deadline_s,
-                            priority=services.inherited_priority(request.user, api_key_of(request),
-                                                                 source.priority))
+                            priority=services.inherited_priority(request.user, key, source.priority),
+                            output=services.OutputOptions(retention, d.get("output_upload_url", ""),
+                                                          d["keep_output"]))
         with transaction.atomic():
             Remix.objects.get_or_create(job=job, defaults={"source_uid": source.uid})
         return Response(_video(job))

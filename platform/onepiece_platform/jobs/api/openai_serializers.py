@@ -294,6 +294,12 @@ class VideoRemixSerializer(RefuseUnknownFields):
     prompt = StrictRegexField(PROMPT, max_length=4000)
     # OnePiece extension: an image-to-video source's first frame is not kept, so its remix needs it again
     input_reference = InputReferenceField(required=False, help_text="image-to-video sources only: the first frame")
+    # OnePiece extensions (extra_body), as on create: the remix's own output. retention not sent: the source's,
+    # where this key's tier allows it, else the tier's default (services.inherited_retention); the source's
+    # output_upload_url is never reused (a presigned PUT names one object of the client's)
+    retention = AsciiIntegerField(required=False, min_value=1, max_value=10 * 365 * 86400)
+    output_upload_url = serializers.CharField(required=False, max_length=8000)
+    keep_output = serializers.BooleanField(required=False, default=False)
 
 
 class ImageGenerateSerializer(_GenerateSerializer):
