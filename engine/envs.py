@@ -77,13 +77,15 @@ _VARS: dict[str, Callable[[], Any]] = {
     # how many reverse-proxy hops the production settings trust for client addresses (the local ones trust
     # none), the SQLite ledger path of `onepiece up` (unset: db.sqlite3 in the state folder), the
     # supervisor's status file `onepiece up` writes (unset: no supervisor), and whether production webhooks
-    # must be https ("0": http allowed).
+    # must be https ("0": http allowed), and whether `onepiece up`'s local settings let webhooks and output uploads
+    # reach private, loopback and link-local addresses ("0": refused, as production refuses them).
     "PROXY_URL": _str("ONEPIECE_PROXY_URL", "http://127.0.0.1:8100"),
     "ENGINE_CLIENT": _str("ONEPIECE_ENGINE_CLIENT", "onepiece_platform.engine_link.proxy.ProxyEngineClient"),
     "TRUSTED_PROXY_HOPS": _int("ONEPIECE_TRUSTED_PROXY_HOPS", 1),
     "SQLITE_PATH": _str("ONEPIECE_SQLITE_PATH", None),
     "SUPERVISOR_STATUS": _str("ONEPIECE_SUPERVISOR_STATUS", ""),
     "WEBHOOK_REQUIRE_HTTPS": _str("ONEPIECE_WEBHOOK_REQUIRE_HTTPS", "1"),
+    "WEBHOOK_ALLOW_PRIVATE": _str("ONEPIECE_WEBHOOK_ALLOW_PRIVATE", "1"),
     # Set by the processes that start children, read by the children: the state folder's lock descriptor an
     # embedded service inherits (engine.embedded.children), a stage worker's configuration (engine.worker.proc).
     "STATE_LOCK_FD": _str("ONEPIECE_STATE_LOCK_FD", ""),

@@ -11,5 +11,6 @@ from onepiece_platform.settings.base import *  # noqa: F403
 DEBUG = envs.DEBUG.lower() in ("1", "true", "yes")
 # No collectstatic step on one machine: WhiteNoise serves the dashboard's files from the finders.
 WHITENOISE_USE_FINDERS = True
-# Webhook receivers on this machine or its network are what a local set-up calls (production refuses them).
-ONEPIECE = {**ONEPIECE, "WEBHOOK_ALLOW_PRIVATE": True}  # noqa: F405
+# Webhook receivers and output_upload_url buckets on this machine or its network are what a local set-up calls
+# (production refuses them); ONEPIECE_WEBHOOK_ALLOW_PRIVATE=0 refuses them here too (a shared host; the audit).
+ONEPIECE = {**ONEPIECE, "WEBHOOK_ALLOW_PRIVATE": envs.WEBHOOK_ALLOW_PRIVATE != "0"}  # noqa: F405

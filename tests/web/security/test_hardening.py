@@ -231,3 +231,17 @@ def test_local_settings_run_without_debug_unless_asked(tmp_path) -> None:
              "PYTHONPATH": str(REPO_ROOT / "platform")}
     assert _manage(local, "-c", code).stdout.strip() == "False"
     assert _manage({**local, "ONEPIECE_DEBUG": "1"}, "-c", code).stdout.strip() == "True"
+
+
+def test_local_settings_take_the_production_egress_policy_when_asked(tmp_path) -> None:
+    """``onepiece up`` lets webhooks and output uploads reach private addresses; ONEPIECE_WEBHOOK_ALLOW_PRIVATE=0
+    refuses them as production does (the submission's vetting: a 400 naming output_upload_url)."""
+    code = ("import django; django.setup(); from onepiece_platform.jobs import services\n"
+            "for url in ('http://127.0.0.1:9/put', 'http://169.254.169.254/latest', 'http://10.0.0.1/put'):\n"
+            "    try:\n        services.vet_upload_url(url); print('allowed')\n"
+            "    except services.Invalid as exc:\n        print('refused', exc.field)\n")
+    local = {"DJANGO_SETTINGS_MODULE": "onepiece_platform.settings.local", "ONEPIECE_STATE_DIR": str(tmp_path),
+             "PYTHONPATH": str(REPO_ROOT / "platform")}
+    assert _manage(local, "-c", code).stdout.split("\n")[:3] == ["allowed"] * 3
+    refused = _manage({**local, "ONEPIECE_WEBHOOK_ALLOW_PRIVATE": "0"}, "-c", code)
+    assert refused.stdout.split("\n")[:3] == ["refused output_upload_url"] * 3, refused.stderr
