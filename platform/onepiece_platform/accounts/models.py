@@ -18,8 +18,12 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import models
 from django.utils import timezone
 
+from engine.dispatch.order import Priority
+
 KEY_PREFIX = "op"
-PRIORITIES = ("low", "normal", "high")  # lowest first (engine.worker.order.LEVELS)
+# a request's priority: the engine's vocabulary (engine.dispatch.order.Priority), lowest first
+Priorities = models.TextChoices("Priorities", [(p.name, (p.value, p.value)) for p in Priority])
+PRIORITIES: tuple[str, ...] = tuple(Priorities.values)
 
 
 def hash_secret(secret: str) -> str:
@@ -37,7 +41,7 @@ class PriorityTier(models.Model):
     :func:`default_tier`. An operator's change applies at once to every key and session of the user."""
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="priority_tier")
-    max_priority = models.CharField(max_length=8, choices=[(p, p) for p in PRIORITIES],
+    max_priority = models.CharField(max_length=8, choices=Priorities.choices,
                                     help_text="the highest priority this user's requests may ask for, with any "
                                               "of the user's API keys or from a signed-in session")
 
@@ -73,7 +77,7 @@ class ApiKey(models.Model):
     # may lower one key in the admin; the tier itself belongs to the user (PriorityTier), so a key set
     # higher than its owner's tier still gets the owner's.
     max_priority = models.CharField(max_length=8, blank=True, default="",
-                                    choices=[(p, p) for p in PRIORITIES],
+                                    choices=Priorities.choices,
                                     help_text="lower this key below its owner's priority tier (empty: the "
                                               "owner's tier; a setting above the tier has no effect)")
 

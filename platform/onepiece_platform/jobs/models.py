@@ -22,7 +22,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from engine.dispatch.order import Priority
 from engine.store.keys import JobState
+from onepiece_platform.accounts.models import Priorities
 
 # The ledger's states are the engine's (engine.store.keys.JobState), each its own label
 States = models.TextChoices("States", [(s.name, (s.value, s.value)) for s in JobState])
@@ -66,7 +68,7 @@ class Job(models.Model):
     # submits it again under its UID: engine_link/resubmit.py): the params above, the uploaded inputs
     # (JobInput, kept until the job finishes) and the deadline the request asked for.
     deadline_s = models.FloatField(null=True, blank=True, help_text="seconds from submission the job had")
-    priority = models.CharField(max_length=8, default="normal", choices=[(p, p) for p in ("low", "normal", "high")],
+    priority = models.CharField(max_length=8, default=Priority.NORMAL.value, choices=Priorities.choices,
                                 help_text="the priority every stage served it at (engine.worker.order)")
     resubmissions = models.PositiveSmallIntegerField(default=0, editable=False,
                                                      help_text="times submitted again after the engine lost it")

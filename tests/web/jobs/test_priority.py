@@ -63,3 +63,18 @@ def test_openai_routes_take_priority_through_extra_body(oa) -> None:
     v = client.videos.create(prompt="a cat", size="64x64", model="wan2.1-t2v",
                              extra_body={"priority": "low", "num_inference_steps": 2})
     assert Job.objects.get(uid=v.id).priority == "low"
+
+
+def test_one_vocabulary_from_the_engine_to_the_ledger() -> None:
+    """The platform's priority names, their order and the ledger's choices are the engine's enumeration,
+    and each name reaches the header as the engine's level."""
+    from engine.dispatch.order import LEVELS, Priority
+    from onepiece_platform.accounts.models import PRIORITIES, PriorityTier
+    from onepiece_platform.jobs.api.openai_serializers import ImageGenerateSerializer
+
+    names = [p.value for p in Priority]
+    assert list(PRIORITIES) == names == sorted(LEVELS, key=LEVELS.__getitem__)  # lowest first
+    for field in (Job._meta.get_field("priority"), PriorityTier._meta.get_field("max_priority"),
+                  ApiKey._meta.get_field("max_priority")):
+        assert [value for value, _ in field.choices] == names, field
+    assert list(ImageGenerateSerializer().fields["priority"].choices) == names

@@ -217,11 +217,7 @@ def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
     """The workflow parameters of a validated create request, in either dialect: OpenAI's ``size`` and
     ``seconds``, or vLLM-Omni's and SGLang's ``width``/``height``, ``num_frames`` and ``fps``. What is
     not sent is the loaded model's default (filled where the request is resolved)."""
-    params: dict[str, Any] = {"prompt": d["prompt"]}
-    for name in ("num_inference_steps", "seed", "negative_prompt", "guidance_scale", "guidance_scale_2", "fps",
-                 "num_frames", "width", "height"):
-        if name in d:
-            params[name] = d[name]
+    params: dict[str, Any] = {name: d[name] for name in (*s.VIDEO_PARAMS, "lora") if name in d}
     if "size" in d:
         params["width"], params["height"] = s.parse_size(d["size"])
     if "seconds" in d:
@@ -230,9 +226,6 @@ def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
             raise services.Invalid("num_frames", f"num_frames {d['num_frames']} disagrees with seconds "
                                    f"{d['seconds']} ({frames} frames at {d.get('fps') or 'the default'} fps)")
         params["num_frames"] = frames
-    for name in ("lora", "preview_every", "quality"):
-        if name in d:
-            params[name] = d[name]
     return params
 
 
@@ -450,12 +443,9 @@ class ImageGenerationView(OpenAIView):
         image_models = sorted(n for n, w in workflows().items() if w.final_output == "image")
         if model not in image_models:
             raise services.Invalid("model", f"unknown image model {model!r}; known: {', '.join(image_models)}")
-        params: dict[str, Any] = {"prompt": d["prompt"]}
+        params = {name: d[name] for name in (*s.IMAGE_PARAMS, "lora") if name in d and name != "seed"}
         if d.get("size", "auto") != "auto":  # else the loaded model's own size (SD 1.5: 512x512)
             params["width"], params["height"] = s.parse_size(d["size"])
-        for name in ("num_inference_steps", "negative_prompt", "guidance_scale", "lora", "preview_every"):
-            if name in d:
-                params[name] = d[name]
         # SGLang's quality levels are the engine's; OpenAI's values change nothing. "high" is both: the level
         # where the model serves it, else OpenAI's no-op as before (an OpenAI client's request stays valid)
         level = d.get("quality")

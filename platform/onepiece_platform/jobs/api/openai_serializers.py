@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from engine.workflow import workflows
+from engine.workflow import get_workflow, workflows
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.jobs.api.serializers import EtaSerializer, OutputSerializer, OutputUploadSerializer
@@ -46,6 +46,59 @@ def offered_sizes() -> list[str]:
 def models_for(output: str) -> list[str]:
     """Workflow names whose final output is ``output`` (video, image): the models this surface offers."""
     return sorted(n for n, w in workflows().items() if w.final_output == output)
+
+
+# -- bounds written once: a route's model parameters are fields generated from the workflows' ParamSpecs --
+#: The workflow parameters each route takes under their own names (copied into the request's params as sent).
+#: Their fields are generated: the type, and the widest bounds over the route's models; each model's own
+#: limits (and the loaded model's, engine.workflow.limits) are checked where the request is resolved.
+VIDEO_PARAMS = ("prompt", "negative_prompt", "num_inference_steps", "seed", "guidance_scale", "guidance_scale_2",
+                "fps", "num_frames", "width", "height", "preview_every", "quality")
+IMAGE_PARAMS = ("prompt", "negative_prompt", "num_inference_steps", "seed", "guidance_scale", "preview_every")
+#: The job's options every generation route takes (not the model's): who may use which is services' rule.
+OPTION_FIELDS = ("lora", "priority", "retention", "output_upload_url", "keep_output")
+#: Each route's own fields: how OpenAI's API names a model's size and length, and its no-ops (IMAGE_NO_OPS).
+VIDEO_ROUTE_FIELDS = ("model", "size", "seconds", "input_reference")
+IMAGE_ROUTE_FIELDS = ("model", "n", "size", "response_format", "output_format", "output_compression", "user",
+                      *IMAGE_NO_OPS)
+
+
+def param_bounds(output: str, name: str) -> dict[str, Any]:
+    """The widest bounds of parameter ``name`` over the workflows whose final output is ``output``: its
+    ``type``, ``min_value``/``max_value`` (numbers), ``max_length`` (text), ``choices`` (text every model
+    limits to a list), ``help_text``. ``LookupError`` if no such workflow takes it."""
+    specs = [p for w in models_for(output) for p in get_workflow(w).params if p.name == name]
+    if not specs:
+        raise LookupError(f"no {output} workflow takes {name!r}")
+    kinds = {p.type for p in specs}
+    if len(kinds) != 1:
+        raise TypeError(f"{name!r} is {sorted(k.__name__ for k in kinds)} across the {output} workflows")
+    kind = kinds.pop()
+    out: dict[str, Any] = {"type": kind, "help_text": next((p.doc for p in specs if p.doc), "")}
+    if kind is str:
+        out["max_length"] = max(int(p.max_length or 0) for p in specs)
+        if all(p.choices for p in specs):
+            out["choices"] = list(dict.fromkeys(c for p in specs for c in p.choices))
+    else:
+        out["min_value"] = kind(min(p.minimum for p in specs if p.minimum is not None))
+        out["max_value"] = kind(max(p.maximum for p in specs if p.maximum is not None))
+    return out
+
+
+def param_field(output: str, name: str, regex: str | None = None, **kwargs: Any) -> serializers.Field:
+    """The serializer field of a model parameter, from :func:`param_bounds` (not sent: the model's default)."""
+    b = param_bounds(output, name)
+    kwargs.setdefault("required", False)
+    kwargs.setdefault("help_text", b["help_text"])
+    if "choices" in b:
+        return serializers.ChoiceField(choices=b["choices"], **kwargs)
+    if b["type"] is int:
+        return AsciiIntegerField(min_value=b["min_value"], max_value=b["max_value"], **kwargs)
+    if b["type"] is float:
+        return AsciiFloatField(min_value=b["min_value"], max_value=b["max_value"], **kwargs)
+    if regex is not None:
+        return StrictRegexField(regex, max_length=b["max_length"], **kwargs)
+    return StrictCharField(max_length=b["max_length"], allow_blank=True, **kwargs)
 
 
 def parse_size(value: str) -> tuple[int, int]:
@@ -140,12 +193,6 @@ class _GenerateSerializer(RefuseUnknownFields):
     # OnePiece extension (extra_body): low, normal or high, within the account's tier and the API key's cap
     # (403 over it); None (not sent): the highest allowed, up to normal (services.check_priority)
     priority = serializers.ChoiceField(choices=PRIORITIES, required=False, default=None)
-    # OnePiece extension (extra_body): a live preview every N denoising steps (0: off; the loaded model's
-    # step limit is checked where the request is resolved)
-    preview_every = AsciiIntegerField(required=False, min_value=0, max_value=10_000)
-    # OnePiece extension (extra_body, SGLang's name and levels): lossless (default, bit-exact), extra-high or
-    # high (step caching); which a model serves is checked where the request is resolved (its spec)
-    quality = serializers.CharField(required=False, max_length=16)
     # OnePiece extension (extra_body): seconds the output is kept, within the API key tier's ceiling (checked
     # where the request is submitted: services.check_retention); not sent: the tier's default
     retention = AsciiIntegerField(required=False, min_value=1, max_value=10 * 365 * 86400)
@@ -171,7 +218,7 @@ class _GenerateSerializer(RefuseUnknownFields):
 class VideoCreateSerializer(_GenerateSerializer):
     output = "video"
 
-    prompt = StrictRegexField(PROMPT, max_length=4000)
+    prompt = param_field("video", "prompt", PROMPT, required=True)
     model = serializers.ChoiceField(choices=[], required=False,
                                     help_text="the workflow; default (or \"default\") wan2.1-i2v with "
                                               "input_reference, else wan2.1-t2v")
@@ -182,18 +229,22 @@ class VideoCreateSerializer(_GenerateSerializer):
                                           'in JSON {"image_url": "data:image/png;base64,..."}')
     # vLLM-Omni's and SGLang's video fields, in place of size and seconds (an OpenAI client sends them in
     # extra_body); when both forms are given they must agree
-    width = AsciiIntegerField(required=False, min_value=1, max_value=99_999, help_text="with height, instead of size")
-    height = AsciiIntegerField(required=False, min_value=1, max_value=99_999, help_text="with width, instead of size")
-    num_frames = AsciiIntegerField(required=False, min_value=1, max_value=10_000, help_text="instead of seconds")
-    fps = AsciiIntegerField(required=False, min_value=1, max_value=240, help_text="frames per second of the clip")
-    guidance_scale = AsciiFloatField(required=False, min_value=0, max_value=50)
+    width = param_field("video", "width", help_text="with height, instead of size")
+    height = param_field("video", "height", help_text="with width, instead of size")
+    num_frames = param_field("video", "num_frames", help_text="instead of seconds")
+    fps = param_field("video", "fps", help_text="frames per second of the clip")
+    guidance_scale = param_field("video", "guidance_scale")
     # OnePiece extensions (the openai client sends them through extra_body)
-    # the low-noise expert's guidance (the Wan2.2 A14B models; the workflow's own bounds, and a model without a
-    # second expert refuses it, naming it)
-    guidance_scale_2 = AsciiFloatField(required=False)
-    num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=1000)
-    seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 1)
-    negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
+    # the low-noise expert's guidance (the Wan2.2 A14B models; a model without a second expert refuses it)
+    guidance_scale_2 = param_field("video", "guidance_scale_2")
+    num_inference_steps = param_field("video", "num_inference_steps")
+    seed = param_field("video", "seed")
+    negative_prompt = param_field("video", "negative_prompt")
+    # a live preview every N denoising steps (0: off)
+    preview_every = param_field("video", "preview_every")
+    # SGLang's name and levels: lossless (default, bit-exact), extra-high or high (step caching); which levels a
+    # model serves is checked where the request is resolved (its spec)
+    quality = param_field("video", "quality")
 
     def validate_size(self, value: str) -> str:
         parse_size(value)
@@ -291,7 +342,7 @@ class ContentQuerySerializer(serializers.Serializer):
 
 
 class VideoRemixSerializer(RefuseUnknownFields):
-    prompt = StrictRegexField(PROMPT, max_length=4000)
+    prompt = param_field("video", "prompt", PROMPT, required=True)
     # OnePiece extension: an image-to-video source's first frame is not kept, so its remix needs it again
     input_reference = InputReferenceField(required=False, help_text="image-to-video sources only: the first frame")
     # OnePiece extensions (extra_body), as on create: the remix's own output. retention not sent: the source's,
@@ -305,7 +356,7 @@ class VideoRemixSerializer(RefuseUnknownFields):
 class ImageGenerateSerializer(_GenerateSerializer):
     output = "image"
 
-    prompt = StrictRegexField(PROMPT, max_length=4000)
+    prompt = param_field("image", "prompt", PROMPT, required=True)
     model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i",
                                     help_text='the workflow; default (or "default") sd-t2i')
     n = AsciiIntegerField(required=False, default=1, min_value=1, max_value=4)
@@ -325,10 +376,12 @@ class ImageGenerateSerializer(_GenerateSerializer):
     stream = StreamOffField(required=False)
     partial_images = NoPartialImagesField(required=False)
     user = StrictCharField(required=False, max_length=200)
-    num_inference_steps = AsciiIntegerField(required=False, min_value=1, max_value=150)
-    guidance_scale = AsciiFloatField(required=False, min_value=0, max_value=50)
-    seed = AsciiIntegerField(required=False, min_value=0, max_value=2**63 - 5)
-    negative_prompt = StrictCharField(required=False, allow_blank=True, max_length=4000)
+    num_inference_steps = param_field("image", "num_inference_steps")
+    guidance_scale = param_field("image", "guidance_scale")
+    seed = param_field("image", "seed", help_text="the first image's; image i of n takes seed + i")
+    negative_prompt = param_field("image", "negative_prompt")
+    # a live preview every N denoising steps (0: off)
+    preview_every = param_field("image", "preview_every")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -340,6 +393,10 @@ class ImageGenerateSerializer(_GenerateSerializer):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
+        top = param_bounds("image", "seed")["max_value"]
+        if attrs.get("seed", 0) + attrs.get("n", 1) - 1 > top:  # image i takes seed + i
+            raise serializers.ValidationError({"seed": [f"seed + n - 1 must be at most {top}: image i of n takes "
+                                                        "seed + i"]})
         if attrs.get("output_upload_url") and attrs.get("n", 1) > 1:
             raise serializers.ValidationError({"output_upload_url": ["takes one image (n=1): one URL is one "
                                                                      "object"]})
