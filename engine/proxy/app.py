@@ -49,8 +49,9 @@ from engine.coord.routes import RouteTable
 from engine.proxy import auth, deadlines, eta, loops, preview, result_url, stream
 from engine.proxy.answers import CONTENT_TYPES, busy, error, store_down
 from engine.proxy.injector import Injector
-from engine.proxy.intake import BadRequest, Intake, Overloaded, Ticket
+from engine.proxy.intake import Intake, Overloaded, Ticket
 from engine.proxy.monitor import RequestMonitor
+from engine.proxy.parsing import BadRequest
 from engine.proxy.state import MAX_BODY, Limits, ProxyState
 from engine.store import JobStore, keys, outage
 from engine.store.objects import ObjectStoreError, sniff_content_type

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.proxy.intake import BadRequest, InProcessPorts, Intake, Overloaded
+from engine.proxy.intake import InProcessPorts, Intake, Overloaded
 from engine.proxy.monitor import Load
+from engine.proxy.parsing import BadRequest
 from engine.store import JobStore
 from onepiece_platform.engine_link.client import Accepted, EngineClient, EngineRejected, EngineStatus
 from onepiece_platform.engine_link.objects import job_store

@@ -141,7 +141,8 @@ def test_a_request_names_registered_adapters_of_its_workflow_only(adapters: Any)
 
 
 def test_the_proxy_intake_answers_400_naming_lora(adapters: Any) -> None:
-    from engine.proxy.intake import BadRequest, Intake
+    from engine.proxy.intake import Intake
+    from engine.proxy.parsing import BadRequest
 
     intake = Intake()
     body = {"workflow": "sd-t2i", "params": {"prompt": "x", "lora": [{"name": "../x", "scale": 1}]}}

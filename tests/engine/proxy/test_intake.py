@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from engine.proxy.intake import Admitted, BadRequest, InProcessPorts, Intake, Overloaded, Ticket
+from engine.proxy.intake import Admitted, InProcessPorts, Intake, Overloaded, Ticket
 from engine.proxy.monitor import Load, RequestMonitor
+from engine.proxy.parsing import BadRequest
 from engine.store import JobStore, keys
 from engine.workflow import message as wm
 

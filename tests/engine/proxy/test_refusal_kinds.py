@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from engine.proxy.intake import BadRequest, InProcessPorts, Intake, Overloaded
+from engine.proxy.intake import InProcessPorts, Intake, Overloaded
 from engine.proxy.monitor import Load, RequestMonitor
+from engine.proxy.parsing import BadRequest
 from engine.store import JobStore
 from engine.workflow.pricing import Pricer, Samples
 

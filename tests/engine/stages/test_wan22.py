@@ -122,7 +122,8 @@ def test_ti2v_without_an_image_is_wanpipelines_text_to_video(runners: dict[str, 
 
 
 def test_ti2v_refuses_a_bad_image_naming_it() -> None:
-    from engine.proxy.intake import BadRequest, Intake
+    from engine.proxy.intake import Intake
+    from engine.proxy.parsing import BadRequest
     from engine.workflow import get_workflow
 
     spec = get_workflow("wan2.2-ti2v-5b")
@@ -168,7 +169,8 @@ def test_a_hop_over_the_ring_is_refused_at_intake_naming_a_field() -> None:
     """The issue's case: a 720p, 81-frame wan2.2-t2v-a14b request hands denoise_low ~86 MB (the boundary latents
     and UniPC's history at the published model's C_lat 16, umT5's 4096 wide embeddings) while the default ring
     takes 64 MiB. Counted with model dimensions as 1 it looked like 3 MB and was accepted."""
-    from engine.proxy.intake import BadRequest, Intake
+    from engine.proxy.intake import Intake
+    from engine.proxy.parsing import BadRequest
     from engine.workflow import get_workflow, limits
 
     published = limits.dim_entries({"C_lat": 16, "D_text": 4096, "N_order": 2})

@@ -24,7 +24,7 @@ def _intake(tiny_models: dict[str, Path], bound: bool = True) -> Any:
 
 
 def _refused(intake: Any, workflow: str, params: dict[str, Any], inputs: dict[str, bytes]) -> str:
-    from engine.proxy.intake import BadRequest
+    from engine.proxy.parsing import BadRequest
 
     with pytest.raises(BadRequest) as e:
         intake.submission(workflow, {"prompt": "a cat", **params}, inputs)

@@ -30,7 +30,8 @@ def test_names_map_to_levels_and_nothing_else_does() -> None:
 
 
 def test_the_proxy_intake_takes_the_names_only() -> None:
-    from engine.proxy.intake import BadRequest, Intake
+    from engine.proxy.intake import Intake
+    from engine.proxy.parsing import BadRequest
 
     intake = Intake()
     assert intake.submission("sd-t2i", {"prompt": "a cat"}, {}).priority == 0  # normal by default

@@ -80,7 +80,8 @@ def test_published_limits_never_widen_and_merge_to_the_strictest() -> None:
 
 
 def test_every_hop_must_fit_the_ring_of_the_stage_it_enters() -> None:
-    from engine.proxy.intake import BadRequest, Intake
+    from engine.proxy.intake import Intake
+    from engine.proxy.parsing import BadRequest
 
     spec = get_workflow("wan2.1-t2v")
     params = spec.resolve_params({"prompt": "x", "width": 224, "height": 128, "num_frames": 81})

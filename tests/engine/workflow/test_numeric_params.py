@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.proxy.intake import BadRequest, Intake
+from engine.proxy.intake import Intake
+from engine.proxy.parsing import BadRequest
 from engine.workflow import InvalidRequest, get_workflow
 
 SD = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}
