@@ -69,7 +69,7 @@ def _timed(fn: Any, key: str) -> Any:
     return timed
 
 
-#: which publisher the stages use: "now" (engine.stages.preview) or "before" (--before's module)
+#: which publisher the stages use: "now" (engine.worker.previews) or "before" (--before's module)
 ARM = {"publisher": "now"}
 
 
@@ -77,7 +77,7 @@ def _attach(runner: Any, store: Any, before: Any = None) -> list[Any]:
     """Each stage gets the worker's preview publisher, as TaskWorker.open_run attaches it (its rendering,
     writing and hook timed on their own threads' CPU clocks); with ``before`` (an older copy of the module)
     a second one of that version, used while ``ARM["publisher"]`` says "before"."""
-    from engine.stages.preview import Previews
+    from engine.worker.previews import Previews
 
     pubs = []
     for ex in runner.executors.values():

@@ -33,12 +33,12 @@ from engine.coord.routes import Route, RouteTable
 from engine.dispatch import order
 from engine.dispatch.deliver import Outstanding, Producers, make_deliver
 from engine.stages.base import Cancelled, DeadlineExceeded, StageContext, StageExecutor, SteppedStage
-from engine.stages.preview import Previews
 from engine.store import JobStore, keys
 from engine.transport.errors import RegionExists, TransportError
 from engine.transport.ring import Delivery, RingConfig, RingConsumer
 from engine.worker import chunks
 from engine.worker.batching import StepBatcher
+from engine.worker.previews import Previews
 from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
 from engine.workflow.pricing import Fit, Samples

@@ -1,4 +1,4 @@
-"""The worker's preview publisher (engine.stages.preview.Previews) on the tiny SD model and a real redis-server:
+"""The worker's preview publisher (engine.worker.previews.Previews) on the tiny SD model and a real redis-server:
 a preview is the picture of the latents at its step even when the loop writes them in place afterwards, and a
 job whose previews pile up behind a busy thread keeps its latest ones, in step order, without costing another
 job any. The thread is held inside its first store write by an event, so what is waiting is known."""
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from engine.stages.base import StageContext
-from engine.stages.preview import PER_JOB, Previews, plane, snapshot
+from engine.stages.preview import plane, snapshot
 from engine.store import JobStore
+from engine.worker.previews import PER_JOB, Previews
 
 
 @dataclass
@@ -109,9 +110,9 @@ def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobS
 
 def test_all_jobs_together_keep_at_most_max_waiting_the_oldest_of_all_giving_way(
         job_store: JobStore, monkeypatch: pytest.MonkeyPatch, denoise: _Denoise) -> None:
-    from engine.stages import preview
+    from engine.worker import previews
 
-    monkeypatch.setattr(preview, "MAX_WAITING", 3)
+    monkeypatch.setattr(previews, "MAX_WAITING", 3)
     held = _HeldStore(job_store)
     pub = Previews(held, denoise)
     first, *jobs = (uuid.uuid4().hex for _ in range(6))

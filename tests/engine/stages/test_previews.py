@@ -55,8 +55,8 @@ def test_store_keeps_previews_in_step_order(job_store: JobStore) -> None:
 def _run(models: dict[str, Path], workflow: str, params: dict[str, Any], inputs: dict[str, bytes], store: JobStore,
          uid: str) -> None:
     """The workflow's stages in sequence, each with the worker's preview publisher on its context."""
-    from engine.stages.preview import Previews
     from engine.stages.runner import LocalRunner
+    from engine.worker.previews import Previews
 
     runner = LocalRunner(workflow, str(models[workflow]))
     publishers = []
