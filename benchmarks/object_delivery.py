@@ -5,11 +5,13 @@ Two figures, each side by side in one run against the same real servers (the emb
 so the load of a shared host falls on all of them alike:
 
 - ``upload``: the engine's upload path (``ObjectStore.put``, as the last stage's worker calls it through
-  ``JobStore.finish``: Content-MD5 and the sha256 computed, one PUT up to 16 MiB, 8 MiB parts beyond) against
-  raw boto3 sending the same bytes to the same bucket: ``upload_fileobj`` (boto3's managed transfer, multipart
-  over 8 MiB, 10 parts in flight) and ``put_object`` (one request). Also ``engine, serial parts``: the engine's
-  path with one part in flight, as it was before this benchmark (the before/after of the fix). Throughput is
-  bytes / median seconds; goal: the engine at least 0.5x raw boto3.
+  ``JobStore.finish``: Content-MD5 and the sha256 computed, one PUT up to ``ONEPIECE_OBJECT_MULTIPART_BYTES``,
+  256 MiB by default, 8 MiB parts beyond, four in flight) against raw boto3 sending the same bytes to the same
+  bucket: ``upload_fileobj`` (boto3's managed transfer, multipart over 8 MiB, 10 parts in flight) and
+  ``put_object`` (one request). Also ``engine, 16 MiB threshold``: the engine's path with the threshold it had
+  before (parts over 16 MiB), the before/after of the threshold. Throughput is bytes / median seconds; goal:
+  the engine at least 0.5x raw boto3. ``--upload-only`` measures this alone (``--store URL``: against another
+  store instead of the embedded Swift, to choose the threshold there).
 - ``completion``: for the default wan2.1-t2v video on the tiny model (made once here, in this process, by
   the stages themselves: ``engine.stages.runner.LocalRunner``), the time from the last denoise step to a
   downloadable URL, store path against today's Redis-only path. The two paths differ only in the completion
@@ -56,7 +58,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 MiB = 1 << 20
-UPLOAD_SIZES = [1 * MiB, 4 * MiB, 16 * MiB, 24 * MiB, 64 * MiB]  # and the default video's own size, first
+UPLOAD_SIZES = [1 * MiB, 4 * MiB, 16 * MiB, 24 * MiB, 64 * MiB, 128 * MiB, 256 * MiB]  # and the default video's, first
+BEFORE_THRESHOLD = 16 * MiB  # the multipart threshold before ONEPIECE_OBJECT_MULTIPART_BYTES (parts over it)
 COMPLETION_SIZES = [4 * MiB, 32 * MiB]  # after the real video: what larger videos would add (synthetic bytes)
 WORKFLOW = "wan2.1-t2v"
 
@@ -127,7 +130,7 @@ def raw_client(store: Any) -> Any:
                       request_checksum_calculation="when_required", response_checksum_validation="when_required"))
 
 
-def upload_sides(store: Any, serial: Any, raw: Any, data: bytes) -> dict[str, Callable[[int], float]]:
+def upload_sides(store: Any, before: Any, raw: Any, data: bytes) -> dict[str, Callable[[int], float]]:
     """name -> one upload of ``data`` (its seconds; the object deleted afterwards, untimed)."""
     bucket = store.config.bucket
 
@@ -142,23 +145,23 @@ def upload_sides(store: Any, serial: Any, raw: Any, data: bytes) -> dict[str, Ca
         return one
 
     return {"engine": timed(lambda k: store.put(k, data, "video/mp4")),
-            "engine, serial parts": timed(lambda k: serial.put(k, data, "video/mp4")),
+            "engine, 16 MiB threshold": timed(lambda k: before.put(k, data, "video/mp4")),
             "boto3 upload_fileobj": timed(lambda k: raw.upload_fileobj(io.BytesIO(data), bucket, k)),
             "boto3 put_object": timed(lambda k: raw.put_object(Bucket=bucket, Key=k, Body=data))}
 
 
-def measure_upload(store: Any, serial: Any, raw: Any, data: bytes, rounds: int) -> dict[str, Any]:
-    times = interleaved(upload_sides(store, serial, raw, data), rounds)
+def measure_upload(store: Any, before: Any, raw: Any, data: bytes, rounds: int) -> dict[str, Any]:
+    times = interleaved(upload_sides(store, before, raw, data), rounds)
     med = {n: statistics.median(t) for n, t in times.items()}
     mbps = {n: len(data) / s / 1e6 for n, s in med.items()}
     raws = ("boto3 upload_fileobj", "boto3 put_object")
     return {"bytes": len(data), "rounds": rounds, "median_ms": {n: round(s * 1000, 2) for n, s in med.items()},
             "mb_per_s": {n: round(v, 1) for n, v in mbps.items()},
             "engine_over": {b: round(mbps["engine"] / mbps[b], 3) for b in raws},
-            "serial_parts_over": {b: round(mbps["engine, serial parts"] / mbps[b], 3) for b in raws},
-            "engine_over_serial_parts": round(mbps["engine"] / mbps["engine, serial parts"], 3),
+            "before_over": {b: round(mbps["engine, 16 MiB threshold"] / mbps[b], 3) for b in raws},
+            "engine_over_before": round(mbps["engine"] / mbps["engine, 16 MiB threshold"], 3),
             "goal_met": all(mbps["engine"] / mbps[b] >= 0.5 for b in raws),
-            "multipart": len(data) > store.multipart_threshold}
+            "multipart": len(data) > store.multipart_threshold, "multipart_before": len(data) > before.multipart_threshold}
 
 
 def profile_upload(store: Any, data: bytes, rounds: int = 3) -> dict[str, float]:
@@ -368,25 +371,40 @@ def measure_real_path(folder: Path, tmp: Path, store_url: str, jobs: int) -> dic
     return out
 
 
+def upload_figures(args: argparse.Namespace, store: Any, video: bytes) -> dict[str, Any]:
+    """(a): the engine's upload against raw boto3 (and the threshold before), and where its time goes."""
+    from engine.store.objects import ObjectStore
+
+    store.ensure_bucket()
+    before, raw = ObjectStore(store.config, multipart_threshold=BEFORE_THRESHOLD), raw_client(store)
+    upload = []
+    for data in [video, *(synthetic(s) for s in args.upload_sizes)]:
+        upload.append(measure_upload(store, before, raw, data, args.rounds))
+        print_upload(upload[-1])
+    profile = {str(n): profile_upload(store, synthetic(n)) for n in args.profile_sizes}
+    return {"upload": upload, "upload_profile_ms": profile, "part_size": store.part_size,
+            "multipart_threshold": store.multipart_threshold, "multipart_threshold_before": BEFORE_THRESHOLD,
+            "part_concurrency": store.part_concurrency}
+
+
 def figures(args: argparse.Namespace, folder: Path, tmp: Path, video: bytes, common_s: float) -> dict[str, Any]:
-    """(a), (b) and, with ``--real-path-jobs``, (b) on the real path, against one redis-server and one Swift."""
+    """(a), (b) and, with ``--real-path-jobs``, (b) on the real path, against one redis-server and one Swift
+    (``--store``: (a) alone, against that store)."""
     from engine import envs
     from engine.embedded.s3 import SwiftS3Server
     from engine.embedded.services import RedisServer
     from engine.store import JobStore
     from engine.store.objects import ObjectStore
 
+    if args.store:
+        return {**upload_figures(args, ObjectStore.from_url(args.store), video), "store": "--store (given)"}
     redis_server = RedisServer(envs.REDIS_SERVER_BIN, tmp / "redis").start()
     s3 = SwiftS3Server(tmp / "s3").start()
     try:
         store = ObjectStore.from_url(s3.url)
-        store.ensure_bucket()
-        serial, raw = ObjectStore(store.config, part_concurrency=1), raw_client(store)
-        upload = []
-        for data in [video, *(synthetic(s) for s in args.upload_sizes)]:
-            upload.append(measure_upload(store, serial, raw, data, args.rounds))
-            print_upload(upload[-1])
-        profile = {str(n): profile_upload(store, synthetic(n)) for n in args.profile_sizes}
+        out = upload_figures(args, store, video)
+        if args.upload_only:
+            return {**out, "store": "embedded Swift s3api"}
         stores = {"store": JobStore.from_url(redis_server.url, ttl=600, objects=ObjectStore(store.config)),
                   "redis": JobStore.from_url(redis_server.url, ttl=600),
                   "store, default threshold": JobStore.from_url(
@@ -401,9 +419,7 @@ def figures(args: argparse.Namespace, folder: Path, tmp: Path, video: bytes, com
     finally:
         s3.stop()
         redis_server.stop()
-    return {"upload": upload, "upload_profile_ms": profile, "completion": completion, "real_path": real,
-            "part_size": store.part_size, "multipart_threshold": store.multipart_threshold,
-            "part_concurrency": store.part_concurrency}
+    return {**out, "store": "embedded Swift s3api", "completion": completion, "real_path": real}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -443,15 +459,22 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--models", default=None, help="a folder with wan2.1-t2v/ (default: tiny models built here)")
     p.add_argument("--upload-sizes", type=_sizes, default=UPLOAD_SIZES, help="bytes, comma-separated")
-    p.add_argument("--profile-sizes", type=_sizes, default=[16 * MiB, 24 * MiB, 64 * MiB])
+    p.add_argument("--profile-sizes", type=_sizes, default=[16 * MiB, 24 * MiB, 64 * MiB, 256 * MiB])
+    p.add_argument("--upload-only", action="store_true", help="the upload figures alone (a)")
+    p.add_argument("--store", default=None, help="an ONEPIECE_OBJECT_STORE URL to measure (a) against, "
+                   "instead of the embedded Swift (implies --upload-only)")
     p.add_argument("--completion-sizes", type=_sizes, default=COMPLETION_SIZES)
     p.add_argument("--real-path-jobs", type=int, default=5,
                    help="jobs a side through a node and a Proxy per side (0: none)")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "object_delivery" / f"{dt.date.today()}.json")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default: benchmarks/object_delivery/<date>.json (<date>-upload.json with --upload-only)")
     args = p.parse_args()
+    args.upload_only = args.upload_only or bool(args.store)
+    args.out = args.out or REPO / "benchmarks" / "object_delivery" / (
+        f"{dt.date.today()}{'-upload' if args.upload_only else ''}.json")
     before = provenance()
     result = run(args)
-    if result["real_path"] is not None:
+    if result.get("real_path") is not None:
         r = result["real_path"]
         print(f"real path, {r['jobs']} jobs a side: last step to URL {r['span_s']} ({r['span_s_store_over_redis']}x); "
               f"video_encode's end to completed {r['completion_s']} ({r['completion_s_store_over_redis']}x)")

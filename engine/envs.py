@@ -122,6 +122,12 @@ _VARS: dict[str, Callable[[], Any]] = {
     # benchmarks/object_inline.py (256 KiB here). Inline results are lost with Redis; 0 sends every output
     # to the store. Read by the last stage's workers (engine.worker.proc).
     "OBJECT_INLINE_BYTES": _bytes("ONEPIECE_OBJECT_INLINE_BYTES", 256 << 10),
+    # Outputs up to this many bytes go to the object store in one PUT, larger ones in 8 MiB parts, four in
+    # flight (engine.store.objects). On the embedded Swift one PUT measured 0.61-0.71x of raw boto3's put_object
+    # from 16 to 256 MiB, parts 0.41-0.48x at 24-128 MiB (benchmarks/object_delivery.md). Parts buy a retry of
+    # one part instead of the whole, and parallel streams (a remote AWS S3 may upload faster in parts: measure,
+    # then e.g. 16777216). At most 5 GiB (S3's largest single PUT). Read where an ObjectStore is made.
+    "OBJECT_MULTIPART_BYTES": _bytes("ONEPIECE_OBJECT_MULTIPART_BYTES", 256 << 20),
     # The object store's endpoint as clients reach it (http(s)://host[:port]), read by the web platform: result
     # URLs are presigned GETs from it; unset, the platform's own signed URLs (onepiece_platform.jobs.result_urls).
     # `onepiece up` sets it to its embedded store when that listens on loopback.

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-MULTIPART_THRESHOLD = 16 << 20  # objects above this go up in parts
+MAX_PUT_BYTES = 5 << 30  # S3's largest object in one PUT; above it, parts are the only way
 PART_SIZE = 8 << 20  # S3's minimum is 5 MiB for every part but the last
 PART_CONCURRENCY = 4  # parts in flight at once (boto3's upload_fileobj sends 10); benchmarks/object_delivery.md
 MAX_PRESIGN_S = 7 * 24 * 3600  # SigV4's ceiling for a presigned URL
@@ -169,10 +169,18 @@ class ObjectStore:
     """One bucket of an S3-compatible store. Thread-safe: boto3's clients are, and the client is made once."""
 
     def __init__(self, config: StoreConfig, connect_timeout: float = 5.0, read_timeout: float = 60.0,
-                 multipart_threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE,
+                 multipart_threshold: int | None = None, part_size: int = PART_SIZE,
                  part_concurrency: int = PART_CONCURRENCY) -> None:
+        """``multipart_threshold``: objects up to this many bytes go up in one PUT, larger ones in parts (None:
+        ``ONEPIECE_OBJECT_MULTIPART_BYTES``, 256 MiB by default; at most :data:`MAX_PUT_BYTES`)."""
+        from engine import envs
+
         self.config = config
-        self.multipart_threshold, self.part_size = int(multipart_threshold), int(part_size)
+        threshold = envs.OBJECT_MULTIPART_BYTES if multipart_threshold is None else int(multipart_threshold)
+        if not 0 <= threshold <= MAX_PUT_BYTES:
+            raise ValueError(f"the multipart threshold is 0 to {MAX_PUT_BYTES} bytes (S3's largest single PUT), "
+                             f"not {threshold} (ONEPIECE_OBJECT_MULTIPART_BYTES)")
+        self.multipart_threshold, self.part_size = threshold, int(part_size)
         self.part_concurrency = max(1, int(part_concurrency))
         self._timeouts = (connect_timeout, read_timeout)
         self._client: Any = None

@@ -117,6 +117,37 @@ def test_multipart_put_is_byte_exact(s3_server, object_store: ObjectStore) -> No
     assert store.client.list_multipart_uploads(Bucket=store.config.bucket).get("Uploads", []) == []
 
 
+def _parts(store: ObjectStore, key: str) -> int:
+    """How many parts the object went up in (0: one PUT): an S3 multipart ETag ends in ``-<parts>``."""
+    etag = store.client.head_object(Bucket=store.config.bucket, Key=store.key(key))["ETag"].strip('"')
+    return int(etag.rsplit("-", 1)[1]) if "-" in etag else 0
+
+
+def test_the_multipart_threshold_is_honoured(object_store: ObjectStore, monkeypatch) -> None:
+    """Outputs up to ONEPIECE_OBJECT_MULTIPART_BYTES (256 MiB by default) go up in one PUT, larger ones in parts:
+    on Swift one PUT is about twice the throughput of parts (benchmarks/object_delivery.md)."""
+    monkeypatch.delenv("ONEPIECE_OBJECT_MULTIPART_BYTES", raising=False)
+    store = ObjectStore(object_store.config)
+    assert store.multipart_threshold == 256 * MiB
+    data = os.urandom(24 * MiB)  # three 8 MiB parts under the old 16 MiB threshold
+    assert store.put("default", data).size == len(data)
+    assert _parts(store, "default") == 0 and store.get("default") == data
+
+    monkeypatch.setenv("ONEPIECE_OBJECT_MULTIPART_BYTES", str(6 * MiB))
+    store = ObjectStore(object_store.config, part_size=5 * MiB)  # what from_config makes, read anew
+    assert from_config(f"http://127.0.0.1:1/{store.config.bucket}").multipart_threshold == 6 * MiB
+    at, over = os.urandom(6 * MiB), os.urandom(6 * MiB + 1)
+    store.put("at", at)
+    store.put("over", over)
+    assert (_parts(store, "at"), _parts(store, "over")) == (0, 2)
+    assert store.get("at") == at and store.get("over") == over
+
+    for bad in ("6MiB", "-1", str((5 << 30) + 1)):  # not a byte count; over S3's largest single PUT
+        monkeypatch.setenv("ONEPIECE_OBJECT_MULTIPART_BYTES", bad)
+        with pytest.raises(ValueError, match="ONEPIECE_OBJECT_MULTIPART_BYTES"):
+            ObjectStore(object_store.config)
+
+
 def test_failed_multipart_upload_leaves_no_object(object_store: ObjectStore, monkeypatch) -> None:
     store = ObjectStore(object_store.config, multipart_threshold=6 * MiB, part_size=5 * MiB)
 
