@@ -55,8 +55,9 @@ pipeline = {kind}-server
 use = egg:swift#{kind}
 """
 
-# s3api before tempauth (its SigV4 check hands tempauth the signature to verify with the user's key);
-# slo after it (S3 multipart uploads are static large objects). The proxy adds the filters it requires
+# s3_only first: Swift's own token API is not served (no memcache here: tempauth answered a made-up X-Auth-Token
+# with a 500); s3api before tempauth (its SigV4 check hands tempauth the signature to verify with the user's
+# key); slo after it (S3 multipart uploads are static large objects). The proxy adds the filters it requires
 # (catch_errors, gatekeeper, proxy-logging, copy, dlo, ...) itself.
 _PROXY_CONF = """\
 [DEFAULT]
@@ -65,7 +66,7 @@ log_level = WARNING
 log_custom_handlers = __main__.log_to_stderr
 
 [pipeline:main]
-pipeline = catch_errors proxy-logging s3api tempauth slo dlo proxy-logging proxy-server
+pipeline = catch_errors proxy-logging s3_only s3api tempauth slo dlo proxy-logging proxy-server
 
 [app:proxy-server]
 use = egg:swift#proxy
@@ -86,6 +87,9 @@ use = egg:swift#slo
 [filter:dlo]
 use = egg:swift#dlo
 
+[filter:s3_only]
+paste.filter_factory = __main__:s3_only_filter
+
 [filter:catch_errors]
 use = egg:swift#catch_errors
 
@@ -105,6 +109,32 @@ def log_to_stderr(conf: Any, name: Any, log_to_console: Any, log_route: Any, fmt
         handler = logging.StreamHandler(sys.__stderr__)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
+
+
+SWIFT_AUTH_HEADERS = ("HTTP_X_AUTH_TOKEN", "HTTP_X_STORAGE_TOKEN", "HTTP_X_SERVICE_TOKEN", "HTTP_X_AUTH_USER",
+                      "HTTP_X_AUTH_KEY", "HTTP_X_STORAGE_USER", "HTTP_X_STORAGE_PASS")
+
+
+def s3_only_filter(global_conf: Any, **local_conf: Any) -> Any:
+    """Paste's filter factory of ``s3_only``: a request that uses Swift's own authentication (a token header,
+    tempauth's user and key headers, or its ``/auth`` path) gets a 401 saying the store takes S3 requests. The
+    embedded store issues no Swift tokens (the engine and clients sign S3 requests), and tempauth, without a
+    memcache to look a token up in, answered a made-up one with a 500."""
+
+    def factory(app: Any) -> Any:
+        def s3_only(env: dict[str, Any], start_response: Any) -> Any:
+            path = env.get("PATH_INFO", "")
+            if any(env.get(h) for h in SWIFT_AUTH_HEADERS) or path == "/auth" or path.startswith("/auth/"):
+                body = b"this store takes S3 requests (AWS SigV4) only; Swift tokens are not issued or accepted\n"
+                start_response("401 Unauthorized", [("Content-Type", "text/plain"),
+                                                    ("Content-Length", str(len(body))),
+                                                    ("WWW-Authenticate", 'Swift realm="unknown"')])
+                return [body]
+            return app(env, start_response)
+
+        return s3_only
+
+    return factory
 
 
 def _write(path: Path, text: str, mode: int = 0o600) -> None:
