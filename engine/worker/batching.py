@@ -62,7 +62,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from engine.dispatch import order
 from engine.stages.base import Cancelled, DeadlineExceeded, SteppedStage
@@ -70,6 +70,31 @@ from engine.transport.ring import Delivery
 from engine.workflow import message as wm
 
 log = logging.getLogger("onepiece.worker")
+
+
+class StageHost(Protocol):
+    """Everything a :class:`StepBatcher` asks of the worker it serves for (the TaskWorker is the one
+    implementation): its inbox, and the life of one request's stage run. Nothing else of the worker is
+    touched (``tests/engine/worker/test_stage_host.py`` holds the batcher to it)."""
+
+    # the inbox
+    def receive(self, n: int, timeout: float) -> list[Delivery]: ...
+    def undecodable(self, d: Delivery, exc: wm.MessageError) -> None: ...  # failed and released
+    def admit(self, h: wm.Header, start: bool = True) -> bool: ...  # False: not to run (released by the caller)
+    def idle(self) -> None: ...
+    def busy(self) -> None: ...
+    def handled_one(self) -> None: ...  # a message done with and released
+
+    # one request's stage run
+    def open_run(self, h: wm.Header) -> Any: ...
+    def values_of(self, msg: wm.Message) -> dict[str, Any]: ...
+    def inputs_of(self, h: wm.Header, values: dict[str, Any]) -> dict[str, Any]: ...
+    def finish_run(self, h: wm.Header, run: Any, values: dict[str, Any], out: dict[str, Any], share_s: float,
+                   batch: int, wall_s: float) -> None: ...
+    def run_alone(self, h: wm.Header, msg: wm.Message) -> bool: ...  # the plain path
+    def stopped(self, h: wm.Header, run: Any, exc: Exception) -> None: ...  # a cancel or the deadline
+    def errored(self, h: wm.Header, exc: Exception) -> None: ...
+    def fail(self, h: wm.Header, exc: Exception) -> bool: ...  # False: the store is away (keep the input)
 
 
 @dataclass
@@ -134,7 +159,7 @@ def joiners(active_key: Hashable | None, active: int, waiting: list[Hashable | N
 class StepBatcher:
     """Serves a TaskWorker whose executor is a :class:`SteppedStage` (see the module docstring)."""
 
-    def __init__(self, worker: Any, executor: SteppedStage, max_batch: int, wait_s: float = 0.0,
+    def __init__(self, worker: StageHost, executor: SteppedStage, max_batch: int, wait_s: float = 0.0,
                  recv_batch: int = 8, max_held: int | None = None,
                  key_of: Callable[[Any], Hashable | None] | None = None) -> None:
         self.w, self.ex = worker, executor
@@ -156,38 +181,38 @@ class StepBatcher:
             idle = not self.active and not self.waiting
             self.take(0.1 if idle else 0.0)
             if not self.active and not self.waiting:
-                self.w.producers.poll_all()  # retransmit what a restarted downstream consumer dropped
+                self.w.idle()
                 continue
             self.admit_joiners()
             if self.active:
                 self.step()
-            self.w.last_active = time.monotonic()
+            self.w.busy()
         while self.active:
             self.step()
 
     def take(self, timeout: float) -> None:
         """Decode and admit what the inbox holds (waiting up to ``timeout`` for a first message): all that is
         ready, so the line is ordered among everything the instance holds."""
-        batch = self.w.consumer.recv_many(self.recv_batch, timeout=timeout)
+        batch = self.w.receive(self.recv_batch, timeout)
         while batch:
             for d in batch:
                 self._take_one(d)
-            batch = self.w.consumer.recv_many(self.recv_batch, timeout=0.0)  # a batch may stop short of the rest
+            batch = self.w.receive(self.recv_batch, 0.0)  # a batch may stop short of the rest
 
     def _take_one(self, d: Delivery) -> None:
         try:
             msg = wm.decode(d.view)
         except wm.MessageError as exc:
-            self.w._undecodable(d, exc)
+            self.w.undecodable(d, exc)
             return
         try:
-            admitted = self.w._admit(msg.header, start=False)  # started when it begins stepping
+            admitted = self.w.admit(msg.header, start=False)  # started when it begins stepping
         except Exception as exc:  # a misrouted message: failed like any bad request
             self._fail(Waiting(d, msg, None), exc)
             return
         if not admitted:
             d.release()
-            self.w.handled += 1
+            self.w.handled_one()
             return
         self._seq += 1
         self.waiting.append(Waiting(d, msg, self.key_of(msg.header), seq=self._seq))
@@ -258,9 +283,7 @@ class StepBatcher:
         """A request that shares with nothing: the TaskWorker's plain path, released last."""
         release = True
         try:
-            t0 = time.perf_counter()
-            if self.w._run(w.msg.header, w.msg):
-                self.w._record(time.perf_counter() - t0, w.msg.header.workflow)
+            self.w.run_alone(w.msg.header, w.msg)
         except Exception as exc:
             release = self.w.fail(w.msg.header, exc)
             if not release:
@@ -268,18 +291,18 @@ class StepBatcher:
         finally:
             if release:
                 w.d.release()
-            self.w.handled += 1
+            self.w.handled_one()
 
     def _fail(self, w: Waiting, exc: Exception) -> None:
         if not self.w.fail(w.msg.header, exc):
             raise exc  # the store is away: keep the input, let the process die (see TaskWorker.handle)
         w.d.release()
-        self.w.handled += 1
+        self.w.handled_one()
 
     def _leave(self, a: Active) -> None:
         self.active.remove(a)
         a.w.d.release()
-        self.w.handled += 1
+        self.w.handled_one()
 
     # -- a step -------------------------------------------------------------------------------------
     def step(self) -> None:
@@ -363,8 +386,7 @@ class StepBatcher:
                 a.run.ctx.stats.update(stats(a.state))
             # its share of the steps is what it cost the instance (pricing, the deadline check, Theorem 1);
             # the wall time since it began (others' shares included) is only reported
-            self.w.close_run(h, a.run, a.values, out, a.share_s, a.widest, wall_s=time.perf_counter() - a.began)
-            self.w._record(a.share_s, h.workflow)
+            self.w.finish_run(h, a.run, a.values, out, a.share_s, a.widest, time.perf_counter() - a.began)
         except Exception as exc:
             self.w.errored(h, exc)
             self.active.remove(a)

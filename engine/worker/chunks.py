@@ -149,7 +149,7 @@ class Receiver:
                 d.release()
                 return None
             raise RuntimeError(f"chunk {h.chunk} arrived without the chunks before it")
-        if not w._admit(h):
+        if not w.admit(h):
             d.release()
             return None
         run = w.open_run(h)
@@ -171,7 +171,7 @@ class Receiver:
         self.fragments.end(h.uid, o.seq)  # before the job completes: a reader that sees it has everything
         o.busy_s += time.perf_counter() - t0
         w.close_run(h, o.run, values, out, o.busy_s)
-        w._record(o.busy_s, h.workflow)
+        w.record(o.busy_s, h.workflow)
         self._drop(h.uid, o.held, True)
 
     def _publish(self, o: Open, pieces: list[bytes]) -> None:

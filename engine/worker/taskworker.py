@@ -263,7 +263,7 @@ class TaskWorker:
         return float(share(params))
 
     def _calibrated(self, workflow: str, units: float, steps: float, seconds: float) -> Fit | None:
-        """A calibration measurement: into the samples, and their fit published (as a run's is, by _record)."""
+        """A calibration measurement: into the samples, and their fit published (as a run's is, by record)."""
         fit = self._samples(workflow).calibrated(units, steps, seconds)
         if fit is not None:
             self.fits[workflow] = fit
@@ -288,13 +288,44 @@ class TaskWorker:
             msg = None
         return Held(d, msg, msg.header.priority if msg is not None else 0, time.monotonic(), seq)
 
+    # -- the inbox, as a batcher sees it (engine.worker.batching.StageHost) ------------------------
+    def receive(self, n: int, timeout: float) -> list[Delivery]:
+        """Up to ``n`` messages off the inbox ring, waiting up to ``timeout`` for a first one."""
+        return self.consumer.recv_many(n, timeout=timeout)
+
+    def idle(self) -> None:
+        """Nothing to serve: retransmit what a restarted downstream consumer dropped."""
+        self.producers.poll_all()
+
+    def busy(self) -> None:
+        """Work was done now (a drain waits for quiet: :attr:`last_active`)."""
+        self.last_active = time.monotonic()
+
+    def handled_one(self) -> None:
+        """One message is done with (handed on, ended, failed or refused) and released."""
+        self.handled += 1
+
+    def run_alone(self, h: wm.Header, msg: wm.Message) -> bool:
+        """:meth:`run_plain`, its time recorded as the instance's occupation when it ran to its end."""
+        t0 = time.perf_counter()
+        ok = self.run_plain(h, msg)
+        if ok:
+            self.record(time.perf_counter() - t0, h.workflow)
+        return ok
+
+    def finish_run(self, h: wm.Header, run: Run, values: dict[str, Any], out: dict[str, Any], share_s: float,
+                   batch: int, wall_s: float) -> None:
+        """A batched request's end: :meth:`close_run` with its share of the steps, and that share recorded."""
+        self.close_run(h, run, values, out, share_s, batch, wall_s=wall_s)
+        self.record(share_s, h.workflow)
+
     def handle(self, d: Delivery, msg: wm.Message | None = None) -> None:
         """Run the stage on one message (``msg``: its decoded form, when the caller has it); the input is
         released on every path, last."""
         try:
             msg = wm.decode(d.view) if msg is None else msg
         except wm.MessageError as exc:
-            self._undecodable(d, exc)
+            self.undecodable(d, exc)
             return
         h = msg.header
         if h.chunk >= 0:  # one of several messages of a request: held until its final one (engine.worker.chunks)
@@ -304,8 +335,8 @@ class TaskWorker:
         release = True
         t0 = time.perf_counter()
         try:
-            if self._admit(h) and self._run(h, msg):
-                self._record(time.perf_counter() - t0, h.workflow)
+            if self.admit(h) and self.run_plain(h, msg):
+                self.record(time.perf_counter() - t0, h.workflow)
         except Exception as exc:  # one bad request must not stop the instance
             if not self.fail(h, exc):
                 # The store itself is unreachable: the failure cannot be recorded, so
@@ -319,7 +350,7 @@ class TaskWorker:
                 d.release()
         self.handled += 1
 
-    def _undecodable(self, d: Delivery, exc: wm.MessageError) -> None:
+    def undecodable(self, d: Delivery, exc: wm.MessageError) -> None:
         """A message this stage cannot decode fails its job with the reason (when its UID can be read),
         never leaving it queued for ever; released only once that is recorded (as in :meth:`handle`)."""
         st, uid = self.config.stage, wm.peek_uid(d.view)
@@ -330,7 +361,7 @@ class TaskWorker:
         d.release()
         self.handled += 1
 
-    def _admit(self, h: wm.Header, start: bool = True) -> bool:
+    def admit(self, h: wm.Header, start: bool = True) -> bool:
         """Whether to run the stage at all: not misrouted, finished, repeated, cancelled or expired. With
         ``start``, an admitted request's ``stage_started`` is written by the same round trip as the check
         (:meth:`JobStore.gate`), and :meth:`open_run` writes none."""
@@ -397,7 +428,7 @@ class TaskWorker:
             return 0.0
         return min(t * min(1.0, cost / c) for t, c in runs)
 
-    def _run(self, h: wm.Header, msg: wm.Message) -> bool:
+    def run_plain(self, h: wm.Header, msg: wm.Message) -> bool:
         """Run the stage and hand its output on; False when it stopped early (cancel, deadline)."""
         if chunks.sends_chunks(self.executor) and self.chain(h).next_stage is not None:
             return chunks.run_chunked(self, h, msg)  # the output handed on in chunks as it comes
@@ -413,7 +444,7 @@ class TaskWorker:
 
     def _batch_key(self, h: wm.Header) -> Any:
         """A request's batch key; None (it runs alone, on the plain path) while its workflow is in
-        Collaboration mode here, where a peer computes its uncond halves (:meth:`_run`)."""
+        Collaboration mode here, where a peer computes its uncond halves (:meth:`run_plain`)."""
         if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
             return None
         return self.executor.batch_key(h.params)
@@ -438,7 +469,7 @@ class TaskWorker:
         total = sum(costs.values()) or 1.0
         before = sum(costs.get(s, 0.0) for s in chain.route[:chain.route.index(st)])
         share = costs.get(st, 0.0)
-        if uid in self._started:  # the admission's round trip wrote it (_admit)
+        if uid in self._started:  # the admission's round trip wrote it (admit)
             self._started.discard(uid)
         else:
             self.store.event(uid, keys.STAGE_STARTED, st, int(100 * before / total), state=keys.IN_PROGRESS)
@@ -508,7 +539,7 @@ class TaskWorker:
         if share > 0:  # (seconds, predicted cost) of this run, for _fastest_for
             self._runs.setdefault(self._mode(h), deque(maxlen=32)).append((elapsed, share))
         model = spec.costs.get(st)
-        if model is not None and self.runs:  # a process's first run pays one-off costs (see _record)
+        if model is not None and self.runs:  # a process's first run pays one-off costs (see record)
             d = spec.dims(h.params)
             self.fits[h.workflow] = self._samples(h.workflow).add(model.units(d), model.steps(d), elapsed)
         ctx = run.ctx
@@ -536,7 +567,7 @@ class TaskWorker:
             route = self._send(h, tensors, blobs, costs.get(chain.next_stage, 0.0), pinned)
             self.store.handed_on(uid, st, route.node, route.instance)  # where it went, and this stage done
 
-    def _record(self, occupied: float, workflow: str | None = None) -> None:
+    def record(self, occupied: float, workflow: str | None = None) -> None:
         """Report how long the instance was occupied by one request, from taking it off the ring to handing
         it on (decode, checks, the stage, events, the send): the service time Theorem 1 needs, not just the
         stage's compute. A new process's first run pays one-off costs (lazy initialisation, allocator and

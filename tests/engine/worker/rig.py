@@ -173,8 +173,8 @@ class DenoiseRig:
 
 
 class BatcherHost:
-    """The TaskWorker calls a StepBatcher makes, with nothing behind them; a test records the handed-on
-    results by overriding :meth:`close_run` and feeds the inbox by overriding :meth:`recv_many`."""
+    """A StepBatcher's worker (engine.worker.batching.StageHost) with nothing behind it; a test records the
+    handed-on results by overriding :meth:`close_run` and feeds the inbox by overriding :meth:`recv_many`."""
 
     spec = SPEC
     config = WorkerConfig(instance="i", workflow="sd-t2i", stage="denoise", model_dir="/", address="",
@@ -182,14 +182,27 @@ class BatcherHost:
 
     def __init__(self) -> None:
         self.handled = 0
-        self.last_active = 0.0
-        self.consumer = self  # the batcher takes from the worker's inbox: this object
 
     def recv_many(self, n: int, timeout: float) -> list[Any]:
         return []  # an inbox that never holds anything new
 
-    def _admit(self, h: Any, start: bool = True) -> bool:
+    def receive(self, n: int, timeout: float) -> list[Any]:
+        return self.recv_many(n, timeout)
+
+    def undecodable(self, d: Any, exc: Exception) -> None:
+        raise AssertionError(f"undecodable: {exc}")
+
+    def admit(self, h: Any, start: bool = True) -> bool:
         return True
+
+    def idle(self) -> None:
+        pass
+
+    def busy(self) -> None:
+        pass
+
+    def handled_one(self) -> None:
+        self.handled += 1
 
     def open_run(self, h: Any) -> Any:
         from engine.stages.base import StageContext
@@ -206,8 +219,18 @@ class BatcherHost:
     def close_run(self, h: Any, run: Any, values: Any, out: Any, *args: Any, **kw: Any) -> None:
         raise NotImplementedError
 
-    def _record(self, s: float, workflow: str | None = None) -> None:
-        pass
+    def finish_run(self, h: Any, run: Any, values: Any, out: Any, share_s: float, batch: int,
+                   wall_s: float) -> None:
+        self.close_run(h, run, values, out, share_s, batch, wall_s=wall_s)
+
+    def run_alone(self, h: Any, msg: Any) -> bool:
+        raise AssertionError(f"{h.uid} ran alone")
+
+    def stopped(self, h: Any, run: Any, exc: Exception) -> None:
+        raise AssertionError(f"{h.uid} stopped: {exc}")
+
+    def fail(self, h: Any, exc: Exception) -> bool:
+        raise AssertionError(f"{h.uid} failed: {exc}")
 
     def errored(self, h: Any, exc: Exception) -> None:
         raise AssertionError(f"{h.uid} failed: {exc}")
