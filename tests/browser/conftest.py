@@ -69,7 +69,7 @@ class AsgiLiveServer:
 
 
 @pytest.fixture
-def cluster(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[dict[str, Any]]:
+def etcd_nodes(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[dict[str, Any]]:
     """An etcd root of its own; ``put_node`` registers a node the way a TaskManager reports it."""
     from engine.coord.keys import Keyspace
 
@@ -83,7 +83,7 @@ def cluster(etcd_server: Any, settings: Any, web_redis: str) -> Iterator[dict[st
 
 
 @pytest.fixture
-def live_asgi(transactional_db: None, web_redis: str, cluster: dict[str, Any]) -> Iterator[AsgiLiveServer]:
+def live_asgi(transactional_db: None, web_redis: str, etcd_nodes: dict[str, Any]) -> Iterator[AsgiLiveServer]:
     server = AsgiLiveServer()
     yield server
     server.stop()
@@ -125,12 +125,12 @@ def login(page: Any, url: str, name: str) -> None:
     page.wait_for_url(url + "/dashboard/")
 
 
-def _leader(cluster: dict[str, Any], workflows: dict[str, str], slots_per_node: int) -> Iterator[Any]:
+def _leader(etcd_nodes: dict[str, Any], workflows: dict[str, str], slots_per_node: int) -> Iterator[Any]:
     """A leading Node Manager ticking in a thread, so actions get a verdict."""
     from engine.manager.node_manager import ManagerConfig, NodeManager
     from tests.fixtures.coord import leading_election
 
-    root, client = cluster["root"], cluster["client"]
+    root, client = etcd_nodes["root"], etcd_nodes["client"]
     election = leading_election(client, root, ttl=60)
     manager = NodeManager(client, election, ManagerConfig(workflows=workflows, root=root,
                                                           slots_per_node=slots_per_node))
@@ -149,12 +149,12 @@ def _leader(cluster: dict[str, Any], workflows: dict[str, str], slots_per_node: 
 
 
 @pytest.fixture
-def leader(cluster: dict[str, Any]) -> Iterator[Any]:
+def leader(etcd_nodes: dict[str, Any]) -> Iterator[Any]:
     """The leader of an sd-t2i cluster, 5 instance slots a node."""
-    yield from _leader(cluster, {"sd-t2i": "/models/sd"}, 5)
+    yield from _leader(etcd_nodes, {"sd-t2i": "/models/sd"}, 5)
 
 
 @pytest.fixture
-def leader_both(cluster: dict[str, Any]) -> Iterator[Any]:
+def leader_both(etcd_nodes: dict[str, Any]) -> Iterator[Any]:
     """The leader of a cluster serving both workflows, 10 instance slots a node."""
-    yield from _leader(cluster, {"sd-t2i": "/models/sd", "wan2.1-i2v": "/models/wan"}, 10)
+    yield from _leader(etcd_nodes, {"sd-t2i": "/models/sd", "wan2.1-i2v": "/models/wan"}, 10)

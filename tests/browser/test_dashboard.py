@@ -28,10 +28,10 @@ def _instances(node: str, times: dict[str, float]) -> dict[str, dict[str, Any]]:
 _user, _login = make_user, login
 
 
-def test_staff_sees_the_cluster_live_and_acts(live_asgi, cluster, leader, browser) -> None:
+def test_staff_sees_the_cluster_live_and_acts(live_asgi, etcd_nodes, leader, browser) -> None:
     from onepiece_platform.jobs.models import Job
 
-    cluster["put_node"]("n1", _instances("n1", TIMES), CPU)
+    etcd_nodes["put_node"]("n1", _instances("n1", TIMES), CPU)
     _user("ops", staff=True)
     owner = _user("client", staff=False)
     Job.objects.create(uid="a" * 32, owner=owner, workflow=WF, state="in_progress", stage="denoise", progress=40)
@@ -51,7 +51,7 @@ def test_staff_sees_the_cluster_live_and_acts(live_asgi, cluster, leader, browse
 
         # The cluster changes; the page follows without a reload (a reload would lose this marker).
         page.evaluate("window.__noReload = true")
-        cluster["put_node"]("n2", _instances("n2", {**TIMES, "vae_decode": 1.2}), CPU)
+        etcd_nodes["put_node"]("n2", _instances("n2", {**TIMES, "vae_decode": 1.2}), CPU)
         page.wait_for_selector('[data-node="n2"]', timeout=5_000)
         page.wait_for_function(
             f"document.querySelector('[data-workflow=\"{WF}\"] [data-stage=\"denoise\"] .count')"
@@ -59,7 +59,7 @@ def test_staff_sees_the_cluster_live_and_acts(live_asgi, cluster, leader, browse
         # what the page marks and times is what the leader publishes now (never a figure of its own)
         deadline = time.monotonic() + 10
         while True:
-            published = json.loads(cluster["client"].get(Keyspace(cluster["root"]).capacity(WF))[0])
+            published = json.loads(etcd_nodes["client"].get(Keyspace(etcd_nodes["root"]).capacity(WF))[0])
             shown = page.evaluate(BOTTLENECK), page.inner_text(f'[data-workflow="{WF}"] [data-stage="vae_decode"] .service')
             if shown == (published["bottleneck"], f"service {published['service_s']['vae_decode']:.3f} s"):
                 break
@@ -89,10 +89,10 @@ def test_staff_sees_the_cluster_live_and_acts(live_asgi, cluster, leader, browse
         ctx.close()
 
 
-def test_reconnects_and_resyncs_jobs_from_rest(live_asgi, cluster, browser) -> None:
+def test_reconnects_and_resyncs_jobs_from_rest(live_asgi, etcd_nodes, browser) -> None:
     from onepiece_platform.jobs.models import Job
 
-    cluster["put_node"]("n1", _instances("n1", TIMES), CPU)
+    etcd_nodes["put_node"]("n1", _instances("n1", TIMES), CPU)
     _user("ops", staff=True)
     owner = _user("client", staff=False)
     page = browser.new_page()

@@ -45,11 +45,11 @@ def _page(browser: Any, width: int = 1500) -> tuple[Any, Any]:
     return ctx, page
 
 
-def test_devices_and_theorem1_per_stage(live_asgi, cluster, leader, browser) -> None:
+def test_devices_and_theorem1_per_stage(live_asgi, etcd_nodes, leader, browser) -> None:
     from onepiece_platform.jobs.models import Job
 
-    cluster["put_node"]("gpu-1", _instances("gpu-1", TIMES), _gpus(2))
-    cluster["put_node"]("cpu-1", {}, CPU)
+    etcd_nodes["put_node"]("gpu-1", _instances("gpu-1", TIMES), _gpus(2))
+    etcd_nodes["put_node"]("cpu-1", {}, CPU)
     make_user("ops", staff=True)
     owner = make_user("client", staff=False)
     Job.objects.create(uid="a" * 32, owner=owner, workflow=WF, state="in_progress", stage="denoise", progress=40)
@@ -67,7 +67,7 @@ def test_devices_and_theorem1_per_stage(live_asgi, cluster, leader, browser) -> 
         denoise = f'[data-workflow="{WF}"] [data-stage="denoise"]'
         page.wait_for_function(f"!document.querySelector('{denoise} .recommended').textContent.includes('–')",
                                timeout=10_000)
-        rec = json.loads(cluster["client"].get(Keyspace(cluster["root"]).capacity(WF))[0])["recommended"]
+        rec = json.loads(etcd_nodes["client"].get(Keyspace(etcd_nodes["root"]).capacity(WF))[0])["recommended"]
         assert page.inner_text(f"{denoise} .recommended") == f"Theorem 1: {rec['denoise']}"
         assert rec["denoise"] > 1 and "off" in page.get_attribute(f"{denoise} .recommended", "class")
         assert page.inner_text(f"{denoise} .count") == "1 instance"
@@ -204,12 +204,12 @@ def test_job_detail_shows_timeline_and_result(live_asgi, browser, store) -> None
         ctx.close()
 
 
-def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, cluster, leader_both, browser,
+def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, etcd_nodes, leader_both, browser,
                                                             celery_broker, web_redis) -> None:
     from onepiece_platform.redis_conn import get_redis
 
-    cluster["put_node"]("n1", _instances("n1", TIMES), CPU)
-    cluster["put_node"]("n2", {}, CPU)
+    etcd_nodes["put_node"]("n1", _instances("n1", TIMES), CPU)
+    etcd_nodes["put_node"]("n2", {}, CPU)
     make_user("ops", staff=True)
     asked: list[str] = []
 
@@ -260,7 +260,7 @@ def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, cluster, 
         instance = page.eval_on_selector("#move-form select[name=instance]", "s => s.options[0].value")
         full = act("move-form", "refused", instance=instance, node="n2")
         assert "no free slot" in full or "already" in full
-        cluster["put_node"]("n3", {}, CPU)
+        etcd_nodes["put_node"]("n3", {}, CPU)
         page.wait_for_function("[...document.querySelector('#move-form select[name=node]').options]"
                                ".some(o => o.value === 'n3')", timeout=10_000)
         assert "accepted" in act("move-form", "accepted", instance=instance, node="n3")
@@ -285,7 +285,7 @@ def test_every_action_asks_shows_its_outcome_and_is_audited(live_asgi, cluster, 
         ctx.close()
 
 
-def test_responsive_with_1000_jobs_and_50_devices(live_asgi, cluster, browser) -> None:
+def test_responsive_with_1000_jobs_and_50_devices(live_asgi, etcd_nodes, browser) -> None:
     from onepiece_platform.jobs.models import Job
 
     make_user("ops", staff=True)
@@ -295,7 +295,7 @@ def test_responsive_with_1000_jobs_and_50_devices(live_asgi, cluster, browser) -
                                  state=states[i % 4], stage="denoise" if i % 4 == 1 else "", progress=(i * 7) % 100)
                              for i in range(1000)])
     for n in range(10):  # ten real node reports in etcd, five devices each
-        cluster["put_node"](f"node-{n:02d}", _instances(f"node-{n:02d}", TIMES), _gpus(5, n))
+        etcd_nodes["put_node"](f"node-{n:02d}", _instances(f"node-{n:02d}", TIMES), _gpus(5, n))
     ctx, page = _page(browser)
     try:
         login(page, live_asgi.url, "ops")  # the first load: cold caches, the login redirect

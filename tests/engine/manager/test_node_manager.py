@@ -29,7 +29,7 @@ KEYS = Keyspace(ROOT)  # the test's own root; the Proxies' route tables read the
 
 
 @pytest.fixture
-def cluster(etcd_server):
+def reporting_nodes(etcd_server):
     """Live nodes reporting measured stage times (as TaskManagers do), under a key prefix of our own."""
     client = connect(etcd_server.url)
     client.delete_prefix(ROOT + "/")
@@ -55,8 +55,8 @@ def _assignments(client) -> dict[str, dict]:
     return {meta["key"].decode()[len(prefix):]: json.loads(v) for v, meta in client.get_prefix(prefix)}
 
 
-def test_first_tick_sizes_stages_by_theorem_1_and_writes_fenced_assignments(cluster) -> None:
-    client, key, report = cluster
+def test_first_tick_sizes_stages_by_theorem_1_and_writes_fenced_assignments(reporting_nodes) -> None:
+    client, key, report = reporting_nodes
     times = {"text_encode": 0.01, "denoise": 0.3, "vae_decode": 0.05, "image_encode": 0.01}
     for n in ("n1", "n2"):
         report(n, times)
@@ -75,8 +75,8 @@ def test_first_tick_sizes_stages_by_theorem_1_and_writes_fenced_assignments(clus
     nm.election.resign()
 
 
-def test_hysteresis_keeps_the_allocation_for_small_changes_and_moves_for_a_new_bottleneck(cluster) -> None:
-    client, key, report = cluster
+def test_hysteresis_keeps_the_allocation_for_small_changes_and_moves_for_a_new_bottleneck(reporting_nodes) -> None:
+    client, key, report = reporting_nodes
     clock = Clock()
     base = {"text_encode": 0.01, "denoise": 0.3, "vae_decode": 0.05, "image_encode": 0.01}
     shifted = {**base, "vae_decode": 0.3}  # the mix shifts: decoding becomes as slow as denoising
@@ -106,8 +106,8 @@ def test_hysteresis_keeps_the_allocation_for_small_changes_and_moves_for_a_new_b
     nm.election.resign()
 
 
-def test_a_deposed_managers_tick_writes_nothing(cluster) -> None:
-    client, key, report = cluster
+def test_a_deposed_managers_tick_writes_nothing(reporting_nodes) -> None:
+    client, key, report = reporting_nodes
     report("n1", {"denoise": 0.3})
     a = _manager(client, key, Clock())
     a.election._lease.revoke()  # its lease lapses (as after a long stall)
@@ -123,10 +123,10 @@ def test_a_deposed_managers_tick_writes_nothing(cluster) -> None:
     b.election.resign()
 
 
-def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server) -> None:
+def test_the_manager_feeds_measured_capacity_to_the_proxies(reporting_nodes, etcd_server) -> None:
     from engine.coord.routes import RouteTable
 
-    client, key, report = cluster
+    client, key, report = reporting_nodes
     for n in ("n1", "n2"):
         report(n, {"text_encode": 0.01, "denoise": 0.5, "vae_decode": 0.05, "image_encode": 0.01})
     nm = _manager(client, key, Clock(), slots_per_node=5)
@@ -150,12 +150,12 @@ def test_the_manager_feeds_measured_capacity_to_the_proxies(cluster, etcd_server
     nm.election.resign()
 
 
-def test_the_scheduling_mode_is_published_with_the_capacity(cluster, etcd_server) -> None:
+def test_the_scheduling_mode_is_published_with_the_capacity(reporting_nodes, etcd_server) -> None:
     """set_mode reaches the workers through the capacity key their route tables read."""
     from engine.coord import actions as act
     from engine.coord.routes import RouteTable
 
-    client, key, report = cluster
+    client, key, report = reporting_nodes
     wan = "wan2.1-i2v"
     stages = ["text_encode", "image_encode", "vae_encode", "denoise", "vae_decode", "video_encode"]
     for n in ("n1", "n2"):
@@ -182,8 +182,8 @@ def test_the_scheduling_mode_is_published_with_the_capacity(cluster, etcd_server
     e.resign()
 
 
-def test_two_workflows_share_the_slots_and_each_gets_its_minimums(cluster) -> None:
-    client, key, report = cluster
+def test_two_workflows_share_the_slots_and_each_gets_its_minimums(reporting_nodes) -> None:
+    client, key, report = reporting_nodes
     report("n1", {"denoise": 0.3})
     e = leading_election(client, ROOT, "nm-two", ttl=2)
     nm = NodeManager(client, e, ManagerConfig(workflows={WF: "/a", "wan2.1-i2v": "/b"}, root=ROOT,

@@ -19,7 +19,7 @@ from tests.fixtures.runtime import SD_STEP_DELAY_S, Cluster, NodeRun, engine
 
 
 @pytest.fixture(scope="session")
-def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
+def one_node(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     from engine.coord import etcd_client
     from engine.store import JobStore

@@ -16,7 +16,7 @@ from engine.bench import e2e
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Path], redis_server: Any,
+def test_bench_e2e_reports_every_figure(one_node: Any, tiny_models: dict[str, Path], redis_server: Any,
                                         etcd_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Through ``onepiece bench e2e --json`` as a user runs it (its flags; the processes named in a state
     folder's processes.json, as ``onepiece up`` writes it), on small windows."""
@@ -24,12 +24,12 @@ def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Pat
 
     from engine.embedded.supervisor import STATUS_FILE
 
-    processes = {"proxy": cluster.proxy_proc.pid, "node": cluster.node.pid, "redis": redis_server.proc.pid,
+    processes = {"proxy": one_node.proxy_proc.pid, "node": one_node.node.pid, "redis": redis_server.proc.pid,
                  "etcd": etcd_server.proc.pid}
     (tmp_path / STATUS_FILE).write_text(json.dumps({"processes": {k: {"pid": v} for k, v in processes.items()}}))
     parser = argparse.ArgumentParser()
     e2e.add_arguments(parser)
-    args = parser.parse_args(["--proxy", cluster.proxy, "--model-dir", str(tiny_models["sd-t2i"]), "--state",
+    args = parser.parse_args(["--proxy", one_node.proxy, "--model-dir", str(tiny_models["sd-t2i"]), "--state",
                               str(tmp_path), "--requests", "3", "--seconds", "1.5", "--deadline-s", "10", "--hog", "1",
                               "--saturate", "6", "--loads", "1,10", "--batches", "2", "--no-single-stage",
                               "--no-mixed", "--no-stream", "--json"])
@@ -92,7 +92,7 @@ def test_bench_e2e_reports_every_figure(cluster: Any, tiny_models: dict[str, Pat
 
 
 @pytest.mark.timeout(300)
-def test_bench_e2e_measures_another_workflow_with_its_image(cluster: Any, tiny_models: dict[str, Path],
+def test_bench_e2e_measures_another_workflow_with_its_image(one_node: Any, tiny_models: dict[str, Path],
                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--workflow wan2.1-i2v`` (issue 37, item 6): the run's record says what it measured (workflow, quality
     level, the resolved request, its input file), and both sides ran it: every staged request carried the png
@@ -103,7 +103,7 @@ def test_bench_e2e_measures_another_workflow_with_its_image(cluster: Any, tiny_m
     wf = "wan2.1-i2v"
     parser = argparse.ArgumentParser()
     e2e.add_arguments(parser)
-    args = parser.parse_args(["--proxy", cluster.proxy, "--model-dir", str(tiny_models[wf]), "--workflow", wf,
+    args = parser.parse_args(["--proxy", one_node.proxy, "--model-dir", str(tiny_models[wf]), "--workflow", wf,
                               "--state", str(tmp_path), "--requests", "2", "--seconds", "1", "--saturate", "3",
                               "--loads", "1", "--batches", "2", "--no-single-stage", "--no-mixed", "--no-stream",
                               "--json"])
@@ -124,16 +124,16 @@ def test_bench_e2e_measures_another_workflow_with_its_image(cluster: Any, tiny_m
                                                        "image: blank png 32x32 (both sides)")
 
 
-def test_bench_e2e_refuses_a_workflow_the_engine_does_not_serve(cluster: Any, tiny_models: dict[str, Path],
+def test_bench_e2e_refuses_a_workflow_the_engine_does_not_serve(one_node: Any, tiny_models: dict[str, Path],
                                                                tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The session's engine serves sd-t2i and the Wan2.1 pair: --workflow flux.1-schnell (a valid request for
     its folder) ends at once with exit 2 and how to serve it, rather than after the baselines' minutes."""
     parser = argparse.ArgumentParser()
     e2e.add_arguments(parser)
-    args = parser.parse_args(["--proxy", cluster.proxy, "--model-dir", str(tiny_models["flux.1-schnell"]),
+    args = parser.parse_args(["--proxy", one_node.proxy, "--model-dir", str(tiny_models["flux.1-schnell"]),
                               "--workflow", "flux.1-schnell", "--state", str(tmp_path), "--json"])
     capsys.readouterr()
     assert e2e.main(args) == 2
     out = capsys.readouterr()
-    assert f"error: the engine behind {cluster.proxy} does not serve flux.1-schnell (onepiece up --workflows " \
+    assert f"error: the engine behind {one_node.proxy} does not serve flux.1-schnell (onepiece up --workflows " \
            "flux.1-schnell)" in out.err and out.out == ""

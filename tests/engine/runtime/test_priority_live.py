@@ -15,22 +15,22 @@ LOWS = 48  # more than the low share of the Proxy's queue budget (half of its 64
 HIGHS = 4
 
 
-def _submit(cluster: Cluster, priority: str) -> tuple[int, dict[str, Any], float]:
-    status, doc, _ = cluster.call("POST", "/v1/requests?workflow=sd-t2i",
+def _submit(one_node: Cluster, priority: str) -> tuple[int, dict[str, Any], float]:
+    status, doc, _ = one_node.call("POST", "/v1/requests?workflow=sd-t2i",
                                   {"workflow": "sd-t2i", "params": SD, "priority": priority})
     return status, doc, time.monotonic()
 
 
-def _ended_at(cluster: Cluster, uid: str) -> tuple[str, float]:
+def _ended_at(one_node: Cluster, uid: str) -> tuple[str, float]:
     """(terminal state, its event's time) once the job ends."""
-    done = cluster.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=240)
-    ends = [e for e in cluster.events(uid) if e.get("type") == done["state"]]
+    done = one_node.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=240)
+    ends = [e for e in one_node.events(uid) if e.get("type") == done["state"]]
     return done["state"], float(ends[-1]["ts"])
 
 
-def test_under_overload_high_is_admitted_and_served_ahead_of_low_and_low_still_completes(cluster: Cluster) -> None:
+def test_under_overload_high_is_admitted_and_served_ahead_of_low_and_low_still_completes(one_node: Cluster) -> None:
     with ThreadPoolExecutor(16) as pool:
-        lows = list(pool.map(lambda _: _submit(cluster, "low"), range(LOWS)))
+        lows = list(pool.map(lambda _: _submit(one_node, "low"), range(LOWS)))
     admitted_low = [doc["uid"] for status, doc, _ in lows if status == 202]
     refused_low = [doc for status, doc, _ in lows if status == 503]
     assert refused_low, "no low request was refused: the overload did not reach the low share"
@@ -38,10 +38,10 @@ def test_under_overload_high_is_admitted_and_served_ahead_of_low_and_low_still_c
     assert len(admitted_low) <= 32 + 2, len(admitted_low)  # the low share, give or take those already done
 
     # a low job at the back of the line and a high one: both report an ETA; the high one has fewer ahead
-    _, back_low, _ = cluster.call("GET", f"/v1/requests/{admitted_low[-1]}")
-    highs = [_submit(cluster, "high") for _ in range(HIGHS)]
+    _, back_low, _ = one_node.call("GET", f"/v1/requests/{admitted_low[-1]}")
+    highs = [_submit(one_node, "high") for _ in range(HIGHS)]
     assert all(status == 202 for status, _, _ in highs), [d for s, d, _ in highs if s != 202]
-    status, first_high, headers = cluster.call("GET", f"/v1/requests/{highs[0][1]['uid']}")
+    status, first_high, headers = one_node.call("GET", f"/v1/requests/{highs[0][1]['uid']}")
     assert status == 200 and first_high["state"] in ("queued", "in_progress")
     for doc in (back_low, first_high):
         assert doc["eta_s"] > 0 and doc["eta_p90_s"] >= doc["eta_s"] and isinstance(doc["provisional"], bool)
@@ -49,8 +49,8 @@ def test_under_overload_high_is_admitted_and_served_ahead_of_low_and_low_still_c
     assert first_high["queue_ahead"] < back_low["queue_ahead"], (first_high, back_low)
 
     with ThreadPoolExecutor(16) as pool:
-        low_ends = list(pool.map(lambda u: _ended_at(cluster, u), admitted_low))
-        high_ends = list(pool.map(lambda h: _ended_at(cluster, h[1]["uid"]), highs))
+        low_ends = list(pool.map(lambda u: _ended_at(one_node, u), admitted_low))
+        high_ends = list(pool.map(lambda h: _ended_at(one_node, h[1]["uid"]), highs))
     # none starves: every admitted low request completes
     assert all(state == "completed" for state, _ in low_ends), low_ends
     assert all(state == "completed" for state, _ in high_ends), high_ends
@@ -60,23 +60,23 @@ def test_under_overload_high_is_admitted_and_served_ahead_of_low_and_low_still_c
     assert after >= len(admitted_low) // 2, (after, len(admitted_low))
 
 
-def test_a_cancelled_job_no_longer_counts_ahead_of_the_jobs_behind_it(cluster: Cluster) -> None:
+def test_a_cancelled_job_no_longer_counts_ahead_of_the_jobs_behind_it(one_node: Cluster) -> None:
     """The stage holding a cancelled job drops it only when it reaches it; the ETA's line drops it at the
     cancel, so the jobs behind it are told they wait for fewer."""
     slow = dict(SD, num_inference_steps=20)
     with ThreadPoolExecutor(8) as pool:
-        docs = list(pool.map(lambda _: cluster.call("POST", "/v1/requests?workflow=sd-t2i",
+        docs = list(pool.map(lambda _: one_node.call("POST", "/v1/requests?workflow=sd-t2i",
                                                     {"workflow": "sd-t2i", "params": slow})[1], range(16)))
     uids = [d["uid"] for d in docs]
-    _, back, _ = cluster.call("GET", f"/v1/requests/{uids[-1]}")
+    _, back, _ = one_node.call("GET", f"/v1/requests/{uids[-1]}")
     before = back["queue_ahead"]
     cancelled = uids[-9:-1]  # the eight just ahead of the last one: still queued behind the others
     for uid in cancelled:
-        status, _, _ = cluster.call("DELETE", f"/v1/requests/{uid}")
+        status, _, _ = one_node.call("DELETE", f"/v1/requests/{uid}")
         assert status in (202, 409)
-    _, back, _ = cluster.call("GET", f"/v1/requests/{uids[-1]}")
+    _, back, _ = one_node.call("GET", f"/v1/requests/{uids[-1]}")
     # ahead of it now: at most the uncancelled jobs submitted before it (without the fix, the cancelled
     # ones still queued counted too)
     assert back["queue_ahead"] <= len(uids) - 1 - len(cancelled), (before, back)
     for uid in uids:
-        cluster.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=240)
+        one_node.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=240)

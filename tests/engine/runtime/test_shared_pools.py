@@ -38,15 +38,15 @@ def _references(tiny_models: dict[str, Path], input_png: bytes, seeds: list[int]
 
 
 def test_one_pool_serves_both_wan_workflows_and_a_sigkill_of_it_loses_no_job(
-        cluster: Cluster, tiny_models: dict[str, Path], input_png: bytes) -> None:
-    report = cluster.node_report()["instances"]
+        one_node: Cluster, tiny_models: dict[str, Path], input_png: bytes) -> None:
+    report = one_node.node_report()["instances"]
     shared = {iid: r for iid, r in report.items() if len(r.get("serves", [])) > 1}
     assert set(shared) == {f"wan2.1-i2v.{st}.0" for st in SHARED}
     for st in SHARED:
         assert sorted(shared[f"wan2.1-i2v.{st}.0"]["serves"]) == [f"wan2.1-i2v/{st}", f"wan2.1-t2v/{st}"]
     assert not any(r["workflow"] == "wan2.1-t2v" and r["stage"] in SHARED for r in report.values())
     # each member's route leads to the same instance, so the Proxy and the denoise stages find it
-    routes = {name for name in (m["key"].decode() for _, m in cluster.etcd.get_prefix(KEYS.routes()))
+    routes = {name for name in (m["key"].decode() for _, m in one_node.etcd.get_prefix(KEYS.routes()))
               if name.endswith("/wan2.1-i2v.video_encode.0")}
     assert routes == {KEYS.route(w, "video_encode", "wan2.1-i2v.video_encode.0") for w in ("wan2.1-i2v", "wan2.1-t2v")}
 
@@ -62,7 +62,7 @@ def test_one_pool_serves_both_wan_workflows_and_a_sigkill_of_it_loses_no_job(
     lock = threading.Lock()
 
     def submit(wf: str, seed: int) -> None:
-        uid = cluster.submit(wf, {**WAN, "seed": seed}, {"image": input_png} if wf == "wan2.1-i2v" else None)
+        uid = one_node.submit(wf, {**WAN, "seed": seed}, {"image": input_png} if wf == "wan2.1-i2v" else None)
         with lock:
             jobs[uid] = (wf, seed)
 
@@ -72,16 +72,16 @@ def test_one_pool_serves_both_wan_workflows_and_a_sigkill_of_it_loses_no_job(
     for t in threads:
         t.join()
     reached = [uid for uid in jobs if any(e["type"] == "stage_started" and e["stage"] == "video_encode"
-                                          for e in cluster.events(uid))]
+                                          for e in one_node.events(uid))]
     os.kill(victim["pid"], signal.SIGKILL)
     assert not reached, "a request reached the mp4 stage before the kill: the test proves nothing for it"
 
     for uid, (wf, seed) in jobs.items():
-        done = cluster.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=240)
+        done = one_node.wait(uid, {"completed", "failed", "cancelled", "expired"}, timeout=240)
         assert done["state"] == "completed", (wf, done)
-        status, mp4, _ = cluster.call("GET", f"/v1/requests/{uid}/result")
+        status, mp4, _ = one_node.call("GET", f"/v1/requests/{uid}/result")
         assert status == 200 and mp4 == reference[wf, seed], f"{wf} seed {seed} differs from its solo run"
-        events = cluster.events(uid)
+        events = one_node.events(uid)
         assert [e["type"] for e in events].count("completed") == 1
         started = [e["stage"] for e in events if e["type"] == "stage_started"]
         from engine.workflow import get_workflow
@@ -91,7 +91,7 @@ def test_one_pool_serves_both_wan_workflows_and_a_sigkill_of_it_loses_no_job(
     # reports every 2 s: wait for the report that has them)
     deadline = time.monotonic() + 30
     while True:
-        after = cluster.node_report()["instances"]["wan2.1-i2v.video_encode.0"]
+        after = one_node.node_report()["instances"]["wan2.1-i2v.video_encode.0"]
         if after["restarts"] >= 1 and set(after.get("service_s", {})) == {"wan2.1-i2v", "wan2.1-t2v"}:
             break
         assert time.monotonic() < deadline, after

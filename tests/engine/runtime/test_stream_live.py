@@ -32,9 +32,9 @@ class Reader(threading.Thread):
     """Reads a streamed result; records each playable piece and the job's events when the first fragment
     (a ``moof``) arrived."""
 
-    def __init__(self, cluster: Cluster, uid: str) -> None:
+    def __init__(self, one_node: Cluster, uid: str) -> None:
         super().__init__(daemon=True)
-        self.cluster, self.uid = cluster, uid
+        self.cluster, self.uid = one_node, uid
         self.data = bytearray()
         self.pieces: list[bytes] = []
         self.events_at_first: list[dict[str, str]] | None = None
@@ -73,26 +73,26 @@ def _frames(mp4: bytes) -> np.ndarray:
         return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
 
 
-def _stream(cluster: Cluster, params: dict[str, Any]) -> tuple[str, Reader]:
-    uid = cluster.submit("wan2.1-t2v", params)
-    reader = Reader(cluster, uid)
+def _stream(one_node: Cluster, params: dict[str, Any]) -> tuple[str, Reader]:
+    uid = one_node.submit("wan2.1-t2v", params)
+    reader = Reader(one_node, uid)
     reader.start()
     return uid, reader
 
 
-def _finished(cluster: Cluster, uid: str, reader: Reader) -> bytes:
-    done = cluster.wait(uid, ENDED, timeout=300)
+def _finished(one_node: Cluster, uid: str, reader: Reader) -> bytes:
+    done = one_node.wait(uid, ENDED, timeout=300)
     assert done["state"] == "completed", done
     reader.join(60)
     assert not reader.is_alive() and reader.error is None, reader.error
-    status, mp4, _ = cluster.call("GET", f"/v1/requests/{uid}/result")
+    status, mp4, _ = one_node.call("GET", f"/v1/requests/{uid}/result")
     assert status == 200
     return mp4
 
 
-def test_the_stream_starts_before_the_job_ends_and_equals_the_result(cluster: Cluster) -> None:
-    uid, reader = _stream(cluster, CLIP)
-    mp4 = _finished(cluster, uid, reader)
+def test_the_stream_starts_before_the_job_ends_and_equals_the_result(one_node: Cluster) -> None:
+    uid, reader = _stream(one_node, CLIP)
+    mp4 = _finished(one_node, uid, reader)
     # the first fragment came while the VAE was still decoding: no completion, no end of vae_decode yet
     at_first = reader.events_at_first
     assert at_first is not None
@@ -103,42 +103,42 @@ def test_the_stream_starts_before_the_job_ends_and_equals_the_result(cluster: Cl
     assert frames.shape[0] == 81 and frames.std() > 1.0
     np.testing.assert_array_equal(frames, _frames(mp4))
     # one fragment per frame after the init segment, each stored once
-    assert len(reader.pieces) == 1 + 81 and cluster.store.r.xlen(f"onepiece:fragments:{uid}") == 1 + 81 + 1
+    assert len(reader.pieces) == 1 + 81 and one_node.store.r.xlen(f"onepiece:fragments:{uid}") == 1 + 81 + 1
 
 
-def test_an_unknown_or_failed_job_is_a_clean_error(cluster: Cluster) -> None:
-    status, body, _ = cluster.call("GET", f"/v1/requests/{'0' * 32}/result?stream=true")
+def test_an_unknown_or_failed_job_is_a_clean_error(one_node: Cluster) -> None:
+    status, body, _ = one_node.call("GET", f"/v1/requests/{'0' * 32}/result?stream=true")
     assert status == 404
-    uid = cluster.submit("wan2.1-t2v", {**CLIP, "num_inference_steps": 40})
-    cluster.call("DELETE", f"/v1/requests/{uid}")
-    cluster.wait(uid, ENDED, timeout=120)
-    status, body, _ = cluster.call("GET", f"/v1/requests/{uid}/result?stream=true")
+    uid = one_node.submit("wan2.1-t2v", {**CLIP, "num_inference_steps": 40})
+    one_node.call("DELETE", f"/v1/requests/{uid}")
+    one_node.wait(uid, ENDED, timeout=120)
+    status, body, _ = one_node.call("GET", f"/v1/requests/{uid}/result?stream=true")
     assert status == 409 and body["state"] == "cancelled", body
 
 
 @pytest.mark.parametrize("stage", ["vae_decode", "video_encode"])
-def test_a_sigkill_mid_stream_loses_and_repeats_no_fragment(cluster: Cluster, stage: str) -> None:
+def test_a_sigkill_mid_stream_loses_and_repeats_no_fragment(one_node: Cluster, stage: str) -> None:
     instance = f"wan2.1-i2v.{stage}.0"  # the Wan pair's shared pool
-    victim = cluster.node_report()["instances"][instance]
-    uid, reader = _stream(cluster, {**CLIP, "seed": 9})
+    victim = one_node.node_report()["instances"][instance]
+    uid, reader = _stream(one_node, {**CLIP, "seed": 9})
     assert reader.first.wait(300) and reader.error is None, reader.error
     assert not any(e["type"] == "stage_finished" and e["stage"] == "vae_decode" for e in reader.events_at_first)
     os.kill(victim["pid"], signal.SIGKILL)
-    mp4 = _finished(cluster, uid, reader)
+    mp4 = _finished(one_node, uid, reader)
     assert bytes(reader.data) == mp4  # continuous: nothing lost, nothing twice
     assert len(reader.pieces) == 1 + 81 and len(set(reader.pieces)) == len(reader.pieces)
     assert _frames(mp4).shape[0] == 81
-    events = cluster.events(uid)
+    events = one_node.events(uid)
     assert [e["type"] for e in events].count("completed") == 1
     assert [e["stage"] for e in events if e["type"] == "stage_started"].count(stage) == 2  # ran again
     deadline = time.monotonic() + 30
-    while cluster.node_report()["instances"][instance]["restarts"] <= victim["restarts"]:
+    while one_node.node_report()["instances"][instance]["restarts"] <= victim["restarts"]:
         assert time.monotonic() < deadline
         time.sleep(0.2)
 
 
-def test_bench_measures_the_first_fragment_against_completion(cluster: Cluster) -> None:
+def test_bench_measures_the_first_fragment_against_completion(one_node: Cluster) -> None:
     from engine.bench import stream
 
-    r = stream.figure(cluster.proxy, runs=1, params={**CLIP, "seed": 12})
+    r = stream.figure(one_node.proxy, runs=1, params={**CLIP, "seed": 12})
     assert 0 < r["first_fragment_s"] < r["stream_complete_s"] and 0 < r["first_fragment_vs_complete"] < 1

@@ -31,9 +31,9 @@ WORKFLOWS = tuple(PIPELINES)
 
 
 @pytest.fixture(scope="module")
-def cluster(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
+def t2i_node(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A node of its own (instance ids and rings apart from the session's cluster, whose routes it leaves
+    """A node of its own (instance ids and rings apart from the session's one_node deployment, whose routes it leaves
     alone) serving the three workflows, and a Proxy."""
     from engine.worker.config import default_assignment
 
@@ -70,7 +70,7 @@ def _default(workflow: str, folder: Path, **params: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def oa_engine(cluster: Cluster, live_server: Any, transactional_db: None, web_redis: str,
+def oa_engine(t2i_node: Cluster, live_server: Any, transactional_db: None, web_redis: str,
               settings: Any) -> Iterator[tuple[Any, Any]]:
     """(openai.OpenAI client for a fresh user, the user), the platform pointed at the session's Proxy."""
     import openai
@@ -78,7 +78,7 @@ def oa_engine(cluster: Cluster, live_server: Any, transactional_db: None, web_re
     from onepiece_platform.engine_link.client import reset_engines
 
     settings.ONEPIECE = {**settings.ONEPIECE, "ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
-                         "PROXY_URL": cluster.proxy, "PROXY_TOKEN": os.environ["ONEPIECE_PROXY_TOKEN"],
+                         "PROXY_URL": t2i_node.proxy, "PROXY_TOKEN": os.environ["ONEPIECE_PROXY_TOKEN"],
                          "IMAGE_WAIT_S": 240}
     reset_engines()
     user, key = make_user("t2i-user")
@@ -88,7 +88,7 @@ def oa_engine(cluster: Cluster, live_server: Any, transactional_db: None, web_re
     reset_engines()
 
 
-def test_default_images_through_the_openai_client(oa_engine: tuple[Any, Any], cluster: Cluster, live_server: Any,
+def test_default_images_through_the_openai_client(oa_engine: tuple[Any, Any], t2i_node: Cluster, live_server: Any,
                                                   tiny_models: dict[str, Path]) -> None:
     import openai
     from django.contrib.auth import get_user_model
@@ -105,7 +105,7 @@ def test_default_images_through_the_openai_client(oa_engine: tuple[Any, Any], cl
         # Qwen-Image folder's declared 256x256 in 8 steps, guided by the negative prompt
         params = _default(workflow, tiny_models[workflow], prompt="a cat on the moon", **extra)
         assert got.size == f"{params['width']}x{params['height']}" == "256x256"
-        assert png == _reference(tiny_models[workflow], workflow, params), logs(cluster, f"{workflow}.denoise.0")
+        assert png == _reference(tiny_models[workflow], workflow, params), logs(t2i_node, f"{workflow}.denoise.0")
         job = Job.objects.get(owner=user, workflow=workflow)
         assert job.state == "completed" and job.api == "openai" and job.params["num_inference_steps"] == \
             params["num_inference_steps"]
@@ -133,17 +133,17 @@ def test_default_images_through_the_openai_client(oa_engine: tuple[Any, Any], cl
         assert f'onepiece_jobs{{state="completed",workflow="{workflow}"}} 1.0' in metrics, metrics
 
 
-def test_dev_default_request_through_the_native_api(cluster: Cluster, tiny_models: dict[str, Path]) -> None:
-    uid = cluster.submit("flux.1-dev", {"prompt": "a cat on the moon"})
-    done = cluster.wait(uid, {"completed", "failed"}, timeout=300)
-    assert done["state"] == "completed", (done, logs(cluster, "flux.1-dev.denoise.0"))
-    status, png, headers = cluster.call("GET", f"/v1/requests/{uid}/result")
+def test_dev_default_request_through_the_native_api(t2i_node: Cluster, tiny_models: dict[str, Path]) -> None:
+    uid = t2i_node.submit("flux.1-dev", {"prompt": "a cat on the moon"})
+    done = t2i_node.wait(uid, {"completed", "failed"}, timeout=300)
+    assert done["state"] == "completed", (done, logs(t2i_node, "flux.1-dev.denoise.0"))
+    status, png, headers = t2i_node.call("GET", f"/v1/requests/{uid}/result")
     assert status == 200 and headers["Content-Type"] == "image/png"
     params = _default("flux.1-dev", tiny_models["flux.1-dev"], prompt="a cat on the moon")
     assert (params["height"], params["num_inference_steps"], params["guidance_scale"]) == (256, 8, 3.5)
     assert png == _reference(tiny_models["flux.1-dev"], "flux.1-dev", params)
-    started = [e["stage"] for e in cluster.events(uid) if e["type"] == "stage_started"]
+    started = [e["stage"] for e in t2i_node.events(uid) if e["type"] == "stage_started"]
     assert started == ["text_encode", "denoise", "vae_decode", "image_encode"]
-    status, doc, _ = cluster.call("POST", "/v1/requests", {"workflow": "flux.1-dev",
+    status, doc, _ = t2i_node.call("POST", "/v1/requests", {"workflow": "flux.1-dev",
                                                            "params": {"prompt": "a cat", "guidance_scale": 21}})
     assert status == 400 and doc["field"] == "guidance_scale", doc
