@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.models]
 WF = "sd-t2i"
 ENGINE_DB = 6  # engine tests use db 0, web tests db 5
 TEXT_ENCODE_S = 3.0
+ROOT = f"/test-{os.getpid()}-browser"  # the engine's etcd root: its own, on the session's etcd
 
 
 @dataclass
@@ -55,17 +56,17 @@ def engine(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
     redis_url = redis_server.url.rsplit("/", 1)[0] + f"/{ENGINE_DB}"
     redis.Redis.from_url(redis_url).flushdb()
     etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")  # the engine's root is fixed; nothing else runs under it now
+    etcd.delete_prefix(ROOT + "/")
     instances = tuple(InstanceSpec(f"{WF}.{s}.0", WF, s, "cpu", 0.2 if s == "denoise" else 0.0)
                       for s in get_workflow(WF).route())
     node = NodeRun("browser-node", Assignment(instances, {WF: str(tiny_models[WF])}),
                    ("--stage-time", f"{WF}/text_encode={TEXT_ENCODE_S}"))
     try:
         with start_engine(redis_url, etcd_server.url, [node], tmp_path_factory.mktemp("browser-node"),
-                          f"test-{os.getpid()}-browser-") as (c, _procs):
+                          f"test-{os.getpid()}-browser-", root=ROOT) as (c, _procs):
             yield Engine(c.proxy, redis_url, c.node, c.proxy_proc)
     finally:
-        etcd.delete_prefix("/onepiece/")
+        etcd.delete_prefix(ROOT + "/")
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def platform_on_engine(engine: Engine, live_asgi: Any, settings: Any) -> Iterato
 
     settings.REDIS_URL = engine.redis_url
     settings.ONEPIECE = {**settings.ONEPIECE, "ENGINE_CLIENT": "onepiece_platform.engine_link.proxy.ProxyEngineClient",
-                         "PROXY_URL": engine.proxy, "ETCD_ROOT": "/onepiece"}
+                         "PROXY_URL": engine.proxy, "ETCD_ROOT": ROOT}
     redis_conn.close_all()
     reset_engines()
     reset_clusters()

@@ -28,7 +28,9 @@ def one_node(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
     store = JobStore.from_url(redis_server.url, ttl=600)
     store.r.flushdb()
     store.close()
-    etcd_client(etcd_server.url).delete_prefix("/onepiece/")
+    root = f"/test-{os.getpid()}-one-node"  # its own etcd root: no other test's keys or wipes reach it
+    etcd = etcd_client(etcd_server.url)
+    etcd.delete_prefix(root + "/")
     from onepiece_launcher.up import DEFAULT_WORKFLOWS
 
     # the first three workflows, as `onepiece up` serves them: the Wan2.1 pair's umT5, VAE and mp4 stages are
@@ -39,5 +41,6 @@ def one_node(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
     )
     node = NodeRun("test-node", Assignment(instances, base.model_dirs))
     with engine(redis_server.url, etcd_server.url, [node], tmp_path_factory.mktemp("node"),
-                f"test-{os.getpid()}-") as (c, _procs):
+                f"test-{os.getpid()}-", root=root) as (c, _procs):
         yield c
+    etcd.delete_prefix(root + "/")

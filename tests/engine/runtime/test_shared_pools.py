@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.coord.keys import Keyspace
 from tests.fixtures.runtime import Cluster
-
-KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.timeout(600)]
 
@@ -46,9 +43,9 @@ def test_one_pool_serves_both_wan_workflows_and_a_sigkill_of_it_loses_no_job(
         assert sorted(shared[f"wan2.1-i2v.{st}.0"]["serves"]) == [f"wan2.1-i2v/{st}", f"wan2.1-t2v/{st}"]
     assert not any(r["workflow"] == "wan2.1-t2v" and r["stage"] in SHARED for r in report.values())
     # each member's route leads to the same instance, so the Proxy and the denoise stages find it
-    routes = {name for name in (m["key"].decode() for _, m in one_node.etcd.get_prefix(KEYS.routes()))
+    routes = {name for name in (m["key"].decode() for _, m in one_node.etcd.get_prefix(one_node.keys.routes()))
               if name.endswith("/wan2.1-i2v.video_encode.0")}
-    assert routes == {KEYS.route(w, "video_encode", "wan2.1-i2v.video_encode.0") for w in ("wan2.1-i2v", "wan2.1-t2v")}
+    assert routes == {one_node.keys.route(w, "video_encode", "wan2.1-i2v.video_encode.0") for w in ("wan2.1-i2v", "wan2.1-t2v")}
 
     seeds = [1, 2, 3]
     reference = _references(tiny_models, input_png, seeds)

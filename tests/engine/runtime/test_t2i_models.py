@@ -33,14 +33,14 @@ WORKFLOWS = tuple(PIPELINES)
 @pytest.fixture(scope="module")
 def t2i_node(redis_server: Any, etcd_server: Any, tiny_models: dict[str, Path],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A node of its own (instance ids and rings apart from the session's one_node deployment, whose routes it leaves
-    alone) serving the three workflows, and a Proxy."""
+    """A node of its own (instance ids, rings and etcd root apart from the session's one_node deployment)
+    serving the three workflows, and a Proxy."""
     from engine.worker.config import default_assignment
 
     base = default_assignment({w: str(tiny_models[w]) for w in WORKFLOWS}, device="cpu")
     node = NodeRun("t2i-node", base)
     with engine(redis_server.url, etcd_server.url, [node], tmp_path_factory.mktemp("t2i-node"),
-                f"test-{os.getpid()}-t2i-") as (c, _procs):
+                f"test-{os.getpid()}-t2i-", root=f"/test-{os.getpid()}-t2i") as (c, _procs):
         yield c
 
 

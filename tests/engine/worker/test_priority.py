@@ -20,7 +20,6 @@ from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.taskmanager import NodeSettings, TaskManager
 from tests.engine.worker.rig import tick_until
 
-KEYS = Keyspace()
 ID = "sd-t2i.image_encode.0"  # torch-free, no model components: starts in a second
 
 
@@ -35,10 +34,11 @@ def _thread_nices(pid: int) -> set[int]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("nice", [priority.DEFAULT, 0])
-def test_node_starts_workers_below_itself(redis_server: Any, etcd_server: Any, tmp_path: Path, nice: int) -> None:
-    etcd = etcd_client(etcd_server.url)
+def test_node_starts_workers_below_itself(redis_server: Any, etcd_server: Any, etcd_root: str, tmp_path: Path,
+                                          nice: int) -> None:
+    etcd, keys = etcd_client(etcd_server.url), Keyspace(etcd_root)  # the test's own root (workers inherit it)
     node = f"nice-{nice}"
-    etcd.put(KEYS.assignment(node), Assignment((InstanceSpec(ID, "sd-t2i", "image_encode", "cpu"),),
+    etcd.put(keys.assignment(node), Assignment((InstanceSpec(ID, "sd-t2i", "image_encode", "cpu"),),
                                                {"sd-t2i": str(tmp_path)}).to_json())
     tm = TaskManager(NodeSettings(node, etcd_server.url, redis_server.url, tmp_path / "run",
                                   ring_prefix=f"test-{os.getpid()}-nice{nice}-", ring_slots=16, ring_bytes=1 << 20,
@@ -56,7 +56,7 @@ def test_node_starts_workers_below_itself(redis_server: Any, etcd_server: Any, t
             assert _thread_nices(proc.pid) == {want}
             assert tm.instances[ID].startup["nice"] == want  # what the worker itself read after lowering it
             tm._report(force=True)
-            report = json.loads(etcd.get(KEYS.node(node))[0])
+            report = json.loads(etcd.get(keys.node(node))[0])
             assert report["instances"][ID]["nice"] == want
             assert (report["nice"], report["worker_nice"]) == (base, nice)
             if attempt == 0:
@@ -67,7 +67,6 @@ def test_node_starts_workers_below_itself(redis_server: Any, etcd_server: Any, t
         assert tm.instances[ID].restarts == 1
     finally:
         tm.shutdown()
-        etcd.delete_prefix("/onepiece/")
 
 
 def test_a_refusing_host_leaves_the_worker_running(monkeypatch: pytest.MonkeyPatch,

@@ -16,28 +16,25 @@ from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.taskmanager import NodeSettings, TaskManager
 from tests.engine.worker.rig import tick_until
 
-KEYS = Keyspace()
-
 ID = "sd-t2i.image_encode.0"  # a torch-free stage with no model components: starts in a second
 
 
-def _routes(etcd: Any) -> list[str]:
-    return [m["key"].decode() for _, m in etcd.get_prefix(KEYS.routes())]
+def _routes(etcd: Any, keys: Keyspace) -> list[str]:
+    return [m["key"].decode() for _, m in etcd.get_prefix(keys.routes())]
 
 
-def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path: Path) -> None:
-    etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")
+def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, etcd_root: str, tmp_path: Path) -> None:
+    etcd, keys = etcd_client(etcd_server.url), Keyspace(etcd_root)  # the test's own root (its workers inherit it)
     prefix = f"test-{os.getpid()}-tm-"
     ring = Path("/dev/shm", f"onepiece-{prefix}{ID}")
-    etcd.put(KEYS.assignment("n1"), Assignment((InstanceSpec(ID, "sd-t2i", "image_encode", "cpu"),),
+    etcd.put(keys.assignment("n1"), Assignment((InstanceSpec(ID, "sd-t2i", "image_encode", "cpu"),),
                                               {"sd-t2i": str(tmp_path)}).to_json())
     tm = TaskManager(NodeSettings("n1", etcd_server.url, redis_server.url, tmp_path / "run", ring_prefix=prefix,
                                   ring_slots=16, ring_bytes=1 << 20))
     tm.start()
     try:
         tick_until(tm, lambda: tm.instances.get(ID) is not None and tm.instances[ID].ready)
-        assert _routes(etcd) == [KEYS.route("sd-t2i", "image_encode", ID)] and ring.exists()
+        assert _routes(etcd, keys) == [keys.route("sd-t2i", "image_encode", ID)] and ring.exists()
         first = tm.instances[ID].proc
         assert first is not None
 
@@ -46,12 +43,12 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         first.wait()
         tm.tick()
         assert tm.instances[ID].restarts == 1 and not tm.instances[ID].ready
-        assert len(_routes(etcd)) == 1 and ring.exists()
+        assert len(_routes(etcd, keys)) == 1 and ring.exists()
         tick_until(tm, lambda: tm.instances[ID].ready)
         second = tm.instances[ID].proc
         assert second is not None and second.pid != first.pid
         tm._report(force=True)
-        report = json.loads(etcd.get(KEYS.node("n1"))[0])
+        report = json.loads(etcd.get(keys.node("n1"))[0])
         assert report["instances"][ID]["pid"] == second.pid and report["instances"][ID]["restarts"] == 1
         # device telemetry rides on the node report; without NVML it is CPU figures, labelled as such
         dev = report["devices"][0]
@@ -76,10 +73,10 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
             send_pixels(producer, uid)
         producer.close()
         producer.region.close()
-        etcd.put(KEYS.assignment("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
+        etcd.put(keys.assignment("n1"), Assignment((), {"sd-t2i": str(tmp_path)}).to_json())
         tick_until(tm, lambda: ID not in tm.instances, timeout=10)  # the next tick after its watch saw the change
         assert tm._assignment_changes.watching  # read on change, not every tick
-        assert ID not in tm.instances and _routes(etcd) == [] and [d.spec.id for d in tm.draining] == [ID]
+        assert ID not in tm.instances and _routes(etcd, keys) == [] and [d.spec.id for d in tm.draining] == [ID]
         tick_until(tm, lambda: not tm.draining, timeout=60)
         assert second.poll() == 0 and not ring.exists()
         assert [store.state(u) for u in uids] == ["completed"] * 3
@@ -88,29 +85,27 @@ def test_start_restart_and_remove(redis_server: Any, etcd_server: Any, tmp_path:
         assert drained[-1]["instance"] == ID and drained[-1]["exit"] == 0 and drained[-1]["drain_s"] > 0
     finally:
         tm.shutdown()
-    assert not etcd.get(KEYS.node("n1"))  # the lease went with the node
+    assert not etcd.get(keys.node("n1"))  # the lease went with the node
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"onepiece-{prefix}")]
-    etcd.delete_prefix("/onepiece/")
 
 
-def test_a_deposed_leaders_assignment_is_ignored(redis_server: Any, etcd_server: Any, tmp_path: Path) -> None:
-    etcd = etcd_client(etcd_server.url)
-    etcd.delete_prefix("/onepiece/")
+def test_a_deposed_leaders_assignment_is_ignored(redis_server: Any, etcd_server: Any, etcd_root: str,
+                                                tmp_path: Path) -> None:
+    etcd, keys = etcd_client(etcd_server.url), Keyspace(etcd_root)
     tm = TaskManager(NodeSettings("n2", etcd_server.url, redis_server.url, tmp_path / "run",
                                   ring_prefix=f"test-{os.getpid()}-fence-"))
     tm.client = etcd
     one = {"instances": [{"id": ID, "workflow": "sd-t2i", "stage": "image_encode"}],
            "model_dirs": {"sd-t2i": str(tmp_path)}}
-    etcd.put(KEYS.assignment("n2"), json.dumps({**one, "fence_token": 7}))
+    etcd.put(keys.assignment("n2"), json.dumps({**one, "fence_token": 7}))
     tm._read_assignment()
     assert [i.id for i in tm.desired.instances] == [ID] and tm.fence_token == 7
-    etcd.put(KEYS.assignment("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 5}))
+    etcd.put(keys.assignment("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 5}))
     tm._read_assignment()
     assert [i.id for i in tm.desired.instances] == [ID]  # the older leader's write is refused
-    etcd.put(KEYS.assignment("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 9}))
+    etcd.put(keys.assignment("n2"), json.dumps({"instances": [], "model_dirs": {}, "fence_token": 9}))
     tm._read_assignment()
     assert tm.desired.instances == () and tm.fence_token == 9
-    etcd.put(KEYS.assignment("n2"), "{not json")
+    etcd.put(keys.assignment("n2"), "{not json")
     tm._read_assignment()
     assert tm.fence_token == 9  # malformed: ignored, last desired state kept
-    etcd.delete_prefix("/onepiece/")

@@ -16,8 +16,6 @@ from engine.worker import threads
 from engine.worker.config import Assignment, InstanceSpec
 from engine.worker.taskmanager import NodeSettings, TaskManager
 
-KEYS = Keyspace()
-
 
 def test_budget_shares_the_cores_among_the_instances() -> None:
     assert threads.budget_for(10, cuda=False, cores=2) == 1  # never 0, never the host's count
@@ -50,14 +48,14 @@ def _environ(pid: int) -> dict[str, str]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("explicit", [None, 2])
-def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, tmp_path: Path,
+def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, etcd_root: str, tmp_path: Path,
                                            tiny_models: dict[str, Path], explicit: int | None) -> None:
     """Two torch workers on one node: each process starts with the budget in its environment, torch's
     pool is sized to it (read back by the worker), and the node reports it for the dashboard."""
-    etcd = etcd_client(etcd_server.url)
+    etcd, keys = etcd_client(etcd_server.url), Keyspace(etcd_root)  # the test's own root (workers inherit it)
     node = f"threads-{explicit}"
     ids = ("sd-t2i.text_encode.0", "sd-t2i.vae_decode.0")
-    etcd.put(KEYS.assignment(node), Assignment(
+    etcd.put(keys.assignment(node), Assignment(
         tuple(InstanceSpec(i, "sd-t2i", i.split(".")[1], "cpu") for i in ids),
         {"sd-t2i": str(tiny_models["sd-t2i"])}).to_json())
     tm = TaskManager(NodeSettings(node, etcd_server.url, redis_server.url, tmp_path / "run",
@@ -72,7 +70,7 @@ def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, 
             tm.tick()
             time.sleep(0.1)
         tm._report(force=True)
-        report = json.loads(etcd.get(KEYS.node(node))[0])
+        report = json.loads(etcd.get(keys.node(node))[0])
         for iid in ids:
             inst = tm.instances[iid]
             assert inst.proc is not None
@@ -87,4 +85,3 @@ def test_node_gives_each_worker_its_budget(redis_server: Any, etcd_server: Any, 
             assert "redis://" in env["ONEPIECE_WORKER_CONFIG"]
     finally:
         tm.shutdown()
-        etcd.delete_prefix("/onepiece/")
