@@ -89,7 +89,7 @@ class EngineClient(abc.ABC):
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
                deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:
         """Hand one request to the engine, named ``uid`` (32 hex digits) when given, else by the engine, at
-        ``priority`` (``low``, ``normal``, ``high``: engine.worker.order; who may ask for which is checked before).
+        ``priority`` (``low``, ``normal``, ``high``: engine.dispatch.order; who may ask for which is checked before).
 
         Raises :class:`EngineRejected` (400 invalid, 409 ``uid`` already taken, 503 over capacity) or
         :class:`EngineError` (unreachable). Returns the job's UID.

@@ -69,7 +69,7 @@ class Job(models.Model):
     # (JobInput, kept until the job finishes) and the deadline the request asked for.
     deadline_s = models.FloatField(null=True, blank=True, help_text="seconds from submission the job had")
     priority = models.CharField(max_length=8, default=Priority.NORMAL.value, choices=Priorities.choices,
-                                help_text="the priority every stage served it at (engine.worker.order)")
+                                help_text="the priority every stage served it at (engine.dispatch.order)")
     resubmissions = models.PositiveSmallIntegerField(default=0, editable=False,
                                                      help_text="times submitted again after the engine lost it")
     attempt_base = models.PositiveSmallIntegerField(default=0, editable=False,

@@ -305,7 +305,7 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
     ``webhook_url``: a per-request receiver of that event, vetted by the caller.
     ``priority``: ``low``, ``normal`` or ``high``, within the user's tier and the key's cap
     (:func:`check_priority`; None: the highest allowed, up to normal); every stage serves higher priority
-    first, with aging (engine.worker.order), and the ledger row records it.
+    first, with aging (engine.dispatch.order), and the ledger row records it.
     ``output``: the output's retention within the key tier's ceiling (:func:`check_retention`), and the
     client's ``output_upload_url`` (vetted here: :func:`vet_upload_url`) with ``keep_output``.
     """
