@@ -23,7 +23,14 @@ by the key its completed event recorded (what the ledger keeps), checked against
 fetched once more through a presigned URL; the Proxy's fallback (``JobStore.result``, which finds the newest
 object under the UID when Redis knows nothing) is checked for each too.
 
-    OMP_NUM_THREADS=1 python benchmarks/object_memory.py [--jobs 200] [--out FILE]
+Two ways to start. By default from a near-empty Redis with the deployment's defaults (TTL 3600 s, the event
+stream capped at 100,000 entries): every job's metadata is still there at the end, so the growth is its size.
+With ``--steady-ttl S --rate R``: Redis in its steady state, as a deployment completing R jobs a second holds
+it, scaled down so that it is reached in minutes: the keys expire after S seconds and the two streams are
+capped at what S seconds of jobs write (``caps_for``: the stream's window equals the TTL's); ``2 R S`` jobs
+bring Redis there first, then the ``--jobs`` measured ones, all paced at R a second on each side.
+
+    OMP_NUM_THREADS=1 python benchmarks/object_memory.py [--jobs 200] [--steady-ttl 50 --rate 4] [--out FILE]
 """
 
 from __future__ import annotations
@@ -93,16 +100,21 @@ def used(js: Any) -> int:
 
 
 def complete_many(sides: dict[str, Any], video: bytes, jobs: int, every: int, warm: int,
-                  steps: int, reported: int) -> tuple[dict[str, Any], dict[str, str]]:
-    """``jobs`` jobs through each side, interleaved; the memory curve per side, and the store side's
-    uid -> recorded output (JSON)."""
+                  steps: int, reported: int, rate: float = 0.0) -> tuple[dict[str, Any], dict[str, str]]:
+    """``jobs`` jobs through each side, interleaved (``rate``: this many a second on each side, paced, as
+    jobs complete in a deployment; 0: as fast as they go), after ``warm`` jobs the same way; the memory curve
+    per side, and the store side's uid -> recorded output (JSON)."""
+    empty = {name: used(js) for name, js in sides.items()}
+    pace = Pace(rate)
     for n in range(warm):
+        pace.wait()
         for js in sides.values():
             one_job(js, unique(video, -1 - n), steps, reported)
     curve: dict[str, list[tuple[int, int]]] = {name: [(0, used(js))] for name, js in sides.items()}
     recorded: dict[str, str] = {}
     t0 = time.perf_counter()
     for n in range(1, jobs + 1):
+        pace.wait()
         data = unique(video, n)
         for name, js in sides.items():
             uid, output = one_job(js, data, steps, reported)
@@ -112,16 +124,39 @@ def complete_many(sides: dict[str, Any], video: bytes, jobs: int, every: int, wa
             for name, js in sides.items():
                 curve[name].append((n, used(js)))
     took = time.perf_counter() - t0
-    out = {}
-    for name, points in curve.items():
-        base = points[0][1]
-        peak = max(b for _, b in points)
-        out[name] = {"used_memory": points, "baseline_bytes": base, "peak_bytes": peak,
-                     "growth_bytes": peak - base, "growth_ratio": round(peak / base, 4),
-                     "per_job_bytes": round((points[-1][1] - base) / jobs)}
+    out: dict[str, Any] = {name: curve_figures(points, empty[name], jobs) for name, points in curve.items()}
     out["store"]["flat_within_10pct"] = out["store"]["growth_ratio"] <= 1.10
     out["seconds"] = round(took, 1)
+    out["jobs_per_s_per_side"] = round(jobs / took, 2)
     return out, recorded
+
+
+class Pace:
+    """Starts jobs at ``rate`` a second (0: no pacing); a start that fell behind goes at once, and the
+    schedule is kept (the rate over the run is the rate asked, when the host can keep it)."""
+
+    def __init__(self, rate: float) -> None:
+        self.period = 1.0 / rate if rate > 0 else 0.0
+        self.next = time.monotonic()
+
+    def wait(self) -> None:
+        if self.period:
+            delay = self.next - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)  # a benchmark's pacing: jobs arrive at a set rate
+            self.next += self.period
+
+
+def curve_figures(points: list[tuple[int, int]], empty: int, jobs: int) -> dict[str, Any]:
+    """The memory curve's figures: growth over the run from its baseline (the first point), its spread
+    (largest over smallest point) and the bytes each job added."""
+    base = points[0][1]
+    peak = max(b for _, b in points)
+    low = min(b for _, b in points)
+    return {"used_memory": points, "empty_bytes": empty, "baseline_bytes": base, "peak_bytes": peak,
+            "low_bytes": low, "growth_bytes": peak - base, "growth_ratio": round(peak / base, 4),
+            "spread_ratio": round(peak / low, 4), "end_over_baseline": round(points[-1][1] / base, 4),
+            "per_job_bytes": round((points[-1][1] - base) / jobs)}
 
 
 def where_memory_goes(js: Any, uid: str) -> dict[str, int]:
@@ -183,10 +218,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             objects = ObjectStore.from_url(s3.url)
             objects.ensure_bucket()
-            sides = {"store": JobStore.from_url(r_store.url, ttl=3600, objects=objects, inline_bytes=0),
-                     "redis": JobStore.from_url(r_plain.url, ttl=3600)}
+            caps = caps_for(args)
+            sides = {"store": JobStore.from_url(r_store.url, objects=objects, inline_bytes=0, **caps),
+                     "redis": JobStore.from_url(r_plain.url, **caps)}
             memory, recorded = complete_many(sides, video, args.jobs, args.every, args.warm, made["steps"],
-                                             args.reported_steps)
+                                             args.reported_steps, args.rate)
+            memory["caps"] = caps
+            if args.steady_ttl:
+                for name, js in sides.items():
+                    m = memory[name]
+                    # jobs whose keys the steady state holds: the status hashes there are at the end
+                    m["jobs_held_at_end"] = sum(1 for _ in js.r.scan_iter(match=keys.job_key("*"), count=1000))
+                    mean = sum(b for _, b in m["used_memory"]) / len(m["used_memory"])
+                    m["steady_per_job_bytes"] = round((mean - m["empty_bytes"]) / m["jobs_held_at_end"])
             last = list(recorded)[-1]
             memory["store"]["one_job_keys"] = where_memory_goes(sides["store"], last)
             plain_uid = sides["redis"].r.xrevrange(keys.EVENTS, count=1)[0][1][b"uid"].decode()
@@ -199,7 +243,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r_store.stop()
             r_plain.stop()
     return {"video": made, "jobs": args.jobs, "warm_jobs": args.warm, "reported_denoise_steps": args.reported_steps,
-            "memory": memory, "after_sigkill": killed}
+            "rate_per_side": args.rate, "steady_ttl_s": args.steady_ttl, "memory": memory, "after_sigkill": killed}
+
+
+def events_per_job(reported: int) -> int:
+    """Stream entries :func:`one_job` writes: accepted, a start and an end per stage, the progress, completed."""
+    return 2 + 2 * len(STAGES) + reported
+
+
+def caps_for(args: argparse.Namespace) -> dict[str, int]:
+    """The JobStore's TTL and stream caps. Near-empty run: the deployment defaults (TTL 3600 s, 100,000
+    events, ENDINGS_MAXLEN endings). Steady state (``--steady-ttl S`` at ``--rate R``): a deployment of that
+    rate scaled down: the TTL S, and both streams capped at what S seconds of jobs write, so the stream's
+    window equals the TTL's, as a deployment's 100,000 events equal its 3600 s TTL at 1.4 jobs a second."""
+    from engine.store.jobs import ENDINGS_MAXLEN
+
+    if not args.steady_ttl:
+        return {"ttl": 3600, "events_maxlen": 100_000, "endings_maxlen": ENDINGS_MAXLEN}
+    alive = round(args.rate * args.steady_ttl)
+    return {"ttl": int(args.steady_ttl), "events_maxlen": alive * events_per_job(args.reported_steps),
+            "endings_maxlen": alive}
 
 
 def main() -> int:
@@ -209,18 +272,29 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--every", type=int, default=20, help="sample used_memory after every this many jobs")
-    p.add_argument("--warm", type=int, default=3, help="jobs before the baseline (scripts loaded, streams made)")
+    p.add_argument("--warm", type=int, default=None, help="jobs before the baseline (default 3: scripts loaded, "
+                   "streams made; with --steady-ttl, twice the jobs of a TTL: keys expire, streams at their caps)")
+    p.add_argument("--steady-ttl", type=int, default=0,
+                   help="seconds: measure Redis in its steady state (keys expiring at this TTL, streams at their "
+                        "caps scaled to it: caps_for); 0: from a near-empty Redis with the deployment's defaults")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="jobs a second on each side, paced (required with --steady-ttl; 0: as fast as they go)")
     p.add_argument("--reported-steps", type=int, default=10,
                    help="progress events per denoise stage (the worker reports at most one per progress interval)")
     p.add_argument("--models", default=None, help="a folder with wan2.1-t2v/ (default: tiny models built here)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "object_delivery" / f"{dt.date.today()}-memory.json")
     args = p.parse_args()
+    if args.steady_ttl and args.rate <= 0:
+        p.error("--steady-ttl needs --rate")
+    if args.warm is None:
+        args.warm = round(2 * args.rate * args.steady_ttl) if args.steady_ttl else 3
     before = provenance()
     result = run(args)
     for name in ("store", "redis"):
         m = result["memory"][name]
         print(f"{name:6}: used_memory {m['baseline_bytes']:,} -> peak {m['peak_bytes']:,} bytes over {args.jobs} "
-              f"jobs ({m['growth_ratio']:.3f}x, {m['per_job_bytes']:,} bytes per job)")
+              f"jobs ({m['growth_ratio']:.3f}x, spread {m['spread_ratio']:.3f}x, {m['per_job_bytes']:,} bytes per job"
+              + (f"; steady: {m['steady_per_job_bytes']:,} bytes per live job" if args.steady_ttl else "") + ")")
     k = result["after_sigkill"]
     print(f"after SIGKILL: Redis restarted with {k['redis_keys_after_restart']} keys; read back {k['read_back']} "
           f"of {k['outputs']}; all downloadable: {k['all_downloadable']}")

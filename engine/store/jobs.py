@@ -243,7 +243,8 @@ class JobStore:
     """
 
     def __init__(self, client: Any, ttl: int = 3600, events_maxlen: int = 100_000,
-                 objects: ObjectStore | None = None, inline_bytes: int = 0) -> None:
+                 objects: ObjectStore | None = None, inline_bytes: int = 0,
+                 endings_maxlen: int = ENDINGS_MAXLEN) -> None:
         self.r = client
         self.objects = objects  # None: results' bytes in Redis (--object-store none)
         if int(inline_bytes) < 0:
@@ -253,6 +254,7 @@ class JobStore:
         self.inline_bytes = int(inline_bytes)
         self.ttl = int(ttl)
         self.maxlen = int(events_maxlen)
+        self.endings_maxlen = int(endings_maxlen)  # keys.ENDINGS' cap (a benchmark scales it with the others)
         self._event = client.register_script(_EVENT)
         self._finish = client.register_script(_FINISH)
         self._retry = client.register_script(_RETRY)
@@ -376,7 +378,7 @@ class JobStore:
         progress = 100 if state == keys.COMPLETED else int(self._field(uid, "progress") or 0)
         value = ref.to_json().encode() if ref is not None else bytes(result) if result is not None else b""
         args: list[Any] = [uid, state, stage, progress, time.time(), detail, self.ttl, self.maxlen, value,
-                           ENDINGS_MAXLEN, _described(result, ref)]
+                           self.endings_maxlen, _described(result, ref)]
         ks = [keys.job_key(uid), keys.EVENTS, keys.inflight_key(workflow),
               keys.result_ref_key(uid) if ref is not None else keys.result_key(uid), keys.input_key(uid),
               keys.finished_key(workflow), keys.ENDINGS]

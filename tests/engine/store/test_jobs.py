@@ -152,6 +152,20 @@ def test_the_endings_stream_has_one_entry_per_finished_job_and_nothing_else(job_
     assert [(e["uid"], e["type"]) for e in ended if e["uid"] == uid] == [(uid, keys.COMPLETED)]
 
 
+def test_both_streams_keep_the_caps_they_are_given(job_store: JobStore) -> None:
+    """events_maxlen and endings_maxlen bound the two streams (benchmarks/object_memory.py scales both to a
+    deployment's steady state); trimming is approximate, by whole stream nodes of 100 entries."""
+    from engine.store import keys
+
+    js = JobStore(job_store.r, ttl=60, events_maxlen=300, endings_maxlen=100)
+    for _ in range(400):
+        uid = _uid()
+        js.accept(uid, "sd-t2i", 1.0)
+        js.finish(uid, "sd-t2i", keys.CANCELLED, detail="by client")
+    assert 300 <= js.r.xlen(keys.EVENTS) < 400 + 100
+    assert 100 <= js.r.xlen(keys.ENDINGS) < 100 + 100
+
+
 def test_one_sweep_drops_finished_entries_and_finds_the_jobs_of_lost_nodes(job_store: JobStore) -> None:
     from engine.store import keys
 
