@@ -25,12 +25,23 @@ def _cpu(p: Any) -> float:
 
 
 def _is_worker(p: Any) -> bool:
+    return _worker_stage(p) is not None
+
+
+def _worker_stage(p: Any) -> str | None:
+    """A stage worker's stage (``flux.1-dev.denoise.0`` -> ``denoise``: the instance named after the
+    module on its command line; ``?`` where none is), or None for a process that is not a stage worker."""
     import psutil
 
     try:
-        return WORKER_MARK in " ".join(p.cmdline())
+        argv = p.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
+        return None
+    if WORKER_MARK not in " ".join(argv):
+        return None
+    after = argv[argv.index(WORKER_MARK) + 1:] if WORKER_MARK in argv else []
+    parts = after[0].rsplit(".", 2) if after else []
+    return parts[1] if len(parts) == 3 else "?"
 
 
 class ControlPlaneMeter:
@@ -39,6 +50,7 @@ class ControlPlaneMeter:
     def __init__(self, roles: dict[str, int]) -> None:
         self.roles = dict(roles)
         self._start: dict[tuple[int, float], tuple[str, float]] = {}
+        self.stages: dict[tuple[int, float], str] = {}  # a stage worker's (pid, create time) -> its stage
         self.result: dict[str, Any] = {}
 
     def sample(self) -> dict[tuple[int, float], tuple[str, float]]:
@@ -60,7 +72,10 @@ class ControlPlaneMeter:
                     if nearest != pid:
                         continue  # another role's, counted with it
                     key = (p.pid, p.create_time())
-                    seen[key] = (WORKERS if p is not root and _is_worker(p) else role, _cpu(p))
+                    stage = _worker_stage(p) if p is not root else None
+                    if stage is not None:
+                        self.stages[key] = stage
+                    seen[key] = (WORKERS if stage is not None else role, _cpu(p))
                 except (psutil.NoSuchProcess, psutil.ZombieProcess):
                     continue  # ended between the listing and the read
         return seen
@@ -76,12 +91,20 @@ class ControlPlaneMeter:
             per_role[role] = per_role.get(role, 0.0) + cpu - self._start.get(key, (role, 0.0))[1]
         ended = [key[0] for key in self._start if key not in now]
         n = max(1, completed)
+        by_stage: dict[str, float] = {}  # the stage workers' CPU per stage (its instances summed)
+        for key, (role, cpu) in now.items():
+            if role == WORKERS:
+                stage = self.stages.get(key, "?")
+                by_stage[stage] = by_stage.get(stage, 0.0) + cpu - self._start.get(key, (role, 0.0))[1]
         control = {role: s * 1e3 / n for role, s in per_role.items() if role != WORKERS}
         self.result = {
             "control_plane_cpu_ms_per_request": sum(control.values()) if completed else None,
             # unrounded: the total is their sum
             "control_plane_breakdown": dict(sorted(control.items(), key=lambda kv: -kv[1])),
             "stage_workers_cpu_ms_per_request": per_role[WORKERS] * 1e3 / n if completed else None,
+            # which stage the workers' CPU went to: the one that bounds a CPU-bound deployment's capacity
+            "stage_workers_breakdown": {k: v * 1e3 / n for k, v in sorted(by_stage.items(), key=lambda kv: -kv[1])}
+            if completed else {},
             "control_plane_window_s": round(seconds, 3), "control_plane_window_completed": completed,
             "control_plane_cores_busy": {r: round(per_role[r] / seconds, 3) for r in per_role} if seconds else {},
             "control_plane_pids_ended": ended,

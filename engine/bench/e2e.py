@@ -81,10 +81,11 @@ class Refused(ValueError):
     any work."""
 
 
-def request(workflow: str, model_dir: str | Path,
-            quality: str = caching.LOSSLESS) -> tuple[dict[str, Any], dict[str, bytes]]:
+def request(workflow: str, model_dir: str | Path, quality: str = caching.LOSSLESS,
+            steps: int | None = None) -> tuple[dict[str, Any], dict[str, bytes]]:
     """(params, inputs): what both sides of ``bench e2e`` run for ``workflow`` at ``quality``. The params are
-    :data:`PARAMS`' entry with the level (where the workflow takes ``quality``), resolved against the limits of
+    :data:`PARAMS`' entry with the level (where the workflow takes ``quality``) and ``steps`` (``--steps``: its
+    ``num_inference_steps``, else the entry's), resolved against the limits of
     the model in ``model_dir`` (every default filled in: the staged requests carry them, and the one-call
     pipeline gets them as keywords); the inputs are a blank png per image input of the workflow, the staged
     submission's and the pipeline's ``image=``. :class:`Refused` (its message says why) for a workflow without a
@@ -108,7 +109,8 @@ def request(workflow: str, model_dir: str | Path,
         check_components(model_dir, dict.fromkeys(c for s in spec.stages for c in s.components))
     except MissingComponent as exc:
         raise Refused(f"--model-dir is not a {workflow} model folder: {exc}") from exc
-    raw = {**PARAMS[workflow], **({"quality": quality} if takes_quality else {})}
+    raw = {**PARAMS[workflow], **({"quality": quality} if takes_quality else {}),
+           **({"num_inference_steps": steps} if steps else {})}
     try:
         params = spec.bound(spec.limits_of(str(model_dir))).resolve_params(raw)
     except (InvalidRequest, OSError, ValueError) as exc:
@@ -487,7 +489,8 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
         saturate_in_flight: int = 16, device: str = "cpu", loads: tuple[float, ...] = LOADS,
         processes: dict[str, int] | None = None, batches: tuple[int, ...] = (2, 4, 8),
         single_stage: bool = False, single_stage_instances: int | None = None,
-        mix_model_dirs: dict[str, str] | None = None, quality: str = caching.LOSSLESS) -> dict[str, Any]:
+        mix_model_dirs: dict[str, str] | None = None, quality: str = caching.LOSSLESS,
+        steps: int | None = None) -> dict[str, Any]:
     """Every figure, for :func:`request`'s request of ``workflow`` at ``quality`` on both sides (the staged
     requests carry the level, the one-call pipelines run diffusers' hook of its settings); ``processes`` (role
     -> pid of the engine's processes) adds the control plane's CPU per completed request while saturated
@@ -496,7 +499,7 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
     private engine of its own (:mod:`engine.bench.variants`) while the live one idles."""
     from engine.workflow import get_workflow
 
-    params, inputs = request(workflow, model_dir, quality)
+    params, inputs = request(workflow, model_dir, quality, steps)
     cache = caching.settings(workflow, quality)
     client = Client(proxy)
     hops = len(get_workflow(workflow).route()) - 1
@@ -599,6 +602,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the quality level of every request (lossless, extra-high, high; default lossless); the "
                    "one-call baselines run diffusers' cache hook with the level's settings. A level the workflow "
                    "does not serve is refused")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="num_inference_steps of every request, both sides (default: the workflow's bench request's: "
+                   "3 for sd-t2i, 8 for the FLUX.1 and Qwen-Image ones, the video ones' own); over the model's "
+                   "limit is refused")
     p.add_argument("--requests", type=int, default=10, help="sequential requests for the latency figure")
     p.add_argument("--seconds", type=float, default=15.0, help="duration of the capacity and each load run")
     p.add_argument("--deadline-s", type=float, default=10.0, help="deadline every open-loop request carries")
@@ -640,7 +647,7 @@ def main(args: Any) -> int:
         print("error: --proxy is required (the proxy: line of onepiece up)", file=sys.stderr)
         return 2
     try:  # the workflow, the level and the request checked before any work
-        params, _ = request(args.workflow, args.model_dir, args.quality)
+        params, _ = request(args.workflow, args.model_dir, args.quality, args.steps)
     except Refused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -664,7 +671,8 @@ def main(args: Any) -> int:
                  hog=args.hog, saturate_in_flight=args.saturate, device=args.device, processes=processes,
                  loads=tuple(args.loads), batches=tuple(args.batches),
                  single_stage=single_stage, single_stage_instances=args.single_stage_instances,
-                 mix_model_dirs=None if args.no_mixed else _mix_models(args), quality=args.quality)
+                 mix_model_dirs=None if args.no_mixed else _mix_models(args), quality=args.quality,
+                 steps=args.steps)
     if not args.no_stream:  # streamed video (issue 28): first playable fragment against completion
         if _ready_checks(args.proxy).get(f"routes:{stream.WORKFLOW}") == "ok":
             result.update(stream.figure(args.proxy))

@@ -19,10 +19,11 @@ BURN = ("import sys, time\n"
         "end = time.process_time() + float(sys.argv[1])\n"
         "while time.process_time() < end: pass\n"
         "print('done', flush=True); sys.stdin.read()\n")
-# a TaskManager stand-in: starts a stage worker (its command line carries the worker's module name) that
+# a TaskManager stand-in: starts a stage worker (its command line carries the worker's module name and its
+# instance, as the TaskManager's _spawn gives them) that
 # burns 0.4 s, burns 0.1 s itself, and says "done" after the worker said it
 NODE = ("import subprocess, sys, time\n"
-        f"w = subprocess.Popen([sys.executable, '-c', {BURN!r}, '0.4', '{WORKER_MARK}'],"
+        f"w = subprocess.Popen([sys.executable, '-c', {BURN!r}, '0.4', '{WORKER_MARK}', 'flux.1-dev.denoise.0'],"
         " stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)\n"
         "assert w.stdout.readline().strip() == 'done'\n"
         "end = time.process_time() + 0.1\n"
@@ -67,6 +68,8 @@ def test_roles_trees_and_workers_apart(procs: list[subprocess.Popen[str]]) -> No
     assert 29 <= b["proxy"] <= 36, r
     assert 9 <= b["node"] <= 25, r
     assert 39 <= r["stage_workers_cpu_ms_per_request"] <= 50, r
+    # per stage, from the instance name on the worker's command line (a workflow name has dots of its own)
+    assert r["stage_workers_breakdown"] == {"denoise": r["stage_workers_cpu_ms_per_request"]}, r
     assert r["control_plane_cpu_ms_per_request"] == pytest.approx(sum(b.values()), abs=0.01)
 
 

@@ -54,6 +54,18 @@ def test_each_request_fits_its_tiny_model(tiny_models: dict[str, Path]) -> None:
     assert "high" in caching.levels("flux.1-dev")  # a level beside lossless is exercised above
 
 
+@pytest.mark.models
+def test_steps_sets_every_request_s_steps_within_the_model_s_limit(tiny_models: dict[str, Path]) -> None:
+    """``--steps N`` is the request's ``num_inference_steps`` on both sides (the figures at the step counts of
+    benchmarks/quality.md); without it, the table's; over the loaded model's limit, refused before any work."""
+    assert _args("--model-dir", "m", "--steps", "28").steps == 28 and _args("--model-dir", "m").steps is None
+    params, _ = e2e.request("flux.1-dev", tiny_models["flux.1-dev"], "high", 28)
+    assert params["num_inference_steps"] == 28 and params["quality"] == "high"
+    assert e2e.request("wan2.1-t2v", tiny_models["wan2.1-t2v"], steps=None)[0]["num_inference_steps"] == 2
+    with pytest.raises(e2e.Refused, match="num_inference_steps"):
+        e2e.request("flux.1-schnell", tiny_models["flux.1-schnell"], "high", 17)  # its tiny folder's limit: 16
+
+
 def test_a_level_the_workflow_does_not_serve_is_refused_before_any_work(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Exit 2 with the levels it serves, before the Proxy is asked anything (the one given here would refuse
