@@ -2,14 +2,15 @@
 
 from django.urls import path
 
-from onepiece_platform.jobs.api import openai_compat as v
+from onepiece_platform.jobs.api import openai_images as images
+from onepiece_platform.videos import api as videos
 
 urlpatterns = [
-    path("videos", v.VideoListCreateView.as_view(), name="openai-videos"),
-    path("videos/content/<str:token>", v.VideoSignedContentView.as_view(), name="openai-video-signed-content"),
-    path("videos/<str:video_id>", v.VideoDetailView.as_view(), name="openai-video"),
-    path("videos/<str:video_id>/content", v.VideoContentView.as_view(), name="openai-video-content"),
-    path("videos/<str:video_id>/remix", v.VideoRemixView.as_view(), name="openai-video-remix"),
-    path("images/generations", v.ImageGenerationView.as_view(), name="openai-images"),
-    path("images/content/<str:token>", v.ImageContentView.as_view(), name="openai-image-content"),
+    path("videos", videos.VideoListCreateView.as_view(), name="openai-videos"),
+    path("videos/content/<str:token>", videos.VideoSignedContentView.as_view(), name="openai-video-signed-content"),
+    path("videos/<str:video_id>", videos.VideoDetailView.as_view(), name="openai-video"),
+    path("videos/<str:video_id>/content", videos.VideoContentView.as_view(), name="openai-video-content"),
+    path("videos/<str:video_id>/remix", videos.VideoRemixView.as_view(), name="openai-video-remix"),
+    path("images/generations", images.ImageGenerationView.as_view(), name="openai-images"),
+    path("images/content/<str:token>", images.ImageContentView.as_view(), name="openai-image-content"),
 ]

@@ -115,7 +115,7 @@ def test_an_idempotency_key_is_scoped_to_its_route(alice) -> None:
 def test_signed_image_urls_name_their_kind_and_refuse_future_timestamps(alice, store, settings) -> None:
     import secrets
 
-    from onepiece_platform.jobs.api.openai_compat import URL_SALT, sign_result_url
+    from onepiece_platform.jobs.result_urls import URL_SALT, sign_result_url
 
     settings.SECRET_KEY = secrets.token_urlsafe(50)  # as onepiece up generates it: not the public default
 

@@ -1,4 +1,4 @@
-"""OpenAI-compatible endpoints beside the native API, so the official ``openai`` client works by base_url.
+"""OpenAI's videos API (``/v1/videos``), so the official ``openai`` client works by base_url.
 
   POST   /v1/videos                  create (prompt, model, input_reference file or data: URL, seconds, size);
                                      multipart or JSON
@@ -7,39 +7,32 @@
   GET    /v1/videos/{id}/content     the mp4; ?variant=thumbnail (PNG) or spritesheet (JPEG)
   POST   /v1/videos/{id}/remix       the source's parameters with a new prompt
   DELETE /v1/videos/{id}             cancel if unfinished, then hide
-  POST   /v1/images/generations      synchronous: waits for the image(s); b64_json or a signed url
-  GET    /v1/images/content/{token}  the png behind a signed url (no API key: the signature is the grant)
 
-Jobs go through the same services as the native API (validation, limits,
-quota, ledger, engine). Errors use OpenAI's shape ``{"error": {message,
-type, param, code}}`` with the same status codes and Retry-After as the
-native API. OpenAI's statuses have no cancelled/expired: those show as
-``failed`` with ``error.code`` saying which.
+Jobs go through the same services as the native API (validation, limits, quota, ledger, engine); errors
+are OpenAI's shape (``onepiece_platform.jobs.api.openai_base``). OpenAI's statuses have no
+cancelled/expired: those show as ``failed`` with ``error.code`` saying which.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
-import time
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import NotFound
-from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from engine import envs
 from engine.workflow import get_workflow, workflows
 from onepiece_platform import conf
 from onepiece_platform.adapters.fields import lora_from_form
 from onepiece_platform.api_errors import ApiError
-from onepiece_platform.engine_link.client import EngineError, get_engine
 from onepiece_platform.jobs import control, services
 from onepiece_platform.jobs.api import openai_serializers as s
+from onepiece_platform.jobs.api.openai_base import ERRORS, OpenAIView, error_responses, output_options
 from onepiece_platform.jobs.api.serializers import output_upload_of
 from onepiece_platform.jobs.api.views import api_key_of, check_body_size, result_response, with_eta_header
 from onepiece_platform.jobs.models import CANCELLED, COMPLETED, EXPIRED, FAILED, IN_PROGRESS, Job
@@ -54,73 +47,14 @@ from onepiece_platform.strict import StrictMultiPartParser as MultiPartParser
 
 log = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "invalid_request_error", 409: "invalid_request_error", 410: "invalid_request_error",
-          413: "invalid_request_error", 429: "rate_limit_exceeded", 502: "server_error", 503: "server_error",
-          504: "server_error"}
-IMAGE_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
-
-
-def encode_image(png: bytes, fmt: str, quality: int = 100) -> bytes:
-    """The engine's png in ``fmt`` (png: unchanged; jpeg and webp at ``quality``, 0-100)."""
-    if fmt == "png":
-        return png
-    import io
-
-    from PIL import Image
-
-    out = io.BytesIO()
-    with Image.open(io.BytesIO(png)) as im:
-        im.convert("RGB").save(out, format=fmt.upper(), quality=int(quality))
-    return out.getvalue()
-
-
-def _openai_error(data: Any, status: int) -> dict[str, Any]:
-    message, param = "error", None
-    if isinstance(data, dict):
-        if "detail" in data:
-            message, param = str(data["detail"]), data.get("field")
-        elif data:
-            param = next(iter(data))
-            v = data[param]
-            message = f"{param}: {v[0] if isinstance(v, list) and v else v}"
-    elif isinstance(data, list) and data:
-        message = str(data[0])
-    code = data.get("reason") if isinstance(data, dict) else None
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param,
-                      "code": code}}
-
-
-ERRORS = {c: OpenApiResponse(s.OpenAIErrorSerializer) for c in (400, 401, 404, 409, 410, 413, 429, 502, 503, 504)}
-
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    """Errors in OpenAI's shape; 401 and 429 (failed-authentication limit) on every operation."""
-    return {c: ERRORS[c] for c in sorted(set(codes) | {401, 429})}
-
-
-class OpenAIView(APIView):
-    """Errors in OpenAI's shape; everything else as the native API."""
-
-    permission_classes = [IsAuthenticated]
-
-    def handle_exception(self, exc: Exception) -> Response:
-        response = super().handle_exception(exc)
-        response.data = _openai_error(response.data, response.status_code)
-        return response
-
-    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(response, Response) and response.status_code >= 400 and "error" not in (response.data or {}):
-            response.data = _openai_error(response.data, response.status_code)
-        return super().finalize_response(request, response, *args, **kwargs)
-
-
 def _video_workflows() -> list[str]:
     return sorted(n for n, w in workflows().items() if w.final_output == "video")
 
 
 # the model a request without one gets: image-to-video when it brings a first frame, else text-to-video
 DEFAULT_VIDEO_MODEL = {True: "wan2.1-i2v", False: "wan2.1-t2v"}
+
+
 # bounds of the poll interval the openai client is told to use (it keeps the first one it is given)
 POLL_AFTER_MS = (250, 10_000)
 
@@ -229,17 +163,6 @@ def _video_params(spec: Any, d: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _levels(workflow: str) -> tuple[str, ...]:
-    """The quality levels ``workflow`` serves (its spec's ``quality`` choices; none: the parameter is not its)."""
-    spec = get_workflow(workflow)
-    return next((p.choices for p in spec.params if p.name == "quality"), ())
-
-
-def output_options(d: dict[str, Any]) -> services.OutputOptions:
-    """The output's options of a validated create request (OnePiece extensions, sent in extra_body)."""
-    return services.OutputOptions(d.get("retention"), d.get("output_upload_url", ""), d["keep_output"])
-
-
 # the workflow's parameter -> the field a client of this route sent it as, when that is not its own name
 _SENT_AS = {"width": "size", "height": "size", "num_frames": "seconds"}
 
@@ -267,7 +190,7 @@ class VideoListCreateView(OpenAIView):
 
     @extend_schema(operation_id="createVideo", request={"multipart/form-data": s.VideoCreateSerializer,
                             "application/json": s.VideoCreateSerializer},
-                   responses={200: s.VideoSerializer, **_errors(400, 401, 409, 413, 429, 503)})
+                   responses={200: s.VideoSerializer, **error_responses(400, 401, 403, 409, 413, 429, 503)})
     def post(self, request: Request) -> Response:
         check_body_size(request)
         v = s.VideoCreateSerializer(data=lora_from_form(request.data))
@@ -281,7 +204,7 @@ class VideoListCreateView(OpenAIView):
         return Response(_video(_submit_video(request, model, params, _image_input(model, ref),
                                              priority=d["priority"], output=output_options(d))))
 
-    @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **_errors(400, 401)})
+    @extend_schema(operation_id="listVideos", parameters=[s.VideoListQuerySerializer], responses={200: s.VideoListSerializer, **error_responses(400, 401)})
     def get(self, request: Request) -> Response:
         q = s.VideoListQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
@@ -306,7 +229,7 @@ class VideoListCreateView(OpenAIView):
 
 
 class VideoDetailView(OpenAIView):
-    @extend_schema(operation_id="retrieveVideo", responses={200: s.VideoSerializer, **_errors(401, 404)})
+    @extend_schema(operation_id="retrieveVideo", responses={200: s.VideoSerializer, **error_responses(401, 404)})
     def get(self, request: Request, video_id: str) -> Response:
         job = control.refresh(_own_video(request, video_id))
         response = with_eta_header(Response(_video(job)), job)
@@ -314,7 +237,7 @@ class VideoDetailView(OpenAIView):
             response["openai-poll-after-ms"] = str(poll_after_ms(job))
         return response
 
-    @extend_schema(operation_id="deleteVideo", responses={200: s.VideoDeletedSerializer, **_errors(401, 404, 503)})
+    @extend_schema(operation_id="deleteVideo", responses={200: s.VideoDeletedSerializer, **error_responses(401, 404, 503)})
     def delete(self, request: Request, video_id: str) -> Response:
         job = control.cancel(_own_video(request, video_id))
         Job.objects.filter(pk=job.pk).update(hidden=True)
@@ -328,7 +251,7 @@ class VideoContentView(OpenAIView):
                    responses={(200, "video/mp4"): OpenApiTypes.BINARY, (200, "image/png"): OpenApiTypes.BINARY,
                               (200, "application/json"): s.VideoContentUrlSerializer,
                               (206, "video/mp4"): OpenApiTypes.BINARY,
-                              (200, "image/jpeg"): OpenApiTypes.BINARY, **_errors(400, 401, 404, 409, 410, 503)})
+                              (200, "image/jpeg"): OpenApiTypes.BINARY, **error_responses(400, 401, 404, 409, 410, 503)})
     def get(self, request: Request, video_id: str) -> Any:
         from django.http import HttpResponse
 
@@ -384,7 +307,7 @@ class VideoRemixView(OpenAIView):
     parser_classes = [JSONParser, MultiPartParser, FormParser]
 
     @extend_schema(operation_id="remixVideo", request=s.VideoRemixSerializer,
-                   responses={200: s.VideoSerializer, **_errors(400, 401, 404, 409, 413, 429, 503)})
+                   responses={200: s.VideoSerializer, **error_responses(400, 401, 403, 404, 409, 413, 429, 503)})
     def post(self, request: Request, video_id: str) -> Response:
         """A new video with the source's parameters (size, frames, steps, seed, lora, ...) and options
         (priority, capped by what this key may use now; deadline_s; retention, within this key's tier), and
@@ -412,120 +335,3 @@ class VideoRemixView(OpenAIView):
         with transaction.atomic():
             Remix.objects.get_or_create(job=job, defaults={"source_uid": source.uid})
         return Response(_video(job))
-
-
-def _wait(jobs: list[Job], timeout: float) -> list[Job]:
-    """Each job once it has finished or ``timeout`` (for them all) has passed: one engine long poll per job
-    (EngineClient.wait), then the row brought up to date through the ledger."""
-    deadline = time.monotonic() + timeout
-    out = []
-    for j in jobs:
-        if not j.terminal and j.uid:
-            try:
-                get_engine().wait(j.uid, max(0.0, deadline - time.monotonic()))
-            except EngineError:
-                log.warning("engine unreachable while waiting for %s", j.uid)
-        out.append(control.refresh(j))
-    return out
-
-
-class ImageGenerationView(OpenAIView):
-    parser_classes = [JSONParser]
-
-    @extend_schema(operation_id="createImage", request=s.ImageGenerateSerializer,
-                   responses={200: s.ImagesResponseSerializer, **_errors(400, 401, 409, 413, 429, 502, 503, 504)})
-    def post(self, request: Request) -> Response:
-        check_body_size(request)
-        v = s.ImageGenerateSerializer(data=request.data)
-        v.is_valid(raise_exception=True)
-        d = v.validated_data
-        model = d["model"]
-        image_models = sorted(n for n, w in workflows().items() if w.final_output == "image")
-        if model not in image_models:
-            raise services.Invalid("model", f"unknown image model {model!r}; known: {', '.join(image_models)}")
-        params = {name: d[name] for name in (*s.IMAGE_PARAMS, "lora") if name in d and name != "seed"}
-        if d.get("size", "auto") != "auto":  # else the loaded model's own size (SD 1.5: 512x512)
-            params["width"], params["height"] = s.parse_size(d["size"])
-        # SGLang's quality levels are the engine's; OpenAI's values change nothing. "high" is both: the level
-        # where the model serves it, else OpenAI's no-op as before (an OpenAI client's request stays valid)
-        level = d.get("quality")
-        if level in ("lossless", "extra-high") or (level == "high" and "high" in _levels(model)):
-            params["quality"] = level
-        seed = d.get("seed", 0)
-        jobs: list[Job] = []
-        try:
-            for i in range(d["n"]):
-                # the engine refuses at once (503) what it could not finish within the wait, instead of
-                # accepting work this call would cancel at the end of it
-                jobs.append(services.submit(request.user, model, {**params, "seed": seed + i}, {}, "", "openai",
-                                            deadline_s=float(conf.get("IMAGE_WAIT_S")),
-                                            api_key=api_key_of(request), priority=d["priority"],
-                                            output=output_options(d)).job)
-        except Exception:
-            # all n or none: a request refused part-way (quota, engine busy) must not leave its first
-            # images running, charged, for a caller who was told it failed
-            for j in jobs:
-                try:
-                    control.cancel(j)
-                except Exception:  # the refusal is the answer; a cancel that fails is retried by nobody
-                    pass
-            raise
-        jobs = _wait(jobs, float(conf.get("IMAGE_WAIT_S")))
-        unfinished = [j for j in jobs if not j.terminal]
-        if unfinished:
-            for j in unfinished:
-                control.cancel(j)
-            raise ApiError(504, f"the image was not ready within {conf.get('IMAGE_WAIT_S')}s; cancelled")
-        bad = [j for j in jobs if j.state != COMPLETED]
-        if bad:
-            raise ApiError(502, f"generation {bad[0].state}: {bad[0].detail or bad[0].state}")
-        fmt, quality = d["output_format"], d.get("output_compression", 100)
-        data = []
-        for j in jobs:
-            if d["response_format"] == "b64_json":
-                data.append({"b64_json": base64.b64encode(encode_image(_result(j), fmt, quality)).decode()})
-            else:  # a presigned GET from the store where clients reach it, else the platform's signed URL
-                data.append(issue_url(j, request, "image", fmt, quality))
-        first = jobs[0].params
-        return Response({"created": int(time.time()), "data": data, "output_format": fmt,
-                         "size": f"{first.get('width')}x{first.get('height')}"})
-
-
-def _result(job: Job) -> bytes:
-    data = get_engine().result(job.uid or "")
-    if data is None:
-        raise ApiError(502, "the result was lost before it could be returned")
-    return data
-
-
-class ImageContentView(OpenAIView):
-    """The png behind a signed url; a bad or expired signature is 404 (nothing to learn from it)."""
-
-    content_negotiation_class = BytesOrJsonNegotiation
-    authentication_classes: list[type] = []
-    permission_classes = [AllowAny]
-
-    @extend_schema(operation_id="getImageContent", auth=[], responses={(200, "image/png"): OpenApiTypes.BINARY,
-                                                                 (206, "image/png"): OpenApiTypes.BINARY,
-                                                                 404: ERRORS[404], 410: ERRORS[410],
-                                                                 416: OpenApiTypes.NONE},
-                   parameters=[OpenApiParameter("token", str, OpenApiParameter.PATH)])
-    def get(self, request: Request, token: str) -> Any:
-        grant = unsign_result_url(token, "image")
-        if grant is None:
-            raise NotFound("no such image")
-        uid, _, rest = grant.partition(".")
-        fmt, _, quality = rest.partition(".")
-        images = [n for n, w in workflows().items() if w.final_output == "image"]
-        job = Job.objects.filter(uid=uid, state=COMPLETED, hidden=False, workflow__in=images).first()
-        if job is None:
-            raise NotFound("no such image")
-        if fmt not in IMAGE_TYPES or fmt == "png":
-            return result_response(job, request)  # streamed from the store where it is there; Range honoured
-        response = result_response(job)
-        if response.status_code != 200:
-            return response
-        from onepiece_platform.jobs.result_urls import bytes_response
-
-        return bytes_response(encode_image(response.content, fmt, int(quality or 100)),
-                              request.META.get("HTTP_RANGE"), IMAGE_TYPES[fmt])
