@@ -110,7 +110,7 @@ def wait_calibrated(proxy: Proxy, store: Any, folder: Path, timeout: float) -> d
     while True:
         reports: dict[str, Any] = {}
         for inst in want:
-            stats = store.instance_stats(inst) if store.r.exists(keys.instance_key(inst)) else {}
+            stats = store.instances.read(inst) if store.r.exists(keys.instance_key(inst)) else {}
             found = {k: json.loads(v) for k, v in stats.items() if k.startswith("calibration.")}
             if found and all(r.get("done") for r in found.values()):
                 reports[inst] = found
@@ -137,7 +137,7 @@ def price_now(store: Any, folder: Path, wf: str, params: dict[str, Any]) -> tupl
             if member_wf == wf:
                 served[(inst.id, wf)] = stage
     fits: dict[tuple[str, str], list[Fit]] = {}
-    for (inst, name), raw in store.price_fits(served).items():
+    for (inst, name), raw in store.instances.price_fits(served).items():
         if (f := Fit.from_json(raw)) is not None:
             fits.setdefault((name, served[(inst, name)]), []).append(f)
     pricer = Pricer()

@@ -11,7 +11,7 @@ size), on the tiny models with one torch thread.
 ``--models DIR`` measures the folders in DIR (``<workflow>/`` each, as ``onepiece models make-tiny --out DIR``
 writes); without it, tiny models are built in a temporary folder first.
 
-Previews go to a real redis-server (started here on a free port) through JobStore.add_preview, as a worker
+Previews go to a real redis-server (started here on a free port) through JobStore.preview.add, as a worker
 writes them. Prints one line per workflow and a JSON summary; figures in benchmarks/previews.md.
 """
 
@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 SHAPES = {  # a step of a realistic share of the job: the tiny models at larger shapes than their warm-up's
@@ -46,7 +47,7 @@ def _job(runner: Any, params: dict[str, Any], store: Any, every: int) -> float:
     want = params["num_inference_steps"] // every if every else 0
     seen, after = 0, "0-0"
     while seen < want:  # blocking reads of the job's preview stream: woken by each write
-        got = store.previews(uid, after, block_ms=10_000)
+        got = store.preview.since(uid, after, block_ms=10_000)
         if not got:
             raise RuntimeError(f"{uid}: {seen} of {want} previews after 10 s")
         seen, after = seen + len(got), got[-1].id
@@ -54,7 +55,7 @@ def _job(runner: Any, params: dict[str, Any], store: Any, every: int) -> float:
 
 
 #: CPU seconds: of the thread running the stages ("loop"), of the preview thread ("render": making the
-#: pictures, "write": the store's add_preview), and of the loop inside the preview hook ("hook": what a
+#: pictures, "write": the store's preview.add), and of the loop inside the preview hook ("hook": what a
 #: preview blocks it: the snapshot of the latents and the hand-over)
 CPU = {"loop": 0.0, "render": 0.0, "write": 0.0, "hook": 0.0}
 
@@ -158,7 +159,7 @@ class _Store:
 
     def __init__(self, store: Any) -> None:
         self.store = store
-        self.add_preview = _timed(store.add_preview, "write")
+        self.preview = SimpleNamespace(add=_timed(store.preview.add, "write"))
 
 
 def _method_cost(runner: Any, params: dict[str, Any]) -> dict[str, Any]:

@@ -142,9 +142,9 @@ def pool(model_dir: str, adapters: int, seconds: float, in_flight: int, work: Pa
         out = {"pool_rps": lora["rps"], "pool_failed": lora["failed"], "pool_no_adapters_rps": plain["rps"]}
         store = JobStore.from_url(eng.services[0].url)
         try:
-            reports = {i.id: json.loads(store.instance_stats(i.id).get("adapters") or "null")
+            reports = {i.id: json.loads(store.instances.read(i.id).get("adapters") or "null")
                        for i in assignment.instances if i.stage == "denoise"}
-            batches = {i.id: store.instance_stats(i.id) for i in assignment.instances if i.stage == "denoise"}
+            batches = {i.id: store.instances.read(i.id) for i in assignment.instances if i.stage == "denoise"}
         finally:
             store.close()
     hot = [r for r in reports.values() if r]

@@ -48,7 +48,7 @@ def published_fits(state: ProxyState) -> dict[tuple[str, str], list[Fit]]:
     where = {(r.instance, name): stage for name, spec in workflows().items() for stage in spec.route()
              for r in routes.candidates(name, stage)}
     out: dict[tuple[str, str], list[Fit]] = {}
-    for (instance, name), raw in state.store.price_fits(where).items():
+    for (instance, name), raw in state.store.instances.price_fits(where).items():
         fit = Fit.from_json(raw)
         if fit is not None:
             out.setdefault((name, where[instance, name]), []).append(fit)

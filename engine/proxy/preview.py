@@ -32,7 +32,7 @@ def install(app: web.Application, store: Any) -> None:
         uid = request.match_info["uid"]
         try:
             st = await asyncio.to_thread(store.status, uid)
-            found = await asyncio.to_thread(store.latest_preview, uid) if st is not None else None
+            found = await asyncio.to_thread(store.preview.latest, uid) if st is not None else None
         except outage.UNAVAILABLE as exc:  # a moment's overload, never a 500 (as the other routes)
             return web.json_response({"error": f"the result store is unavailable: {exc}"},
                                      status=503, headers={"Retry-After": str(outage.RETRY_AFTER_S)})

@@ -1,7 +1,7 @@
 """Live previews of a denoise stage (issue 28, item 2): the current latents -> a small JPEG in the job store.
 
 A request with ``preview_every`` = N > 0 gets, after every N-th denoising step, a picture of its current
-latents, published to the job store (``JobStore.add_preview``, a Redis stream per job, never the ring) for
+latents, published to the job store (``JobStore.preview.add``, a Redis stream per job, never the ring) for
 the job's websocket and ``GET .../preview``. The denoise loop hands over a copy, never a reference (the next
 step may write its latents in place): on the CPU, once the projection is fitted, the small uint8 picture
 itself (:meth:`Renderer.keep`: one matrix product over the latent grid, ~0.1 ms); otherwise (the first

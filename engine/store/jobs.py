@@ -29,12 +29,14 @@ and the status hash no longer moves.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from string import Template
 from typing import TYPE_CHECKING, Any
 
 from engine.store import keys
+from engine.store.instances import InstanceStats
+from engine.store.previews import PreviewStore
 
 if TYPE_CHECKING:
     from engine.store.objects import ObjectRef, ObjectStore
@@ -148,23 +150,6 @@ return {1, msg}
 """)
 
 
-# a job's preview: appended only after a smaller step (KEYS: the preview stream;
-# ARGV: step, stage, total, image, mime, entries kept, ttl)
-_ADD_PREVIEW = """
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if last[1] then
-  local f = last[1][2]
-  for i = 1, #f, 2 do
-    if f[i] == 'step' and tonumber(f[i + 1]) >= tonumber(ARGV[1]) then return false end
-  end
-end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[6], '*', 'stage', ARGV[2], 'step', ARGV[1],
-                      'total', ARGV[3], 'image', ARGV[4], 'mime', ARGV[5])
-redis.call('EXPIRE', KEYS[1], ARGV[7])
-return id
-"""
-
-
 def _described(result: bytes | bytearray | memoryview | None, ref: ObjectRef | None) -> str:
     """The completed event's ``output`` field: the stored object's reference, or (an inline result) the same
     description with no key; '' for no result."""
@@ -189,29 +174,6 @@ class Orphan:
     node: str
     instance: str
     stage: str
-
-
-@dataclass(frozen=True)
-class Preview:
-    """One live preview of a job (engine.stages.preview): after ``step`` of ``total`` of ``stage``; ``id``: its
-    stream entry's id (read on after it)."""
-
-    id: str
-    stage: str
-    step: int
-    total: int
-    image: bytes
-    mime: str = "image/png"
-
-    def meta(self) -> dict[str, Any]:
-        """The preview without its bytes."""
-        return {"id": self.id, "stage": self.stage, "step": self.step, "total": self.total, "mime": self.mime}
-
-
-def _preview(entry_id: bytes | str, f: Mapping[bytes, bytes]) -> Preview:
-    sid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return Preview(sid, f[b"stage"].decode(), int(f[b"step"]), int(f[b"total"]), bytes(f[b"image"]),
-                   f.get(b"mime", b"image/png").decode())
 
 
 @dataclass(frozen=True)
@@ -260,7 +222,8 @@ class JobStore:
         self._retry = client.register_script(_RETRY)
         self._accept = client.register_script(_ACCEPT)
         self._gate = client.register_script(_GATE)
-        self._add_preview = client.register_script(_ADD_PREVIEW)
+        self.preview = PreviewStore(client, self.ttl)  # jobs' live previews (engine.store.previews)
+        self.instances = InstanceStats(client)  # stage instances' counters (engine.store.instances)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> JobStore:
@@ -498,31 +461,6 @@ class JobStore:
             return None
         return self.objects.newest(result_prefix(uid))
 
-    # -- live previews ---------------------------------------------------------------------
-    #: previews kept per job (a stream capped at about this many; readers want the latest, the socket the rest)
-    PREVIEWS_KEPT = 32
-
-    def add_preview(self, uid: str, stage: str, step: int, total: int, image: bytes,
-                    mime: str = "image/png") -> str | None:
-        """Append a preview to the job's stream and renew its TTL, in one script; None (nothing written)
-        when the stream already holds a later step: two stages' workers (the Wan2.2 experts) write one
-        job's previews, and the stream stays in step order whichever writes last."""
-        args = [int(step), stage, int(total), bytes(image), mime, self.PREVIEWS_KEPT, self.ttl]
-        entry = self._add_preview(keys=[keys.preview_key(uid)], args=args)
-        if not entry:
-            return None
-        return entry.decode() if isinstance(entry, bytes) else str(entry)
-
-    def latest_preview(self, uid: str) -> Preview | None:
-        """The job's newest preview, or None (none yet, previews off, or expired)."""
-        rows = self.r.xrevrange(keys.preview_key(uid), count=1)
-        return _preview(*rows[0]) if rows else None
-
-    def previews(self, uid: str, after: str = "0-0", block_ms: int | None = None, count: int = 16) -> list[Preview]:
-        """The job's previews after entry ``after``, oldest first; waits up to ``block_ms`` for one."""
-        rows = self.r.xread({keys.preview_key(uid): after}, count=count, block=block_ms)
-        return [_preview(i, f) for _k, entries in rows for i, f in entries]
-
     def drop_results(self, uids: Iterable[str], chunk: int = 500, freed: dict[str, int] | None = None) -> int:
         """Delete these jobs' result bytes now instead of at their TTL; returns how many existed.
 
@@ -595,33 +533,6 @@ class JobStore:
 
     def is_done(self, uid: str, stage: str) -> bool:
         return bool(self.r.exists(keys.done_key(uid, stage)))
-
-    def record_instance(self, instance: str, fields: Mapping[str, float | int | str], busy_s: float) -> None:
-        """Per-instance counters the TaskManager reports (requests, busy seconds, last stage time)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hset(keys.instance_key(instance), mapping=dict(fields))
-        pipe.hincrby(keys.instance_key(instance), "requests", 1)
-        pipe.hincrbyfloat(keys.instance_key(instance), "busy_s", busy_s)
-        pipe.execute()
-
-    def count_instance(self, instance: str, name: str, n: int = 1) -> None:
-        """Add ``n`` to one of an instance's counters (e.g. ``cfg_halves``: steps it helped a peer with)."""
-        self.r.hincrby(keys.instance_key(instance), name, n)
-
-    def price_fits(self, served: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-        """(instance, workflow) -> the pricing fit (engine.workflow.pricing) the instance published last for
-        that workflow's requests (an instance of a shared pool fits each workflow apart), for those that have
-        one: one round trip for them all."""
-        pairs = list(served)
-        if not pairs:
-            return {}
-        pipe = self.r.pipeline(transaction=False)
-        for name, workflow in pairs:
-            pipe.hget(keys.instance_key(name), f"price_fit.{workflow}")
-        return {p: v.decode() for p, v in zip(pairs, pipe.execute(), strict=True) if v is not None}
-
-    def instance_stats(self, instance: str) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.instance_key(instance)).items()}
 
     # -- helpers ----------------------------------------------------------------------------------
     def _field(self, uid: str, name: str) -> str:

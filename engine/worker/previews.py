@@ -39,7 +39,7 @@ class _Item:
 
 class Previews:
     """A worker's preview publisher: :meth:`attach` turns a request's ``preview_every`` into its context's
-    hook; one thread renders and writes (``store.add_preview``), jobs in the order offered, each job's
+    hook; one thread renders and writes (``store.preview.add``), jobs in the order offered, each job's
     previews in step order, at most :data:`PER_JOB` of a job waiting (a newer one replaces its oldest)."""
 
     def __init__(self, store: Any, executor: Any, method: str = "linear", fmt: str = "jpeg") -> None:
@@ -131,7 +131,7 @@ class Previews:
         while (item := self._next()) is not None:
             try:
                 image = self._render(item)
-                self.store.add_preview(item.uid, item.stage, item.step, item.total, image, FORMATS[self.fmt][2])
+                self.store.preview.add(item.uid, item.stage, item.step, item.total, image, FORMATS[self.fmt][2])
             except Exception:  # a preview is never worth a job: log it and go on with the next
                 log.exception("preview of %s step %d failed", item.uid, item.step)
 

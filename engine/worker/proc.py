@@ -139,7 +139,7 @@ def _connect(config: WorkerConfig, executor: Any, served: Any) -> tuple[Any, Any
 
         ring = open_ring(config.collab_address, RingConfig(slots=64, buffer_bytes=config.ring_bytes))
         collab = CfgService(config.instance, config.collab_address, ring, executor,
-                            on_helped=lambda n: store.count_instance(config.instance, "cfg_halves", n)).start()
+                            on_helped=lambda n: store.instances.count(config.instance, "cfg_halves", n)).start()
     return store, routes, TaskWorker(config, store, routes, served, consumer, collab)
 
 

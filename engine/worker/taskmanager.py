@@ -405,7 +405,7 @@ class TaskManager:
                                "max_batch": self.s.batching.for_stage(inst.spec.workflow, inst.spec.stage)[0],
                                "ring": local_backlog(inst.address) if inst.ready else None}
         try:
-            stats = self.store.instance_stats(inst.spec.id) if self.store is not None else {}
+            stats = self.store.instances.read(inst.spec.id) if self.store is not None else {}
         except Exception:  # Redis unreachable: report what the node itself knows
             return out
         busy, now = float(stats.get("busy_s", 0.0)), time.monotonic()

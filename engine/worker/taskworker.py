@@ -271,7 +271,7 @@ class TaskWorker:
         return fit
 
     def _publish(self, name: str, value: str) -> None:
-        """One of the instance's fields, without counting a request (record_instance counts one); a store
+        """One of the instance's fields, without counting a request (InstanceStats.record counts one); a store
         away is logged (the next run's record publishes the fit again)."""
         try:
             self.store.r.hset(keys.instance_key(self.config.instance), name, value)
@@ -585,7 +585,7 @@ class TaskWorker:
         if hot is not None:
             fields["adapters"] = json.dumps(hot.report())
         self.runs += 1
-        self.store.record_instance(cfg.instance, fields, occupied)
+        self.store.instances.record(cfg.instance, fields, occupied)
 
     # -- delivery --------------------------------------------------------------------------------
     def _send(self, h: wm.Header, tensors: dict[str, wm.TensorData], blobs: dict[str, Any], cost: float,

@@ -42,7 +42,7 @@ def store() -> JobStore:
 
 def latest_response(uid: str) -> HttpResponse:
     """The job's newest preview as its image (headers: step, total, stage), or 204 while there is none."""
-    found = store().latest_preview(uid)
+    found = store().preview.latest(uid)
     if found is None:
         return HttpResponse(status=204, headers={"Cache-Control": "no-store"})
     return HttpResponse(found.image, content_type=found.mime, headers=headers(found))
@@ -50,7 +50,7 @@ def latest_response(uid: str) -> HttpResponse:
 
 def meta(uid: str) -> dict[str, Any] | None:
     """Where the job's newest preview was made (no bytes), for a JSON view; None while there is none."""
-    found = store().latest_preview(uid)
+    found = store().preview.latest(uid)
     return None if found is None else {k: v for k, v in found.meta().items() if k != "mime"}
 
 
@@ -88,7 +88,7 @@ async def _tail(consumer: Any, uid: str) -> None:
     reader, after = store(), "0-0"
     while True:
         try:
-            got = await asyncio.to_thread(reader.previews, uid, after, BLOCK_MS)
+            got = await asyncio.to_thread(reader.preview.since, uid, after, BLOCK_MS)
         except Exception:  # Redis away for a moment: the client still has REST (GET .../preview)
             log.warning("preview stream of %s unreadable; retrying", uid, exc_info=True)
             await asyncio.sleep(1.0)

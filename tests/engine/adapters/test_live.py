@@ -56,7 +56,7 @@ def test_adapters_through_a_live_engine(tiny_models: dict[str, Path], adapters: 
             for _ in range(20):
                 for uid in [c.submit(WF, {**PARAMS, "seed": 99}) for _ in range(2)]:
                     assert c.wait(uid, {"completed", "failed"})["state"] == "completed"
-                plain = {i: int(c.store.instance_stats(i).get("requests", 0)) for i in denoisers}
+                plain = {i: int(c.store.instances.read(i).get("requests", 0)) for i in denoisers}
                 if all(plain.values()):
                     break
             else:
@@ -70,7 +70,7 @@ def test_adapters_through_a_live_engine(tiny_models: dict[str, Path], adapters: 
                 results[(k, name)] = np.asarray(Image.open(io.BytesIO(png)))
             report = {}
             for iid in (f"{WF}.denoise.0", f"{WF}.denoise.1"):
-                report[iid] = c.store.instance_stats(iid)
+                report[iid] = c.store.instances.read(iid)
             import json
 
             loaded = {iid: json.loads(s["adapters"]) for iid, s in report.items()}

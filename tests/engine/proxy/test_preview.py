@@ -29,8 +29,8 @@ def test_get_preview_answers_the_latest_image(env: dict[str, Any]) -> None:  # n
         assert r.status == 202
         uid = (await r.json())["uid"]
         assert (await client.get(f"/v1/requests/{uid}/preview")).status == 204  # none yet
-        store.add_preview(uid, "denoise", 1, 2, b"\x89PNG first")
-        store.add_preview(uid, "denoise", 2, 2, b"\x89PNG second")
+        store.preview.add(uid, "denoise", 1, 2, b"\x89PNG first")
+        store.preview.add(uid, "denoise", 2, 2, b"\x89PNG second")
         r = await client.get(f"/v1/requests/{uid}/preview")
         assert r.status == 200 and r.content_type == "image/png"
         assert await r.read() == b"\x89PNG second"

@@ -78,7 +78,7 @@ def _run(c: Cluster, png: bytes) -> tuple[str, bytes, str]:
 
 
 def _halves(c: Cluster) -> int:
-    return sum(int(c.store.instance_stats(f"{WF}.denoise.{k}").get("cfg_halves", 0)) for k in range(2))
+    return sum(int(c.store.instances.read(f"{WF}.denoise.{k}").get("cfg_halves", 0)) for k in range(2))
 
 
 def test_collaboration_is_bit_identical_to_individual_mode(collab: Cluster, tiny_models: dict[str, Path],

@@ -25,13 +25,13 @@ def test_previews_come_in_order_per_request_and_the_route_serves_the_latest(one_
     for uid in [*uids, plain, wan]:
         assert one_node.wait(uid, keys.TERMINAL, timeout=240)["state"] == keys.COMPLETED
     for uid in uids:
-        got = one_node.store.previews(uid)
+        got = one_node.store.preview.since(uid)
         assert [(p.stage, p.step, p.total) for p in got] == [("denoise", 2, 6), ("denoise", 4, 6), ("denoise", 6, 6)]
         status, body, headers = one_node.call("GET", f"/v1/requests/{uid}/preview")
         assert status == 200 and headers["OnePiece-Preview-Step"] == "6" and body == got[-1].image
         assert Image.open(io.BytesIO(body)).format == "JPEG" and headers["Content-Type"] == "image/jpeg"
     # each request's previews are its own latents (different seeds: different pictures)
-    assert len({one_node.store.latest_preview(u).image for u in uids}) == len(uids)
-    assert [p.step for p in one_node.store.previews(wan)] == [2, 4]
-    assert one_node.store.latest_preview(plain) is None
+    assert len({one_node.store.preview.latest(u).image for u in uids}) == len(uids)
+    assert [p.step for p in one_node.store.preview.since(wan)] == [2, 4]
+    assert one_node.store.preview.latest(plain) is None
     assert one_node.call("GET", f"/v1/requests/{plain}/preview")[0] == 204

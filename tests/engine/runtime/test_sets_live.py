@@ -58,7 +58,7 @@ def test_requests_stay_in_their_set_and_clients_get_the_less_loaded_set(
             uids = [c.submit(WF, dict(PARAMS, seed=i)) for i in range(4)]
             for uid in uids:
                 assert c.wait(uid, {"completed", "failed"}, timeout=120)["state"] == "completed"
-            served = {s: sum(int(c.store.instance_stats(f"{WF}.{st}.{s}").get("requests", 0)) for st in ROUTE)
+            served = {s: sum(int(c.store.instances.read(f"{WF}.{st}.{s}").get("requests", 0)) for st in ROUTE)
                       for s in ("a", "b")}
             assert served["a"] == 4 * len(ROUTE) and served["b"] == 0, served  # nothing crossed into set B
             # the manager's view: set A carries the load, so a client is sent to set B's Proxy

@@ -35,16 +35,17 @@ def denoise(tiny_models: dict[str, Path]) -> _Denoise:
 
 
 class _HeldStore:
-    """The real job store, whose first ``add_preview`` waits until the test releases it."""
+    """The real job store, whose first preview write (``store.preview.add``) waits until the test releases it."""
 
     def __init__(self, store: JobStore) -> None:
         self.store, self.entered, self.release = store, threading.Event(), threading.Event()
+        self.preview = self  # the publisher writes through ``store.preview.add``: this object's add
 
-    def add_preview(self, *args: Any) -> Any:
+    def add(self, *args: Any) -> Any:
         if not self.entered.is_set():
             self.entered.set()
             assert self.release.wait(60), "the test never released the preview thread"
-        return self.store.add_preview(*args)
+        return self.store.preview.add(*args)
 
 
 def _latents(seed: int) -> torch.Tensor:
@@ -76,7 +77,7 @@ def test_a_preview_shows_the_latents_of_its_step_not_what_the_loop_writes_later(
     finally:
         held.release.set()
         pub.close()
-    got = job_store.previews(uid)
+    got = job_store.preview.since(uid)
     assert [p.step for p in got] == [1, 2]
     renderer = pub.renderer
     assert renderer is not None
@@ -102,8 +103,8 @@ def test_a_backlog_keeps_each_jobs_latest_previews_in_step_order(job_store: JobS
     finally:
         held.release.set()
         pub.close()
-    assert [p.step for p in job_store.previews(a)] == [1, *range(2 + extra, n + 1)]
-    assert [p.step for p in job_store.previews(b)] == [1, 2]  # a's backlog cost b nothing
+    assert [p.step for p in job_store.preview.since(a)] == [1, *range(2 + extra, n + 1)]
+    assert [p.step for p in job_store.preview.since(b)] == [1, 2]  # a's backlog cost b nothing
     assert pub.skipped == extra
     assert pub.waiting == {} and not pub.order
 
@@ -125,8 +126,8 @@ def test_all_jobs_together_keep_at_most_max_waiting_the_oldest_of_all_giving_way
     finally:
         held.release.set()
         pub.close()
-    assert [len(job_store.previews(u)) for u in jobs] == [0, 0, 1, 1, 1]
-    assert len(job_store.previews(first)) == 1 and pub.skipped == 2
+    assert [len(job_store.preview.since(u)) for u in jobs] == [0, 0, 1, 1, 1]
+    assert len(job_store.preview.since(first)) == 1 and pub.skipped == 2
     assert pub.waiting == {} and not pub.order
 
 

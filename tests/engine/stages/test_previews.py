@@ -39,16 +39,16 @@ def test_preview_every_is_off_by_default_and_bounded_by_the_step_limit() -> None
 
 def test_store_keeps_previews_in_step_order(job_store: JobStore) -> None:
     uid = _uid()
-    assert job_store.latest_preview(uid) is None
-    first = job_store.add_preview(uid, "denoise_high", 2, 8, b"png-2")
+    assert job_store.preview.latest(uid) is None
+    first = job_store.preview.add(uid, "denoise_high", 2, 8, b"png-2")
     assert first is not None
-    assert job_store.add_preview(uid, "denoise_low", 6, 8, b"png-6") is not None
+    assert job_store.preview.add(uid, "denoise_low", 6, 8, b"png-6") is not None
     # a late writer (the other expert's worker) cannot put an earlier step after a later one
-    assert job_store.add_preview(uid, "denoise_high", 4, 8, b"png-4") is None
-    latest = job_store.latest_preview(uid)
+    assert job_store.preview.add(uid, "denoise_high", 4, 8, b"png-4") is None
+    latest = job_store.preview.latest(uid)
     assert latest is not None and (latest.stage, latest.step, latest.total, latest.image) == ("denoise_low", 6, 8, b"png-6")
-    assert [p.step for p in job_store.previews(uid)] == [2, 6]
-    assert [p.step for p in job_store.previews(uid, after=first)] == [6]
+    assert [p.step for p in job_store.preview.since(uid)] == [2, 6]
+    assert [p.step for p in job_store.preview.since(uid, after=first)] == [6]
     assert 0 < job_store.r.ttl(keys.preview_key(uid)) <= 60
 
 
@@ -93,7 +93,7 @@ def test_every_stepped_denoise_publishes_its_previews(workflow: str, stages: set
     params, inputs = get_workflow(workflow).warm_up_request()
     uid = _uid()
     _run(tiny_models, workflow, {**params, "num_inference_steps": 6, "preview_every": 2}, inputs, job_store, uid)
-    got = job_store.previews(uid)
+    got = job_store.preview.since(uid)
     assert [(p.step, p.total) for p in got] == [(2, 6), (4, 6), (6, 6)]
     assert {p.stage for p in got} == stages
     for p in got:

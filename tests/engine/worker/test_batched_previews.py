@@ -37,10 +37,10 @@ def test_batched_requests_publish_their_own_previews(sd: Any, redis_server: Any,
         assert renderer is not None
         for u, p in reqs.items():
             n = p["num_inference_steps"]
-            got = store.previews(u)
+            got = store.preview.since(u)
             assert [(x.stage, x.step, x.total) for x in got] == [("denoise", k, n) for k in range(2, n + 1, 2)]
             # the last preview is the picture of this request's own final latents, not a batch neighbour's
             assert got[-1].image == renderer.render(plane(handed[u]))
-        assert len({store.latest_preview(u).image for u in reqs}) == len(reqs)
+        assert len({store.preview.latest(u).image for u in reqs}) == len(reqs)
     finally:
         rig.close()

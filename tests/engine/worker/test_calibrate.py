@@ -34,16 +34,16 @@ def test_an_idle_worker_publishes_a_fit_of_several_sizes_before_any_request(
     check = _idle_loop(worker)
     worker.last_active = time.monotonic()  # it just handled something: busy, nothing is measured
     assert check() is False and worker.calibrator.targets[0].points == 0
-    assert store.price_fits([(INSTANCE, "sd-t2i")]) == {}
+    assert store.instances.price_fits([(INSTANCE, "sd-t2i")]) == {}
     ticks = 0
     while worker.calibrator is not None:
         worker.last_active = time.monotonic() - 1.0  # idle
         assert check() is False
         ticks += 1
         assert ticks < 50
-    fit = Fit.from_json(store.price_fits([(INSTANCE, "sd-t2i")])[(INSTANCE, "sd-t2i")])
+    fit = Fit.from_json(store.instances.price_fits([(INSTANCE, "sd-t2i")])[(INSTANCE, "sd-t2i")])
     assert fit is not None and fit.sizes >= 3 and fit.determined  # image_encode's cost is linear: degree 1
-    stats = store.instance_stats(INSTANCE)
+    stats = store.instances.read(INSTANCE)
     report = json.loads(stats["calibration.sd-t2i"])
     assert report["done"] and report["points"] == fit.sizes and not report["notes"]
     assert "requests" not in stats  # calibration is not a request
@@ -132,9 +132,9 @@ def test_an_instance_with_calibration_off_says_so(redis_server: Any, etcd_server
     worker = image_encode_worker(store, consumer, etcd_server.url, calibrate_s=0.0)
     check = _idle_loop(worker)
     assert check() is False and worker.calibrator is None
-    report = json.loads(store.instance_stats(INSTANCE)["calibration.sd-t2i"])
+    report = json.loads(store.instances.read(INSTANCE)["calibration.sd-t2i"])
     assert report == {"points": 0, "done": True, "notes": ["off"]}
-    assert store.price_fits([(INSTANCE, "sd-t2i")]) == {}
+    assert store.instances.price_fits([(INSTANCE, "sd-t2i")]) == {}
     store.close()
 
 

@@ -32,7 +32,7 @@ def test_last_stage_writes_once_and_drops_redeliveries(redis_server: Any, etcd_s
     # the last stage's time is on record too, before the terminal event (the ledger charges stage times)
     assert types == [keys.ACCEPTED, keys.STAGE_STARTED, keys.STAGE_FINISHED, keys.COMPLETED]
     assert store.is_done(uid, "image_encode")
-    stats = store.instance_stats("sd-t2i.image_encode.0")
+    stats = store.instances.read("sd-t2i.image_encode.0")
     assert int(stats["requests"]) >= 1 and float(stats["busy_s"]) > 0
     store.close()
 
@@ -54,7 +54,7 @@ def test_a_stretched_stage_takes_its_floor_time(redis_server: Any, etcd_server: 
         assert d is not None
         worker.handle(d)
         assert store.state(u) == keys.COMPLETED
-        stats = store.instance_stats("sd-t2i.image_encode.0")
+        stats = store.instances.read("sd-t2i.image_encode.0")
         if u == uids[0]:  # a new process's first run (warm-up) is not offered as the stage's time
             assert "last_stage_s" not in stats and float(stats["busy_s"]) >= 0.3
     assert float(stats["last_stage_s"]) >= 0.3
@@ -153,7 +153,7 @@ def test_a_stage_exception_reaches_the_client_as_stage_failed(redis_server: Any,
         store.accept(good, "sd-t2i", 1.0)
         send_pixels(producer, good)
         worker.handle(consumer.recv(timeout=5))
-    fit = store.price_fits([("sd-t2i.image_encode.0", "sd-t2i")]).get(("sd-t2i.image_encode.0", "sd-t2i"))
+    fit = store.instances.price_fits([("sd-t2i.image_encode.0", "sd-t2i")]).get(("sd-t2i.image_encode.0", "sd-t2i"))
     assert fit is not None and '"u_max": 64' in fit  # 8x8 pixels of work per run
     worker.executor = _Broken()
     uid = uuid.uuid4().hex

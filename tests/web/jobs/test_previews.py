@@ -1,7 +1,7 @@
 """Live previews on the platform (issue 28 item 2): ``preview_every`` on the native API and both OpenAI routes
 (extra_body), ``GET /api/v1/jobs/<uid>/preview`` (the latest, to its owner), the job's websocket sending the
 previews in step order, the dashboard's job view and the owner's watch page. The previews are written to the
-real redis-server as a denoise worker writes them (JobStore.add_preview)."""
+real redis-server as a denoise worker writes them (JobStore.preview.add)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def test_native_api_checks_preview_every_and_serves_the_latest(alice, bob, store
     uid = r.json()["uid"]
     assert wm.decode(store.r.get(keys.input_key(uid))).header.params["preview_every"] == 2  # on to the stages
     assert c.get(f"/api/v1/jobs/{uid}/preview").status_code == 204  # none yet
-    store.add_preview(uid, "denoise", 2, 4, b"\x89PNG two")
-    store.add_preview(uid, "denoise", 4, 4, b"\x89PNG four")
+    store.preview.add(uid, "denoise", 2, 4, b"\x89PNG two")
+    store.preview.add(uid, "denoise", 4, 4, b"\x89PNG four")
     r = c.get(f"/api/v1/jobs/{uid}/preview")
     assert r.status_code == 200 and r["Content-Type"] == "image/png" and r.content == b"\x89PNG four"
     assert (r["OnePiece-Preview-Step"], r["OnePiece-Preview-Total"], r["OnePiece-Preview-Stage"]) == ("4", "4", "denoise")
@@ -86,7 +86,7 @@ async def test_the_websocket_sends_previews_in_step_order(alice, store) -> None:
     uid = await database_sync_to_async(lambda: alice[1].post("/api/v1/jobs", _sd(preview_every=1),
                                                              format="json").json()["uid"])()
     session = await database_sync_to_async(_session)(alice[0])
-    store.add_preview(uid, "denoise", 1, 3, b"\x89PNG one")  # written before the socket: sent first
+    store.preview.add(uid, "denoise", 1, 3, b"\x89PNG one")  # written before the socket: sent first
     ws = WebsocketCommunicator(application, f"/ws/jobs/{uid}", headers=[
         (b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", f"sessionid={session}".encode())])
     assert (await ws.connect(timeout=10))[0]
@@ -100,7 +100,7 @@ async def test_the_websocket_sends_previews_in_step_order(alice, store) -> None:
         assert p["image"].startswith("data:image/png;base64,") and p["stage"] == "denoise" and p["total"] == 3
         steps.append(p["step"])
         if pending:  # the next one is written while the socket is open: the tail sees it
-            await database_sync_to_async(store.add_preview)(uid, "denoise", pending.pop(0), 3, b"\x89PNG next")
+            await database_sync_to_async(store.preview.add)(uid, "denoise", pending.pop(0), 3, b"\x89PNG next")
     assert steps == [1, 2, 3]
     await ws.disconnect()
 
@@ -111,7 +111,7 @@ def test_dashboard_job_view_shows_the_live_preview(alice, store) -> None:
     staff = Client()
     staff.force_login(get_user_model().objects.create_user("ops", is_staff=True))
     assert staff.get(f"/dashboard/api/jobs/{uid}").json()["job"]["preview"] is None
-    store.add_preview(uid, "denoise", 3, 4, b"\x89PNG three")
+    store.preview.add(uid, "denoise", 3, 4, b"\x89PNG three")
     preview = staff.get(f"/dashboard/api/jobs/{uid}").json()["job"]["preview"]
     assert (preview["step"], preview["total"], preview["stage"]) == (3, 4, "denoise")
     r = staff.get(preview["url"])
