@@ -155,7 +155,7 @@ def pipeline_kwargs(params: dict[str, Any], inputs: dict[str, bytes] | None = No
     staged side decodes it. With ``batch`` > 1, the prompts as lists, one per request; the image stays one:
     diffusers' image-to-video pipelines take one image per call (a list is refused) and condition every item of
     the batch on it, encoding it once per generator, which is what ``batch`` requests of that image are."""
-    from engine.workflow.specs.common import SERVING_PARAMS
+    from engine.workflow.options import SERVING_PARAMS
 
     kwargs = {k: v for k, v in params.items() if k not in {"seed", "fps", *SERVING_PARAMS}}
     if inputs and "image" in inputs:

@@ -21,17 +21,9 @@ Pure: no clock of its own (callers pass ``now``, :func:`time.monotonic` in the e
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
 
-
-class Priority(StrEnum):
-    """A request's priority: the API's names, lowest first (the platform's choices are made from this)."""
-
-    LOW = "low"
-    NORMAL = "normal"
-    HIGH = "high"
-
+from engine.workflow.options import Priority
 
 LEVELS: dict[str, int] = {p.value: i - 1 for i, p in enumerate(Priority)}  # low -1, normal 0, high 1
 NAMES: dict[int, str] = {v: k for k, v in LEVELS.items()}

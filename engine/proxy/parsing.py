@@ -15,7 +15,6 @@ import base64
 import binascii
 import email.message
 import json
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,9 +23,9 @@ from typing import Any
 from engine.dispatch import order
 from engine.workflow import InvalidRequest, WorkflowSpec, images, request_workflow
 from engine.workflow.images import ImageTooLarge
+from engine.workflow.options import Options, deadline_of
 
 FIELDS = frozenset({"workflow", "params", "inputs", "deadline_s", "priority", "uid"})
-MAX_DEADLINE_S = 7 * 86400.0
 MAX_PARTS = 16
 MAX_NAME_CHARS = 64
 
@@ -42,12 +41,19 @@ class BadRequest(Exception):
 
 @dataclass
 class Submission:
+    """A request checked at the edge: its spec, resolved params, inputs and options (built once, here)."""
+
     spec: WorkflowSpec
     params: dict[str, Any]
     inputs: dict[str, bytes]
-    deadline: float | None  # absolute (epoch seconds)
-    priority: int  # the header's level (engine.dispatch.order.LEVELS: low -1, normal 0, high 1)
+    options: Options
+    deadline: float | None  # absolute (epoch seconds): options.deadline_s from the time it was checked
     uid: str | None  # caller-supplied (32 lowercase hex), or None: the Proxy draws one
+
+    @property
+    def priority(self) -> int:
+        """The header's level (engine.dispatch.order.LEVELS: low -1, normal 0, high 1)."""
+        return order.LEVELS[self.options.priority]
 
 
 def _no_constant(name: str) -> Any:
@@ -183,14 +189,12 @@ class Parser:
             raise BadRequest(exc.field, str(exc), 413) from None
         except InvalidRequest as exc:
             raise BadRequest(exc.field, str(exc)) from None
-        if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
-                                       or not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_DEADLINE_S):
-            raise BadRequest("deadline_s", f"deadline_s must be a number of seconds in (0, {MAX_DEADLINE_S:.0f}]")
         try:
-            level = order.level(priority)  # low, normal or high (who may use which is the platform's rule)
-        except ValueError as exc:
-            raise BadRequest("priority", str(exc)) from None
+            deadline_of(deadline_s)  # the deadline's refusal first, then the priority's (who may use which
+            options = Options.of(resolved, priority, deadline_s)  # level is the platform's rule)
+        except InvalidRequest as exc:
+            raise BadRequest(exc.field, str(exc)) from None
         if uid is not None and not is_uid(uid):
             raise BadRequest("uid", "uid must be 32 lowercase hex digits")
-        deadline = time.time() + float(deadline_s) if deadline_s else None
-        return Submission(spec, resolved, inputs, deadline, level, uid if isinstance(uid, str) else None)
+        deadline = time.time() + options.deadline_s if options.deadline_s else None
+        return Submission(spec, resolved, inputs, options, deadline, uid if isinstance(uid, str) else None)

@@ -27,9 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine import envs
-
-LOSSLESS = "lossless"
-QUALITY_LEVELS = (LOSSLESS, "extra-high", "high")
+from engine.workflow.options import LOSSLESS, QUALITY_LEVELS, Options
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ class PassCaches:
 def for_request(workflow: str, params: Mapping[str, Any], per_pass: bool = False) -> StepCache | PassCaches | None:
     """The request's own cache (``per_pass``: one per guidance pass), or None for lossless (or a workflow
     without the ``quality`` parameter)."""
-    s = settings(workflow, str(params.get("quality") or LOSSLESS))
+    s = settings(workflow, Options.of(params).quality)
     if s is None:
         return None
     return PassCaches(s) if per_pass else StepCache(s)

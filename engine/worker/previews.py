@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.stages.preview import FORMATS, Renderer, check_format, snapshot
+from engine.workflow.options import Options
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Previews:
 
     def attach(self, ctx: Any, uid: str, stage: str, params: Mapping[str, Any]) -> None:
         """Give ``ctx`` the hook when the request asks for previews and this executor can make them."""
-        every = int(params.get("preview_every") or 0)
+        every = Options.of(params).preview_every
         family = getattr(self.executor, "preview_family", None)
         if every <= 0 or family is None:
             return

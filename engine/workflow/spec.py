@@ -25,6 +25,8 @@ from engine.adapters.request import LoraRefused, resolve_lora
 from engine.workflow import images, limits
 from engine.workflow.errors import InvalidRequest, InvalidTensor
 from engine.workflow.message import DTYPE_SIZES
+from engine.workflow.options import params_for
+from engine.workflow.params import ParamSpec, check_text
 
 __all__ = ["CostModel", "Dim", "InvalidRequest", "InvalidTensor", "ParamSpec", "StageSpec", "TensorSpec",
            "WorkflowSpec"]
@@ -83,46 +85,6 @@ class StageSpec:
     max_batch: int = 1
 
 
-@dataclass(frozen=True)
-class ParamSpec:
-    """A request parameter with its default and its limits.
-
-    Every parameter is bounded where it enters (the Proxy and the platform both
-    resolve requests through the spec): a number has a minimum and a maximum and
-    must be finite (``NaN`` compares false with every limit, so it would slip
-    through them); a string has ``max_length`` characters and must be valid
-    Unicode (no lone surrogates). The bounds also keep the Workflow Message's
-    JSON header far below :data:`engine.workflow.message.MAX_HEADER_BYTES`, so
-    an accepted request can always be decoded by its stages.
-    """
-
-    name: str
-    type: type
-    default: Any
-    minimum: float | None = None
-    maximum: float | None = None
-    doc: str = ""
-    max_length: int | None = None  # characters, for str parameters
-    why: str = ""  # the loaded model's fact behind ``maximum``, when it is tighter than the spec's (limits.py)
-    choices: tuple[str, ...] = ()  # a str parameter's allowed values (empty: any text within max_length)
-
-    def __post_init__(self) -> None:
-        if self.type is str and (self.max_length is None or self.max_length < 1):
-            raise ValueError(f"string parameter {self.name!r} needs a max_length")
-        if self.type in (int, float) and (self.minimum is None or self.maximum is None):
-            raise ValueError(f"numeric parameter {self.name!r} needs a minimum and a maximum")
-
-
-def _check_text(p: ParamSpec, value: str) -> None:
-    assert p.max_length is not None
-    if len(value) > p.max_length:
-        raise InvalidRequest(p.name, f"{p.name} is {len(value)} characters; the limit is {p.max_length}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequest(p.name, f"{p.name} is not valid Unicode text (a lone surrogate)") from None
-
-
 def _one_step(d: Mapping[str, int]) -> float:
     return 1.0
 
@@ -174,6 +136,17 @@ class WorkflowSpec:
     model_dims: Callable[[Mapping[str, Mapping[str, Any]]], dict[str, int]] | None = None
     #: The model dimensions of the loaded model (set by :meth:`bound`); a dimension not here counts as 1.
     dim_values: Mapping[str, int] = field(default_factory=dict)
+    #: Whether the denoise stages cache steps (engine.stages.caching): the workflow then takes ``quality``.
+    step_cache: bool = False
+
+    def __post_init__(self) -> None:
+        """The request options the workflow serves join its parameters (engine.workflow.options): the spec
+        files declare only the model's."""
+        names = {p.name for p in self.params}
+        steps = next((p.maximum for p in self.params if p.name == "num_inference_steps"), None)
+        extra = tuple(p for p in params_for(steps, self.step_cache) if p.name not in names)
+        if extra:
+            object.__setattr__(self, "params", (*self.params, *extra))
 
     # -- graph -------------------------------------------------------------
     def stage(self, name: str) -> StageSpec:
@@ -329,7 +302,7 @@ class WorkflowSpec:
             elif p.type is str and not isinstance(value, str):
                 raise InvalidRequest(p.name, f"{p.name} must be a string, got {type(value).__name__}")
             if p.type is str:
-                _check_text(p, value)
+                check_text(p, value)
                 if p.choices and value not in p.choices:
                     raise InvalidRequest(p.name, f"{p.name} must be one of {', '.join(p.choices)} for {self.name}, "
                                                  f"got {value!r}")

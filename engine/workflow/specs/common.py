@@ -5,31 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.workflow.spec import InvalidRequest, ParamSpec
+from engine.workflow.spec import InvalidRequest
 
 # Characters of a prompt or negative prompt. The text encoders read far less (CLIP 77 tokens, umT5 512),
 # and the bound keeps every request's message header small (see ParamSpec).
 MAX_PROMPT_CHARS = 4096
-
-
-# Parameters of the serving, not of the model: a one-call pipeline (the reference the tests compare with)
-# takes every resolved parameter but these and the seed (which becomes its generator).
-SERVING_PARAMS = frozenset({"preview_every", "quality"})
-
-
-def preview_every(max_steps: int) -> ParamSpec:
-    """The live-preview period of a workflow whose denoise steps (engine.stages.preview): 0 (off, the
-    default) or every N steps, N at most the workflow's step limit."""
-    return ParamSpec("preview_every", int, 0, 0, max_steps,
-                     doc="publish a small preview image of the current estimate every N denoising steps (0: off)")
-
-
-def quality(levels: tuple[str, ...]) -> ParamSpec:
-    """The request's quality (engine.stages.caching): ``lossless`` (the default, the one-call pipeline's
-    bytes) or one of the step-cache levels the workflow's denoise stage serves."""
-    return ParamSpec("quality", str, levels[0], max_length=16, choices=levels,
-                     doc="lossless (default: bit-exact), or extra-high / high: step caching trades exactness for "
-                         "speed")
 
 
 def require_prompt(params: Mapping[str, Any]) -> None:

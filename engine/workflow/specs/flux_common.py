@@ -24,8 +24,6 @@ from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
 from engine.workflow.specs.common import (
     MAX_PROMPT_CHARS,
-    preview_every,
-    quality,
     require_multiple,
     require_prompt,
 )
@@ -85,14 +83,12 @@ def flux_spec(name: str, description: str, steps: int, max_steps: int, sequence:
         ParamSpec("num_inference_steps", int, steps, 1, max_steps),
         ParamSpec("max_sequence_length", int, sequence, 1, T5_MAX, doc="T5 tokens of the prompt (padded)"),
         ParamSpec("seed", int, 0, 0, 2**63 - 1),
-        preview_every(max_steps),
-        quality(("lossless", "extra-high", "high")),  # engine.stages.caching.LEVELS: TaylorSeer lite
     ]
     if guidance is not None:
         params.insert(4, ParamSpec("guidance_scale", float, guidance, 0.0, 20.0,
                                    doc="embedded guidance of a guidance-distilled model (no negative pass)"))
     return WorkflowSpec(
-        name=name, description=description,
+        name=name, description=description, step_cache=True,  # engine.stages.caching: TaylorSeer lite
         stages=(
             StageSpec("text_encode", f"{_P}.FluxTextEncode", inputs=(),
                       outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),

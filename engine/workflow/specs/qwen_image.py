@@ -27,8 +27,6 @@ from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
 from engine.workflow.specs.common import (
     MAX_PROMPT_CHARS,
-    preview_every,
-    quality,
     require_multiple,
     require_prompt,
 )
@@ -112,8 +110,6 @@ SPEC = WorkflowSpec(
         ParamSpec("true_cfg_scale", float, 4.0, 0.0, 20.0, doc="classifier-free guidance, with a negative_prompt"),
         ParamSpec("max_sequence_length", int, 512, 1, MAX_SEQUENCE, doc="prompt tokens kept after the template"),
         ParamSpec("seed", int, 0, 0, 2**63 - 1),
-        preview_every(150),
-        quality(("lossless", "extra-high", "high")),  # engine.stages.caching.LEVELS: TaylorSeer lite, per pass
     ),
     derive=_derive, check=_check,
     # Priors for the 20B transformer in bf16 on one H100-class GPU: ~1 s a guided-half step at 1024x1024;
@@ -127,4 +123,5 @@ SPEC = WorkflowSpec(
     final_output="image",
     warm_up={"prompt": "warm-up", "height": 64, "width": 64, "num_inference_steps": 1},
     model_limits=_model_limits, limit_components=("vae", "tokenizer", "scheduler"),
+    step_cache=True,  # engine.stages.caching: TaylorSeer lite, a cache per guidance pass
 )

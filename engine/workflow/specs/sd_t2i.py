@@ -14,7 +14,6 @@ from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
 from engine.workflow.specs.common import (
     MAX_PROMPT_CHARS,
-    preview_every,
     require_multiple,
     require_pixels,
     require_prompt,
@@ -96,7 +95,6 @@ SPEC = WorkflowSpec(
         ParamSpec("num_inference_steps", int, 50, 1, MAX_STEPS),
         ParamSpec("guidance_scale", float, 7.5, 0.0, 50.0),
         ParamSpec("seed", int, 0, 0, 2**63 - 1),
-        preview_every(MAX_STEPS),
     ),
     derive=_derive,
     check=_check,

@@ -8,13 +8,12 @@ from __future__ import annotations
 from engine.workflow import limits
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec
 from engine.workflow.specs import wan_common as wan
-from engine.workflow.specs.common import quality
 
 GUIDANCE_2 = ParamSpec("guidance_scale_2", float, None, 0.0, 50.0,
                        doc="guidance of the low-noise expert (transformer_2); default: guidance_scale")
-#: PARAMS, guidance_scale_2 and ``quality`` (engine.stages.caching: TaylorSeer lite, a cache per guidance pass
-#: in each expert stage, each starting at its first step as diffusers' hook on each transformer does)
-A14B_PARAMS = (*wan.PARAMS, GUIDANCE_2, quality(("lossless", "extra-high", "high")))
+#: Wan2.1's parameters and guidance_scale_2 (``quality``, a Wan workflow's option, caches a guidance pass in
+#: each expert stage apart, each starting at its first step as diffusers' hook on each transformer does)
+A14B_PARAMS = (*wan.PARAMS, GUIDANCE_2)
 P = f"{wan.P}.experts"
 
 # UniPC's state after the high-noise expert's last step (engine.stages.wan.experts.scheduler_state)

@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec
 from engine.workflow.specs import wan_common as wan
-from engine.workflow.specs.common import MAX_PROMPT_CHARS, preview_every, quality
+from engine.workflow.specs.common import MAX_PROMPT_CHARS
 
 SPATIAL = 16
 SIZE_MULTIPLE = 32
@@ -35,8 +35,6 @@ PARAMS = (
     ParamSpec("seed", int, 0, 0, 2**63 - 1),
     ParamSpec("fps", int, 24, 1, 60),
     ParamSpec("max_sequence_length", int, 512, 1, 512),
-    preview_every(wan.MAX_STEPS),
-    quality(("lossless", "extra-high", "high")),
 )
 
 

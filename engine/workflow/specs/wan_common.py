@@ -10,8 +10,6 @@ from engine.workflow import limits
 from engine.workflow.spec import CostModel, InvalidRequest, ParamSpec, StageSpec, TensorSpec, WorkflowSpec
 from engine.workflow.specs.common import (
     MAX_PROMPT_CHARS,
-    preview_every,
-    quality,
     require_multiple,
     require_pixels,
     require_prompt,
@@ -141,11 +139,7 @@ PARAMS = (
     ParamSpec("seed", int, 0, 0, 2**63 - 1),
     ParamSpec("fps", int, 16, 1, 60),
     ParamSpec("max_sequence_length", int, 512, 1, 512),
-    preview_every(MAX_STEPS),
 )
-#: Wan2.1's: PARAMS and ``quality`` (engine.stages.caching.LEVELS: TaylorSeer lite, a cache per guidance
-#: pass); Wan2.2's experts do not cache, and their parameters are PARAMS' own
-WAN21_PARAMS = (*PARAMS, quality(("lossless", "extra-high", "high")))
 
 # the smallest clip: every stage loads and runs once
 WARM_UP = {"prompt": "warm-up", "height": 64, "width": 64, "num_frames": TEMPORAL + 1, "num_inference_steps": 1}
@@ -161,7 +155,7 @@ COSTS = {
 
 
 def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], costs: Mapping[str, CostModel],
-                 request_inputs: tuple[TensorSpec, ...] = (), params: tuple[ParamSpec, ...] = WAN21_PARAMS,
+                 request_inputs: tuple[TensorSpec, ...] = (), params: tuple[ParamSpec, ...] = PARAMS,
                  derive: Callable[[Mapping[str, Any]], dict[str, int]] = derive,
                  check: Callable[[Mapping[str, Any]], None] | None = None,
                  model_limits: Callable[[limits.Configs], limits.Overrides] = model_limits,
@@ -174,4 +168,5 @@ def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], cos
         check=checker(name) if check is None else check, costs={**COSTS, **costs}, final_output="video",
         frame_step=TEMPORAL, warm_up=WARM_UP, model_limits=model_limits, model_dims=model_dims,
         limit_components=tuple(dict.fromkeys((*limit_components, *DIM_COMPONENTS))),
+        step_cache=True,  # engine.stages.caching: TaylorSeer lite, a cache per guidance pass (and expert stage)
     )

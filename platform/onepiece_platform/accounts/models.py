@@ -18,10 +18,10 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import models
 from django.utils import timezone
 
-from engine.dispatch.order import Priority
+from engine.workflow.options import Priority
 
 KEY_PREFIX = "op"
-# a request's priority: the engine's vocabulary (engine.dispatch.order.Priority), lowest first
+# a request's priority: the engine's vocabulary (engine.workflow.options.Priority), lowest first
 Priorities = models.TextChoices("Priorities", [(p.name, (p.value, p.value)) for p in Priority])
 PRIORITIES: tuple[str, ...] = tuple(Priorities.values)
 

@@ -22,8 +22,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from engine.dispatch.order import Priority
 from engine.store.keys import JobState
+from engine.workflow.options import Priority
 from onepiece_platform.accounts.models import Priorities
 
 # The ledger's states are the engine's (engine.store.keys.JobState), each its own label

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from engine.workflow.specs.common import SERVING_PARAMS
+from engine.workflow.options import SERVING_PARAMS
 from tests.fixtures.runtime import Cluster, NodeRun, engine, logs
 from tests.fixtures.web import make_user
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from engine.workflow import get_workflow
+from engine.workflow.options import SERVING_PARAMS
 from engine.workflow.spec import InvalidRequest
-from engine.workflow.specs.common import SERVING_PARAMS
 
 pytestmark = pytest.mark.models
 

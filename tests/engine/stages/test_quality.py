@@ -52,7 +52,7 @@ def _reference(folder: Path, workflow: str, params: dict[str, Any]) -> Any:
     from diffusers import FluxPipeline
 
     from engine.stages import caching
-    from engine.workflow.specs.common import SERVING_PARAMS
+    from engine.workflow.options import SERVING_PARAMS
 
     pipe = FluxPipeline.from_pretrained(folder)
     settings = caching.settings(workflow, params["quality"])

@@ -39,7 +39,7 @@ def _reference(folder: Path, params: dict[str, Any]) -> Any:
     from diffusers import QwenImagePipeline
 
     from engine.stages import caching
-    from engine.workflow.specs.common import SERVING_PARAMS
+    from engine.workflow.options import SERVING_PARAMS
 
     pipe = QwenImagePipeline.from_pretrained(folder)
     settings = caching.settings(WF, params["quality"])

@@ -68,7 +68,8 @@ def test_openai_routes_take_priority_through_extra_body(oa) -> None:
 def test_one_vocabulary_from_the_engine_to_the_ledger() -> None:
     """The platform's priority names, their order and the ledger's choices are the engine's enumeration,
     and each name reaches the header as the engine's level."""
-    from engine.dispatch.order import LEVELS, Priority
+    from engine.dispatch.order import LEVELS
+    from engine.workflow.options import Priority
     from onepiece_platform.accounts.models import PRIORITIES, PriorityTier
     from onepiece_platform.jobs.api.openai_serializers import ImageGenerateSerializer
 

@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.workflow import get_workflow, workflows
+from engine.workflow.options import PARAM_OPTIONS
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
 from onepiece_platform.jobs.api.serializers import EtaSerializer, OutputSerializer, OutputUploadSerializer
@@ -52,9 +53,14 @@ def models_for(output: str) -> list[str]:
 #: The workflow parameters each route takes under their own names (copied into the request's params as sent).
 #: Their fields are generated: the type, and the widest bounds over the route's models; each model's own
 #: limits (and the loaded model's, engine.workflow.limits) are checked where the request is resolved.
+#: The request options among the params (engine.workflow.options) come with them: every one a video route takes
+#: (``lora`` has a field of its own, LoraField), and on the images route all but ``quality``, whose field takes
+#: OpenAI's values too (ImageGenerateSerializer.quality).
+_OPTIONS = tuple(o for o in PARAM_OPTIONS if o != "lora")
 VIDEO_PARAMS = ("prompt", "negative_prompt", "num_inference_steps", "seed", "guidance_scale", "guidance_scale_2",
-                "fps", "num_frames", "width", "height", "preview_every", "quality")
-IMAGE_PARAMS = ("prompt", "negative_prompt", "num_inference_steps", "seed", "guidance_scale", "preview_every")
+                "fps", "num_frames", "width", "height", *_OPTIONS)
+IMAGE_PARAMS = ("prompt", "negative_prompt", "num_inference_steps", "seed", "guidance_scale",
+                *(o for o in _OPTIONS if o != "quality"))
 #: The job's options every generation route takes (not the model's): who may use which is services' rule.
 OPTION_FIELDS = ("lora", "priority", "retention", "output_upload_url", "keep_output")
 #: Each route's own fields: how OpenAI's API names a model's size and length, and its no-ops (IMAGE_NO_OPS).

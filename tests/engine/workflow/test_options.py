@@ -1,0 +1,71 @@
+"""A request's options are declared once (engine.workflow.options) and read typed where they are consumed.
+
+No spec file declares ``preview_every`` or ``quality``: every workflow takes them from the options module,
+bounded by its own spec; the edge (the Proxy's parser) builds one ``Options`` per request; a new option
+declared there reaches every workflow without a spec file changing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from engine.proxy.parsing import BadRequest, Parser
+from engine.stages import caching
+from engine.workflow import get_workflow, options, spec, workflows
+from engine.workflow.options import LOSSLESS, PARAM_OPTIONS, Options, Priority
+from engine.workflow.params import ParamSpec
+
+SPECS = Path(spec.__file__).parent / "specs"
+
+
+def test_no_spec_file_declares_a_request_option() -> None:
+    names = "|".join(PARAM_OPTIONS)
+    named = re.compile(rf"""["']({names})["']|\b(preview_every|quality)\(""")
+    found = {f.name: m.group(0) for f in SPECS.glob("*.py") for m in named.finditer(f.read_text())}
+    assert found == {}
+
+
+def test_every_workflow_takes_the_options_it_serves_bounded_by_its_own_spec() -> None:
+    for name, wf in workflows().items():
+        params = {p.name: p for p in wf.params}
+        steps = params["num_inference_steps"].maximum
+        assert params["preview_every"] == options.params_for(steps, False)[0], name
+        assert ("quality" in params) == wf.step_cache, name
+        if wf.step_cache:
+            assert params["quality"].choices == options.QUALITY_LEVELS and params["quality"].default == LOSSLESS
+    # the workflows whose spec says their denoise caches are those the caching tables serve
+    assert {n for n, w in workflows().items() if w.step_cache} == set(caching.LEVELS)
+
+
+def test_a_new_option_reaches_every_workflow_from_the_options_module_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = ParamSpec("new_option", int, 0, 0, 3, doc="an option declared in engine.workflow.options only")
+    declared = options.params_for
+    monkeypatch.setattr(spec, "params_for", lambda steps, cache: (*declared(steps, cache), extra))
+    for name in ("sd-t2i", "wan2.1-t2v"):
+        model_only = tuple(p for p in get_workflow(name).params if p.name not in PARAM_OPTIONS)
+        rebuilt = replace(get_workflow(name), params=model_only)  # a spec built now, its file unchanged
+        assert rebuilt.param("new_option") == extra
+        assert rebuilt.resolve_params({"prompt": "a cat", "new_option": 2})["new_option"] == 2
+
+
+def test_the_edge_builds_one_typed_options_per_request() -> None:
+    parser = Parser()
+    sub = parser.submission("flux.1-dev", {"prompt": "a cat", "quality": "high", "preview_every": 2}, {},
+                            deadline_s=30, priority="high")
+    assert sub.options == Options(Priority.HIGH, 30.0, 2, "high", ())
+    assert sub.priority == 1 and sub.deadline is not None
+    plain = parser.submission("sd-t2i", {"prompt": "a cat"}, {})
+    assert plain.options == Options() and plain.priority == 0 and plain.deadline is None
+    assert Options.of(plain.params).quality == LOSSLESS  # a workflow without the option: its default
+    for field, kwargs in (("priority", {"priority": "urgent"}), ("deadline_s", {"deadline_s": float("inf")}),
+                          ("deadline_s", {"deadline_s": True, "priority": "urgent"})):
+        with pytest.raises(BadRequest) as err:
+            parser.submission("sd-t2i", {"prompt": "a cat"}, {}, **kwargs)
+        assert err.value.field == field
+    with pytest.raises(BadRequest) as err:  # a level the workflow does not serve: its spec's bound
+        parser.submission("sd-t2i", {"prompt": "a cat", "quality": "high"}, {})
+    assert err.value.field == "quality"
