@@ -1,4 +1,4 @@
-"""The figures ``onepiece bench e2e`` derives from raw samples, as pure functions (issue 35 item 2).
+"""The figures ``onepiece bench e2e`` derives from raw samples, as pure functions.
 
 Each one states what it divides by what, so that a reader of the JSON can recompute it, and each replaces a
 formula that flattered the engine:

@@ -1,6 +1,6 @@
 """Several workflows on one cluster, and Wan2.2 A14B's experts as stages, by simulation.
 
-**Shared pools** (issue 24, item 8): Wan2.1 T2V-14B and I2V-14B served together. OnePiece serves every stage
+**Shared pools**: Wan2.1 T2V-14B and I2V-14B served together. OnePiece serves every stage
 whose executor and weights two workflows share (``Stage.pool``: the umT5 encoder, the VAE decoder, the mp4
 encoder; the engine decides it by the weights' content digest) from one pool, sized by the Node Manager's
 allocator over the summed demand of both workflows (Theorem 1 over the union of the chains); a request
@@ -10,7 +10,7 @@ streams are the pooled stream split by workflow) and the same latency objective;
 must meet it. ``share=False`` sizes the same OnePiece without sharing (one pool per workflow and stage): the
 difference is what sharing buys.
 
-**Wan2.2 A14B** (issue 26, item 5): a high-noise and a low-noise 14B expert, each a stage of its own in
+**Wan2.2 A14B**: a high-noise and a low-noise 14B expert, each a stage of its own in
 OnePiece (each instance holds one expert), against a monolith that holds both experts when they fit the
 device, else swaps them per request over PCIe (the reference code's ``offload_model``), else moves every
 component in when it runs (diffusers' model CPU offload): ``resources_sim.mono_memory``. On 141, 80 and 48 GB

@@ -1,7 +1,7 @@
 """``bench e2e``'s streamed-video figure: time to the first playable fragment of a wan2.1-t2v video (the
 Proxy's ``GET /v1/requests/{uid}/result?stream=true``) against time to the job's completion, both from submit.
 
-``first_fragment_vs_complete``: their ratio, the median over the runs (issue 28's goal: at most 0.5 for a
+``first_fragment_vs_complete``: their ratio, the median over the runs (the goal: at most 0.5 for a
 default-length video on the tiny models under ``onepiece up``). A fragment is playable once its ``moof`` and
 ``mdat`` are both in (engine.stages.wan.video.split_boxes).
 """

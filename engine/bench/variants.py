@@ -1,4 +1,4 @@
-"""``onepiece bench e2e``'s baselines that need a deployment of their own (issue 24, items 7c and 7d).
+"""``onepiece bench e2e``'s baselines that need a deployment of their own.
 
 Both run a private one-node engine (:mod:`engine.bench.private`: the same Proxy, rings, store and node code
 as any deployment, with redis and etcd of its own), on the cores the live engine leaves idle meanwhile.

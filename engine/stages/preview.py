@@ -1,4 +1,4 @@
-"""Live previews of a denoise stage (issue 28, item 2): the current latents -> a small JPEG in the job store.
+"""Live previews of a denoise stage: the current latents -> a small JPEG in the job store.
 
 A request with ``preview_every`` = N > 0 gets, after every N-th denoising step, a picture of its current
 latents, published to the job store (``JobStore.preview.add``, a Redis stream per job, never the ring) for

@@ -1,4 +1,4 @@
-"""Live previews on the platform (issue 28 item 2): the job API's ``GET /api/v1/jobs/<uid>/preview``, the
+"""Live previews on the platform: the job API's ``GET /api/v1/jobs/<uid>/preview``, the
 previews a job's websocket sends in order, the dashboard's copy of the route, and ``/jobs/<uid>/watch``, a
 small page for a user's own job.
 

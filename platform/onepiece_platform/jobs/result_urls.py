@@ -1,4 +1,4 @@
-"""Result URLs that work from any replica, and result bytes with Range (issue 38, item 3).
+"""Result URLs that work from any replica, and result bytes with Range.
 
 A URL for a completed job's output (``response_format=url`` on ``/v1/images/generations``,
 ``/v1/videos/{id}/content?response_format=url``) is one of two kinds, each with its ``expires_at``:
