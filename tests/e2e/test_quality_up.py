@@ -26,7 +26,6 @@ from tests.e2e.up import start_up, stop_up
 
 pytestmark = [pytest.mark.models, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 WF = "flux.1-dev"
-LEVELS = ("lossless", "extra-high", "high")
 #: 64x64, the size whose batched items are measured equal to their solo runs; enough steps for the requests to
 #: meet in the denoise stage (they join a running batch at a step boundary) and for high to predict most steps
 BASE = {"width": 64, "height": 64, "num_inference_steps": 40}
