@@ -41,8 +41,12 @@ class SwiftS3Server(_ChildService):
     name = "s3"
 
     def __init__(self, data_dir: Path, host: str = "127.0.0.1", port: int | None = None,
-                 bucket: str = "onepiece-outputs", python: str | None = None) -> None:
+                 bucket: str = "onepiece-outputs", python: str | None = None,
+                 min_part_bytes: int | None = None) -> None:
+        """``min_part_bytes``: the smallest multipart part but the last it accepts (None: S3's 5 MiB, what
+        ``onepiece up`` runs; a test server lowers it to stream a small video in several parts)."""
         super().__init__(python or envs.S3_PYTHON or "", data_dir, host)
+        self.min_part_bytes = min_part_bytes
         self.port = port or free_port(host)
         self.bucket = bucket
         self.access_key, self.secret_key = ACCESS_KEY, self._credentials()
@@ -89,7 +93,8 @@ class SwiftS3Server(_ChildService):
 
     def _argv(self, binary: str) -> list[str]:
         # by its path: the launcher needs only the standard library and swift, not this package
-        return [binary, str(LAUNCHER), str(self.data_dir), self.host, str(self.port)]
+        extra = [] if self.min_part_bytes is None else [str(int(self.min_part_bytes))]
+        return [binary, str(LAUNCHER), str(self.data_dir), self.host, str(self.port), *extra]
 
     def _ready(self) -> bool:
         # any S3 answer from the proxy will do (an anonymous GET is refused with 403): its backends listen

@@ -1,6 +1,6 @@
 """The embedded S3 server's own process: OpenStack Swift's four servers with its ``s3api`` layer, in one process.
 
-Run as ``PYTHON .../engine/embedded/s3_launcher.py DATA_DIR HOST PORT`` by :class:`engine.embedded.s3.SwiftS3Server`,
+Run as ``PYTHON .../engine/embedded/s3_launcher.py DATA_DIR HOST PORT [MIN_PART_BYTES]`` by :class:`engine.embedded.s3.SwiftS3Server`,
 with an interpreter that has swift (its own virtual environment: it needs the standard library and swift,
 not this package); never imported by the engine. Swift runs on eventlet, which patches the standard library's sockets and
 threads when it starts: it gets a process of its own so that nothing else has to live with that.
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 PART_POWER = 6  # 64 partitions: one device, so any power works; small keeps the rings tiny
+MIN_PART_BYTES = 5 << 20  # s3api's smallest multipart part but the last: S3's 5 MiB (a test server may lower it)
 
 _SWIFT_CONF = """\
 [swift-hash]
@@ -75,6 +76,7 @@ account_autocreate = true
 [filter:s3api]
 use = egg:swift#s3api
 location = us-east-1
+min_segment_size = {min_part}
 
 [filter:tempauth]
 use = egg:swift#tempauth
@@ -145,6 +147,7 @@ def _write(path: Path, text: str, mode: int = 0o600) -> None:
 
 def main(argv: list[str]) -> int:
     data, host, port = Path(argv[0]), argv[1], int(argv[2])
+    min_part = int(argv[3]) if len(argv) > 3 else MIN_PART_BYTES
     import warnings
 
     warnings.filterwarnings("ignore", message="(?s).*Eventlet is deprecated", category=DeprecationWarning)
@@ -182,7 +185,8 @@ def main(argv: list[str]) -> int:
         _write(swift_dir / f"{kind}-server.conf",
                _BACKEND_CONF.format(devices=devices, swift_dir=swift_dir, kind=kind))
     _write(swift_dir / "proxy-server.conf",
-           _PROXY_CONF.format(swift_dir=swift_dir, account=account, user=user, key=creds["secret_key"]))
+           _PROXY_CONF.format(swift_dir=swift_dir, account=account, user=user, key=creds["secret_key"],
+                              min_part=min_part))
 
     apps = {kind: loadapp(str(swift_dir / f"{kind}-server.conf")) for kind in socks}
     quiet = logging.getLogger("s3-launcher-wsgi")

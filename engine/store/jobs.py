@@ -39,7 +39,7 @@ from engine.store.instances import InstanceStats
 from engine.store.previews import PreviewStore
 
 if TYPE_CHECKING:
-    from engine.store.objects import ObjectRef, ObjectStore
+    from engine.store.objects import ObjectRef, ObjectStore, PartWriter
 
 
 def _lua(script: str) -> str:
@@ -318,7 +318,7 @@ class JobStore:
         return bool(self._event(keys=[keys.job_key(uid), keys.EVENTS], args=args))
 
     def finish(self, uid: str, workflow: str, state: str, stage: str = "", detail: str = "",
-               result: bytes | bytearray | memoryview | None = None) -> bool:
+               result: bytes | bytearray | memoryview | None = None, uploaded: ObjectRef | None = None) -> bool:
         """Move the job to terminal ``state`` (with ``result`` for ``completed``); at most once.
 
         Returns True if this call made the transition, False if the job had
@@ -327,14 +327,20 @@ class JobStore:
         With an object store the result is uploaded first (its own object for this attempt) and only its
         reference goes into Redis with the transition; an upload that fails raises
         (:class:`engine.store.objects.ObjectStoreError`) and the job is not completed, and an attempt that
-        loses the race to finish deletes its own object.
+        loses the race to finish deletes its own object. ``uploaded``: the result is in the store already
+        (streamed while it was made, :meth:`result_writer`): recorded without a second upload once its size
+        and sha256 are the result's, else deleted and :class:`ObjectStoreError` raised (the job not completed).
         """
         if state not in keys.TERMINAL:
             raise ValueError(f"not a terminal state: {state!r}")
         if (state == keys.COMPLETED) != (result is not None):
             raise ValueError("a result goes with the completed state, and only with it")
         ref = None
-        if result is not None and self.stores(result):
+        if uploaded is not None:
+            ref = self._streamed(uid, result, uploaded)
+            if ref is None:
+                return False
+        elif result is not None and self.stores(result):
             if self._field(uid, "state") in keys.TERMINAL:
                 return False  # already finished: nothing to upload
             ref = self._upload(uid, result)
@@ -354,6 +360,36 @@ class JobStore:
         """Whether ``result`` goes to the object store (a store is configured and it is not under
         ``inline_bytes``) rather than into Redis."""
         return self.objects is not None and memoryview(result).nbytes >= self.inline_bytes
+
+    def result_writer(self, uid: str) -> PartWriter | None:
+        """A writer of this attempt's result object as the result is made (its parts uploaded as they fill,
+        :meth:`engine.store.objects.ObjectStore.stream`), for :meth:`finish`'s ``uploaded``; None without
+        an object store."""
+        import secrets
+
+        from engine.store.objects import result_key
+
+        return None if self.objects is None else self.objects.stream(result_key(uid, secrets.token_hex(8)))
+
+    def _streamed(self, uid: str, result: bytes | bytearray | memoryview | None, uploaded: ObjectRef) -> ObjectRef | None:
+        """``uploaded`` when it is ``result`` byte for byte (size and sha256) and the job is not finished yet;
+        None (the object deleted) when it is finished; ObjectStoreError (deleted too) when they differ."""
+        import hashlib
+
+        from engine.store.objects import ObjectStoreError
+
+        if self.objects is None or result is None:
+            raise ValueError("an uploaded result needs an object store and the result it is")
+        view = memoryview(result).cast("B")
+        if (view.nbytes, hashlib.sha256(view).hexdigest()) != (uploaded.size, uploaded.sha256):
+            self.objects.delete(uploaded)
+            raise ObjectStoreError(
+                f"the streamed result {uploaded.key!r} is not the job's result: {uploaded.size} bytes, sha256 "
+                f"{uploaded.sha256[:16]}..., against {view.nbytes} bytes, sha256 {hashlib.sha256(view).hexdigest()[:16]}...")
+        if self._field(uid, "state") in keys.TERMINAL:
+            self.objects.delete(uploaded)  # already finished: its result is another attempt's
+            return None
+        return uploaded
 
     def _upload(self, uid: str, result: bytes | bytearray | memoryview) -> ObjectRef:
         import secrets

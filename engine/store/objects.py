@@ -26,6 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +37,13 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 MAX_PUT_BYTES = 5 << 30  # S3's largest object in one PUT; above it, parts are the only way
 PART_SIZE = 8 << 20  # S3's minimum is 5 MiB for every part but the last
+MIN_PART_SIZE = 5 << 20  # that minimum (AWS S3, Ceph, MinIO; Swift's s3api ``min_segment_size`` by default)
+STREAM_QUEUE_PARTS = 2  # parts a PartWriter holds waiting for its upload threads before write() waits
 PART_CONCURRENCY = 4  # parts in flight at once (boto3's upload_fileobj sends 10); benchmarks/object_delivery.md
 MAX_PRESIGN_S = 7 * 24 * 3600  # SigV4's ceiling for a presigned URL
+
+
+log = logging.getLogger("onepiece.store.objects")
 
 
 class ObjectStoreError(RuntimeError):
@@ -170,9 +178,11 @@ class ObjectStore:
 
     def __init__(self, config: StoreConfig, connect_timeout: float = 5.0, read_timeout: float = 60.0,
                  multipart_threshold: int | None = None, part_size: int = PART_SIZE,
-                 part_concurrency: int = PART_CONCURRENCY) -> None:
+                 part_concurrency: int = PART_CONCURRENCY, min_part_size: int = MIN_PART_SIZE) -> None:
         """``multipart_threshold``: objects up to this many bytes go up in one PUT, larger ones in parts (None:
-        ``ONEPIECE_OBJECT_MULTIPART_BYTES``, 256 MiB by default; at most :data:`MAX_PUT_BYTES`)."""
+        ``ONEPIECE_OBJECT_MULTIPART_BYTES``, 256 MiB by default; at most :data:`MAX_PUT_BYTES`). ``part_size``:
+        at least ``min_part_size``, the store's smallest part but the last (S3's 5 MiB; lowered only for a test
+        store whose server accepts smaller parts, tests/fixtures/objects.py)."""
         from engine import envs
 
         self.config = config
@@ -180,6 +190,9 @@ class ObjectStore:
         if not 0 <= threshold <= MAX_PUT_BYTES:
             raise ValueError(f"the multipart threshold is 0 to {MAX_PUT_BYTES} bytes (S3's largest single PUT), "
                              f"not {threshold} (ONEPIECE_OBJECT_MULTIPART_BYTES)")
+        if int(part_size) < int(min_part_size):
+            raise ValueError(f"a part is at least {min_part_size} bytes (the store's minimum for every part but "
+                             f"the last), not {part_size}")
         self.multipart_threshold, self.part_size = threshold, int(part_size)
         self.part_concurrency = max(1, int(part_concurrency))
         self._timeouts = (connect_timeout, read_timeout)
@@ -295,6 +308,11 @@ class ObjectStore:
         got = self.client.upload_part(Bucket=self.config.bucket, Key=key, UploadId=upload, PartNumber=number,
                                       Body=bytes(chunk), ContentMD5=md5)
         return str(got["ETag"])
+
+    def stream(self, name: str, content_type: str | None = None) -> PartWriter:
+        """A writer that stores what is written to it under ``name`` in parts of ``part_size`` as the bytes
+        come (a video's fragments while it decodes), not all at the end: :class:`PartWriter`."""
+        return PartWriter(self, self.key(name), content_type, self.part_size)
 
     def head(self, name: str | ObjectRef) -> ObjectRef | None:
         """The object's :class:`ObjectRef` as the store has it (size, the recorded sha256), or None."""
@@ -412,6 +430,142 @@ class ObjectStore:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+class PartWriter:
+    """An object written as its bytes come: :meth:`write` buffers them and, once more than a part is held,
+    starts a multipart upload (lazily: its first part) and hands each full part to upload threads of its own
+    (``part_concurrency`` of them, the store's: parts in flight together, as :meth:`ObjectStore.put` sends
+    them; at most :data:`STREAM_QUEUE_PARTS` waiting, so the writer's loop waits on the network only when the
+    store is slower than it); :meth:`finish` uploads the rest as the last part and completes the upload.
+
+    The SHA-256 is computed as the bytes are written; the object's metadata cannot carry it (a multipart
+    upload's metadata is fixed when it starts), the returned :class:`ObjectRef` does. An object that never
+    reached more than one part is not uploaded at all: :meth:`finish` returns None and the caller takes the
+    ordinary path (:meth:`ObjectStore.put`, or Redis for a small result). On any failure the upload is
+    aborted (no object, whole or half, appears) and :class:`ObjectStoreError` raised; :meth:`abort` does the
+    same for a writer whose bytes are not wanted. One a process dies with is left incomplete: invisible,
+    and removed by the bucket's lifecycle rule (docs/operations.md, "Object storage for outputs")."""
+
+    def __init__(self, store: ObjectStore, key: str, content_type: str | None, part_size: int) -> None:
+        self.store, self.key, self.content_type, self.part_size = store, key, content_type, int(part_size)
+        self.size = 0
+        self.upload_id: str | None = None  # set when the first part is cut (the upload exists from then)
+        self._sha = hashlib.sha256()
+        self._buf = bytearray()
+        self._queue: queue.Queue[tuple[int, bytes] | None] = queue.Queue(STREAM_QUEUE_PARTS)
+        self._threads: list[threading.Thread] = []
+        self._sent = 0  # parts handed to the threads
+        self._parts: list[dict[str, Any]] = []
+        self._error: BaseException | None = None
+        self._done = False  # finished or aborted
+
+    @property
+    def started(self) -> bool:
+        """Whether the multipart upload exists (a part's worth was written)."""
+        return self.upload_id is not None
+
+    @property
+    def pending(self) -> int:
+        """Parts handed to the upload threads and not uploaded yet (how far the store is behind the writer)."""
+        return self._sent - len(self._parts)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Add ``data``; every full part but the one held back goes to the upload thread."""
+        if self._done:
+            raise ObjectStoreError(f"write to {self.key!r} after its upload ended")
+        self._raise_failed()
+        view = memoryview(data).cast("B")
+        self._sha.update(view)
+        self.size += view.nbytes
+        self._buf += view
+        while len(self._buf) > self.part_size:  # more than a part: the last part is never empty
+            part = bytes(self._buf[:self.part_size])
+            del self._buf[:self.part_size]
+            self._send(part)
+
+    def _send(self, part: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if self.upload_id is None:  # the first part: the upload starts now (one short request, here)
+            self.content_type = self.content_type or sniff_content_type(part)
+            try:
+                self.upload_id = str(self.store.client.create_multipart_upload(
+                    Bucket=self.store.config.bucket, Key=self.key, ContentType=self.content_type)["UploadId"])
+            except (ClientError, BotoCoreError) as exc:
+                self._done = True
+                raise self.store._fail("start upload", self.key, exc) from exc
+            self._threads = [threading.Thread(target=self._upload_parts, name="onepiece-s3-stream", daemon=True)
+                             for _ in range(self.store.part_concurrency)]
+            for t in self._threads:
+                t.start()
+        self._sent += 1
+        self._queue.put((self._sent, part))  # the threads drain the queue even after a failure: never hangs
+
+    def _upload_parts(self) -> None:
+        """An upload thread: queued parts until None; after a failure (or the abort), parts are dropped."""
+        while (item := self._queue.get()) is not None:
+            if self._error is not None or self._done:
+                continue
+            number, part = item
+            try:
+                etag = self.store._put_part(self.key, str(self.upload_id), number, memoryview(part))
+                self._parts.append({"PartNumber": number, "ETag": etag})  # list.append: atomic
+            except Exception as exc:  # reported by the writer's next call
+                self._error = exc
+
+    def _raise_failed(self) -> None:
+        if self._error is not None:
+            exc = self._error
+            self.abort()
+            raise self.store._fail("upload part of", self.key, exc) from exc
+
+    def _stop_threads(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+    def finish(self) -> ObjectRef | None:
+        """Upload the rest as the last part and complete the object: its :class:`ObjectRef`; None when no
+        upload was started (under one part: nothing was sent, the caller stores the bytes its usual way)."""
+        if self._done:
+            raise ObjectStoreError(f"finish of {self.key!r} after its upload ended")
+        if self.upload_id is None:
+            self._done = True
+            return None
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        self._send(bytes(self._buf))
+        self._buf = bytearray()
+        self._stop_threads()
+        self._raise_failed()
+        parts = sorted(self._parts, key=lambda p: p["PartNumber"])
+        try:
+            self.store.client.complete_multipart_upload(
+                Bucket=self.store.config.bucket, Key=self.key, UploadId=self.upload_id,
+                MultipartUpload={"Parts": parts})
+        except (ClientError, BotoCoreError) as exc:
+            self.abort()
+            raise self.store._fail("complete upload", self.key, exc) from exc
+        self._done = True
+        return ObjectRef(self.key, self.size, self._sha.hexdigest(), self.content_type or "application/octet-stream")
+
+    def abort(self) -> None:
+        """Drop what was written: the upload thread stopped (no part lands after this), the multipart upload
+        aborted. Idempotent; a no-op after :meth:`finish` completed the object."""
+        if self._done and not self._threads:
+            return
+        self._done = True
+        self._stop_threads()
+        self._buf = bytearray()
+        if self.upload_id is not None:
+            try:
+                self.store.client.abort_multipart_upload(Bucket=self.store.config.bucket, Key=self.key,
+                                                         UploadId=self.upload_id)
+            except Exception as exc:  # the lifecycle rule removes what an abort could not
+                log.warning("could not abort the upload of %s: %s", self.key, exc)
 
 
 def from_config(url: str | None) -> ObjectStore | None:

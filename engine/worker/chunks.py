@@ -17,6 +17,14 @@ Exactly once, in order, through restarts, without new bookkeeping in the store:
     meanwhile (cancelled, failed upstream) has its held chunks released by :meth:`Receiver.sweep`.
 
 Bound: a request's frames stay in the receiver's ring until its final chunk, as today's single message did.
+
+With an object store, the last stage's receiver also writes each piece to the job's result object as it
+publishes it (:meth:`engine.store.jobs.JobStore.result_writer`: parts uploaded while the video decodes), so
+the final chunk leaves only the last part to upload; the job records that object (``uploaded``) instead of
+uploading the result again. A request that fails or ends meanwhile has its upload aborted; one whose
+receiver restarts starts a new upload from the first piece (the old one, incomplete, is invisible and
+removed by the bucket's lifecycle rule). A streamed upload that fails falls back to the ordinary upload at
+the end: the stream is an optimisation, never a reason to lose the result.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any
 
 from engine.store import keys
 from engine.store.fragments import Fragments
+from engine.store.objects import ObjectStoreError
 from engine.transport.ring import Delivery
 from engine.workflow import message as wm
 
@@ -100,6 +109,7 @@ class Open:
     next: int = 0  # the chunk index expected next
     seq: int = 0  # fragments published
     busy_s: float = 0.0  # seconds this instance spent on the request (the stage's service time)
+    writer: Any = None  # engine.store.objects.PartWriter of the result object, when streamed there
 
 
 class Receiver:
@@ -154,6 +164,8 @@ class Receiver:
             return None
         run = w.open_run(h)
         o = Open(h, run, w.executor.open_chunks(h.params, run.ctx))
+        if w.chain(h).next_stage is None:  # its output is the job's result: streamed to the store as it comes
+            o.writer = w.store.result_writer(h.uid)
         self.open[h.uid] = o
         return o
 
@@ -170,7 +182,8 @@ class Receiver:
         self._publish(o, last)
         self.fragments.end(h.uid, o.seq)  # before the job completes: a reader that sees it has everything
         o.busy_s += time.perf_counter() - t0
-        w.close_run(h, o.run, values, out, o.busy_s)
+        uploaded = self._uploaded(o)  # the last part, as the ordinary upload: not the stage's service time
+        w.close_run(h, o.run, values, out, o.busy_s, uploaded=uploaded)
         w.record(o.busy_s, h.workflow)
         self._drop(h.uid, o.held, True)
 
@@ -178,9 +191,30 @@ class Receiver:
         for piece in pieces:
             self.fragments.append(o.header.uid, o.seq, piece)  # a repeat after a restart is a no-op
             o.seq += 1
+            if o.writer is not None:
+                try:
+                    o.writer.write(piece)
+                except ObjectStoreError as exc:  # aborted already; the result goes up at the end instead
+                    log.warning("request %s: streaming its result failed (%s); uploading it at the end", o.header.uid, exc)
+                    o.writer = None
+
+    def _uploaded(self, o: Open) -> Any:
+        """The streamed result object completed (its ObjectRef), or None: not streamed, under one part
+        (the ordinary path stores it), or the stream failed (the ordinary upload at the end instead)."""
+        writer, o.writer = o.writer, None
+        if writer is None:
+            return None
+        try:
+            return writer.finish()
+        except ObjectStoreError as exc:
+            log.warning("request %s: completing its streamed result failed (%s); uploading it again", o.header.uid, exc)
+            return None
 
     def _drop(self, uid: str, held: list[Delivery], release: bool) -> None:
-        self.open.pop(uid, None)
+        o = self.open.pop(uid, None)
+        if o is not None and o.writer is not None:  # ended without its final chunk: no object from it
+            o.writer.abort()
+            o.writer = None
         if release:
             for d in held:
                 d.release()

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.coord.routes import Route, RouteTable
 from engine.dispatch import order
@@ -42,6 +42,9 @@ from engine.worker.previews import Previews
 from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
 from engine.workflow.pricing import Fit, Samples
+
+if TYPE_CHECKING:
+    from engine.store.objects import ObjectRef
 
 log = logging.getLogger("onepiece.worker")
 
@@ -527,11 +530,13 @@ class TaskWorker:
         return True
 
     def close_run(self, h: wm.Header, run: Run, values: dict[str, Any], out: dict[str, Any], elapsed: float,
-                  batch: int = 1, wall_s: float | None = None, pinned: Route | None = None) -> None:
+                  batch: int = 1, wall_s: float | None = None, pinned: Route | None = None,
+                  uploaded: ObjectRef | None = None) -> None:
         """The stage's outputs handed on (or the result written), timed and sampled for pricing. ``elapsed``:
         the seconds the request cost the instance (its share of batched steps); ``wall_s``: since it began,
         when that differs (reported in the stage_finished event); ``pinned``: the instance the request's
-        earlier chunks went to (engine.worker.chunks)."""
+        earlier chunks went to (engine.worker.chunks); ``uploaded``: the last stage's result is in the object
+        store already, streamed as it was made (JobStore.finish checks it is the result)."""
         from engine.stages.components import values_to_message
 
         chain = self.chain(h)
@@ -560,7 +565,7 @@ class TaskWorker:
                                 + (f" batch={batch}" if batch > 1 else "")
                                 + (f" cache_skipped={skipped:.3f}" if skipped is not None else ""))
         if chain.next_stage is None:
-            self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final)
+            self.store.finish(uid, h.workflow, keys.COMPLETED, st, result=final, uploaded=uploaded)
             self.store.mark_done(uid, st)
         else:
             h.stage = chain.next_stage

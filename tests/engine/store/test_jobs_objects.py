@@ -148,3 +148,41 @@ def test_inline_threshold_setting(monkeypatch) -> None:
             _ = envs.OBJECT_INLINE_BYTES
     with pytest.raises(ValueError, match="inline_bytes"):
         JobStore(object(), inline_bytes=-1)
+
+
+def _streamed(store: JobStore, uid: str, data: bytes) -> ObjectRef:
+    """``data`` written to the job's result object as a stage streams it (JobStore.result_writer)."""
+    writer = store.result_writer(uid)
+    assert writer is not None
+    for i in range(0, len(data), 1 << 20):
+        writer.write(data[i:i + (1 << 20)])
+    ref = writer.finish()
+    assert ref is not None
+    return ref
+
+
+VIDEO = b"\x00\x00\x00\x20ftypisom" + os.urandom(6 << 20)  # over one 5 MiB part
+
+
+def test_a_streamed_result_is_recorded_without_a_second_upload(redis_server, object_store: ObjectStore) -> None:
+    store = JobStore.from_url(redis_server.url, ttl=60, objects=ObjectStore(object_store.config, part_size=5 << 20))
+    uid = uuid.uuid4().hex
+    store.accept(uid, "wan2.1-t2v", 1.0)
+    ref = _streamed(store, uid, VIDEO)
+    assert store.finish(uid, "wan2.1-t2v", keys.COMPLETED, "video_encode", result=VIDEO, uploaded=ref)
+    assert store.result_ref(uid) == ref and ref.content_type == "video/mp4"
+    assert _listed(store.objects, uid) == [ref.key]  # the streamed object is the result, no other
+    assert store.result(uid) == VIDEO
+    store.close()
+
+
+def test_a_streamed_result_that_differs_fails_and_is_deleted(redis_server, object_store: ObjectStore) -> None:
+    store = JobStore.from_url(redis_server.url, ttl=60, objects=ObjectStore(object_store.config, part_size=5 << 20))
+    uid = uuid.uuid4().hex
+    store.accept(uid, "wan2.1-t2v", 1.0)
+    ref = _streamed(store, uid, VIDEO)
+    other = VIDEO[:-1] + bytes([VIDEO[-1] ^ 1])  # same size, one bit off
+    with pytest.raises(ObjectStoreError, match="is not the job's result"):
+        store.finish(uid, "wan2.1-t2v", keys.COMPLETED, "video_encode", result=other, uploaded=ref)
+    assert store.state(uid) != keys.COMPLETED and _listed(store.objects, uid) == []
+    store.close()

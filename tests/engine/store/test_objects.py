@@ -271,3 +271,75 @@ def test_prefix_keeps_deployments_apart(s3_server, object_store: ObjectStore) ->
     assert ref.key == "tenant-a/results/u"
     assert object_store.get("tenant-a/results/u") == b"scoped" and object_store.get("results/u") is None
     scoped.close()
+
+
+# -- a stream written as it comes (ObjectStore.stream: a video's fragments while it decodes) ----------------
+
+def _uploads(store: ObjectStore) -> list[dict]:
+    return list(store.client.list_multipart_uploads(Bucket=store.config.bucket).get("Uploads", []))
+
+
+def test_a_stream_goes_up_in_parts_as_it_is_written(object_store: ObjectStore) -> None:
+    store = ObjectStore(object_store.config, part_size=5 * MiB)  # S3's smallest part, as on AWS
+    writer = store.stream("streamed", content_type="video/mp4")
+    data = os.urandom(12 * MiB + 123)
+    pieces = [data[i:i + MiB] for i in range(0, len(data), MiB)]
+    for piece in pieces[:5]:
+        writer.write(piece)
+    assert not writer.started and _uploads(store) == []  # one part held: nothing sent yet
+    writer.write(pieces[5])  # more than a part: the upload starts, its first part handed to its thread
+    assert writer.started and [u["Key"] for u in _uploads(store)] == ["streamed"]
+    assert store.head("streamed") is None  # nothing visible before it completes
+    for piece in pieces[6:]:
+        writer.write(piece)
+    ref = writer.finish()
+    assert ref == ObjectRef("streamed", len(data), hashlib.sha256(data).hexdigest(), "video/mp4")
+    assert _parts(store, "streamed") == 3 and store.get("streamed") == data
+    assert store.head("streamed").content_type == "video/mp4"
+    assert _uploads(store) == []
+    writer.abort()  # a no-op once completed
+    assert store.get("streamed") == data
+
+
+def test_a_stream_under_one_part_is_not_uploaded(object_store: ObjectStore) -> None:
+    store = ObjectStore(object_store.config, part_size=5 * MiB)
+    writer = store.stream("small")
+    writer.write(os.urandom(3 * MiB))
+    writer.write(os.urandom(2 * MiB))  # exactly a part: still the last (and only) one, the caller's to store
+    assert writer.finish() is None
+    assert store.head("small") is None and _uploads(store) == []
+
+
+def test_an_aborted_stream_leaves_no_object_and_no_upload(object_store: ObjectStore) -> None:
+    store = ObjectStore(object_store.config, part_size=5 * MiB)
+    writer = store.stream("dropped")
+    for _ in range(11):
+        writer.write(os.urandom(MiB))
+    assert writer.started and len(_uploads(store)) == 1
+    writer.abort()
+    assert store.head("dropped") is None and _uploads(store) == []
+    with pytest.raises(ObjectStoreError):
+        writer.write(b"more")
+
+
+def test_a_failed_part_of_a_stream_aborts_it(object_store: ObjectStore, monkeypatch) -> None:
+    store = ObjectStore(object_store.config, part_size=5 * MiB)
+    real = store.client.upload_part
+
+    def second_fails(**kwargs):
+        if kwargs["PartNumber"] == 2:
+            raise ConnectionResetError("part 2 lost its connection")
+        return real(**kwargs)
+
+    monkeypatch.setattr(store.client, "upload_part", second_fails)
+    writer = store.stream("half")
+    with pytest.raises(ObjectStoreError, match="part 2 lost its connection"):
+        for _ in range(16):  # the failure is reported by the write after it, or by finish
+            writer.write(os.urandom(MiB))
+        writer.finish()
+    assert store.head("half") is None and _uploads(store) == []
+
+
+def test_parts_under_the_store_minimum_are_refused(object_store: ObjectStore) -> None:
+    with pytest.raises(ValueError, match="at least 5242880 bytes"):
+        ObjectStore(object_store.config, part_size=MiB)
