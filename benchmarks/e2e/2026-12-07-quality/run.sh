@@ -2,13 +2,14 @@
 # Per-workflow, per-level e2e figures (issue 37): for each workflow a fresh `onepiece up` on its tiny model
 # (the Redis path, as the earlier records), then `bench e2e` at lossless and at high against it, one after the
 # other on the same deployment. Steps as benchmarks/quality.md's denoise-only figures: 28, schnell 16 (its
-# tiny folder's limit). Round 1: lossless then high; round 2 (ROUND=2): high then lossless, files *-2.json.
+# tiny folder's limit). Round 1: lossless then high; round 2 (ROUND=2): high then lossless, files *-2.json; round 3 (ROUND=3
+# SPECS="qwen-image:28 wan2.1-t2v:28"): lossless then high again for the two whose rounds both collapsed.
 cd "$(dirname "$0")/../../.." || exit 1
 OUT=benchmarks/e2e/2026-12-07-quality
 STATE=${STATE:-/var/tmp/q37_state}
 ROUND=${ROUND:-1}
-if [ "$ROUND" = 1 ]; then LEVELS="lossless high"; SUF=""; else LEVELS="high lossless"; SUF="-$ROUND"; fi
-for spec in flux.1-dev:28 flux.1-schnell:16 qwen-image:28 wan2.1-t2v:28; do
+case $ROUND in 1) LEVELS="lossless high"; SUF="";; 2) LEVELS="high lossless"; SUF="-2";; *) LEVELS="lossless high"; SUF="-$ROUND";; esac
+for spec in ${SPECS:-flux.1-dev:28 flux.1-schnell:16 qwen-image:28 wan2.1-t2v:28}; do
   wf=${spec%%:*}; steps=${spec##*:}
   rm -rf "$STATE"
   setsid .venv/bin/onepiece up --state-dir "$STATE" --workflows "$wf" --object-store none > "$OUT/up-$wf$SUF.log" 2>&1 &
