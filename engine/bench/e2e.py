@@ -40,6 +40,9 @@ diffusers' own cache hook with the level's settings (``engine.stages.caching.set
 ``transformer.enable_cache``), the method the staged denoise runs per request. A level the workflow does not
 serve is refused (exit 2). The JSON says what it measured: ``workflow``, ``quality``, ``params`` (resolved)
 and ``inputs``.
+
+This module is the harness: it takes the samples. The rows and ratios made from them are pure functions of
+:mod:`engine.bench.figures`; the text printed for a reader is :mod:`engine.bench.e2e_report`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench import adapters, figures, stream, variants
+from engine.bench import e2e_report as report
 from engine.bench.cpu import ControlPlaneMeter, RunQueueMeter, roles_from_state
 from engine.bench.harness import (
     PARAMS,
@@ -181,18 +185,6 @@ def side_by_side(client: Client, one: OneCall, workflow: str, n: int) -> list[tu
         raise SystemExit(f"error: no staged request completed ({', '.join(sorted(set(other)))}): is the engine "
                          f"serving {workflow}?")
     return pairs
-
-
-def latency_figures(pairs: list[tuple[float, float]], isolated: float, hops: int) -> dict[str, Any]:
-    """The latency fields from interleaved pairs: the staged and one-call medians, their ratio, the cost per
-    hop from the pairs (:func:`engine.bench.figures.paired_hop`) and, beside it, the same against the
-    isolated one-call median (``isolated``: calls in a row, nothing between them)."""
-    staged, base = [s for s, _ in pairs], [b for _, b in pairs]
-    med = statistics.median(staged)
-    return {"staged_latency_p50_s": med, "staged_latency_p99_s": _pct(staged, 0.99),
-            "one_call_latency_p50_s": statistics.median(base), "one_call_isolated_p50_s": isolated,
-            "staged_vs_one_call": med / statistics.median(base), **figures.paired_hop(pairs, hops),
-            "added_per_hop_vs_isolated_ms": (med - isolated) / hops * 1e3}
 
 
 def _monolith_worker(model_dir: str, params: dict[str, Any], threads: int, device: str, ready: Any, go: Any,
@@ -340,49 +332,8 @@ async def open_loop(proxy: str, workflow: str, params: dict[str, Any], rate: flo
         await asyncio.gather(*tasks)
     finally:
         await client.close()
-    return {"rate_rps": rate, "offered": len(tasks), **_row(outcomes, served, lag, start, seconds, deadline_s),
-            **eta_fields(told, provisional)}
-
-
-def _row(outcomes: list[tuple[str, float, float]], served: list[float], lag: list[float], start: float,
-         seconds: float, deadline_s: float) -> dict[str, Any]:
-    """An open-loop row's counts, goodput (:func:`engine.bench.figures.goodput`: over the busy period, and
-    inside the send window) and latencies from its outcomes (state, scheduled send, end)."""
-    completed = [end - at for st, at, end in outcomes if st == "completed"]
-    in_deadline = [s for s in completed if s <= deadline_s]
-    refused = [end - at for st, at, end in outcomes if st == "refused"]
-    states: dict[str, int] = {}
-    for st, _, _ in outcomes:
-        states[st] = states.get(st, 0) + 1
-    accepted = len(outcomes) - len(refused) - sum(n for st, n in states.items() if st.startswith("error"))
-    return {
-        "accepted": accepted,
-        "completed": len(completed), "completed_in_deadline": len(in_deadline),
-        "completed_late": len(completed) - len(in_deadline), "expired": states.get("expired", 0),
-        "failed": states.get("failed", 0), "not_finished": states.get("timeout", 0),
-        "refused": len(refused), "errors": {st: n for st, n in states.items() if st.startswith("error")},
-        **figures.goodput(outcomes, start, seconds, deadline_s),
-        "latency_p50_s": _pct(completed, 0.5), "latency_p99_s": _pct(completed, 0.99),
-        "reject_latency_p50_ms": (_pct(refused, 0.5) or 0) * 1e3 if refused else None,
-        "reject_latency_p99_ms": (_pct(refused, 0.99) or 0) * 1e3 if refused else None,
-        "reject_service_p99_ms": (_pct(served, 0.99) or 0) * 1e3 if served else None,
-        "client_send_lag_p99_ms": (_pct(lag, 0.99) or 0) * 1e3,
-    }
-
-
-def eta_fields(told: list[tuple[float, float, float]], provisional: list[bool]) -> dict[str, Any]:
-    """The ETA's calibration over completed jobs: the share within their p90 (goal 85-95%), the share told
-    the estimate was still provisional, and the p50 judged by relative error against the best constant
-    estimate (:func:`engine.bench.figures.eta_p50_error`; goal: at least 80% within 50%, and below the
-    constant's error). ``eta_within_p50_share`` is the Proxy's own gate (engine.proxy.eta.calibration: within
-    max(1 s, 50%)), kept for the gate's record; with jobs under a second any estimate meets it."""
-    from engine.proxy import eta
-
-    cal = eta.calibration(told)
-    return {"eta_jobs": cal["jobs"], "eta_within_p50_share": cal["within_p50_share"] if told else None,
-            "eta_p90_coverage": cal["p90_coverage"] if told else None,
-            "eta_provisional_share": sum(provisional) / len(provisional) if provisional else None,
-            **figures.eta_p50_error(told)}
+    return {"rate_rps": rate, "offered": len(tasks), **figures.open_loop_row(outcomes, served, lag, start, seconds, deadline_s),
+            **figures.eta_fields(told, provisional)}
 
 
 async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], rate: float, seconds: float,
@@ -429,7 +380,7 @@ async def priority_overload(proxy: str, workflow: str, params: dict[str, Any], r
     return out
 
 
-def issue28_figures(proxy: str, workflow: str, params: dict[str, Any], capacity: float, seconds: float,
+def priority_and_eta_figures(proxy: str, workflow: str, params: dict[str, Any], capacity: float, seconds: float,
                     rows: list[dict[str, Any]], unloaded: list[float], seed: int,
                     inputs: dict[str, bytes] | None = None) -> dict[str, Any]:
     """``eta_calibration`` (the open-loop rows' ETA fields at 0.5x and 1x) and ``priority_2x`` (run now)."""
@@ -439,20 +390,7 @@ def issue28_figures(proxy: str, workflow: str, params: dict[str, Any], capacity:
     calibration = {f"{r['load_x_capacity']}x": {k: r[k] for k in keys} for r in rows
                    if r["load_x_capacity"] in (0.5, 1.0)}
     pr = asyncio.run(priority_overload(proxy, workflow, params, 2 * capacity, seconds, seed=seed, inputs=inputs))
-    return {"eta_calibration": calibration, "priority_2x": priority_figure(pr, unloaded, 2 * capacity, 0.25)}
-
-
-def priority_figure(rows: dict[str, dict[str, Any]], unloaded: list[float], rate: float,
-                    high_share: float) -> dict[str, Any]:
-    """``priority_2x``: issue 28's goal, high's p99 under a 2x overload at most 1.5x its unloaded p99
-    (``unloaded``: the sequential staged latencies), every accepted low one completed."""
-    high, low = rows["high"], rows["low"]
-    un50, un99 = statistics.median(unloaded), _pct(unloaded, 0.99)
-    ratio = high["p99_s"] / un99 if high["p99_s"] is not None and un99 else None
-    return {"rate_rps": rate, "high_share": high_share, "unloaded_p50_s": un50, "unloaded_p99_s": un99,
-            **{f"high_{k}": v for k, v in high.items()}, **{f"low_{k}": v for k, v in low.items()},
-            "high_p99_vs_unloaded_p99": ratio,
-            "goal_met": ratio is not None and ratio <= 1.5 and low["completed"] == low["accepted"] > 0}
+    return {"eta_calibration": calibration, "priority_2x": figures.priority_figure(pr, unloaded, 2 * capacity, 0.25)}
 
 
 @contextmanager
@@ -508,14 +446,14 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
                            "cores": _cores(), "deadline_s": deadline_s}
     one = OneCall(model_dir, params, device, tries=max(3, min(n, 5)), inputs=inputs, cache=cache)
     if hog:  # isolation: the quiet side by the same protocol as the loaded one (interleaved pairs)
-        quiet = latency_figures(side_by_side(client, one, workflow, n), one.by_threads[one.threads], hops)
+        quiet = figures.latency_figures(side_by_side(client, one, workflow, n), one.by_threads[one.threads], hops)
         out.update({f"{k}_quiet": v for k, v in quiet.items() if k != "staged_latency_p50_s"},
                    staged_latency_p50_quiet_s=quiet["staged_latency_p50_s"])
     with hogs(hog):
         isolated = one.tune() if hog else one.by_threads[one.threads]  # the one-call at its best on this host
         pairs = side_by_side(client, one, workflow, n)
         staged = [s for s, _ in pairs]
-        out.update(latency_figures(pairs, isolated, hops), one_call_threads=one.threads,
+        out.update(figures.latency_figures(pairs, isolated, hops), one_call_threads=one.threads,
                    one_call_p50_by_threads={str(k): v for k, v in one.by_threads.items()})
         del one
         if hog:
@@ -534,7 +472,7 @@ def run(proxy: str, model_dir: str, workflow: str, n: int, seconds: float, deadl
                    staged_vs_batched_monolith_capacity=capacity / batched if batched else None)
         rows = open_loop_rows(proxy, workflow, params, capacity, loads, seconds, deadline_s, inputs, processes)
         out["open_loop"] = rows
-        out.update(issue28_figures(proxy, workflow, params, capacity, seconds, rows, staged, seed=len(loads),
+        out.update(priority_and_eta_figures(proxy, workflow, params, capacity, seconds, rows, staged, seed=len(loads),
                                    inputs=inputs))
         out.update(baselines_on_private_engines(model_dir, seconds, saturate_in_flight, device, single_stage,
                                                 single_stage_instances, mix_model_dirs))
@@ -562,7 +500,7 @@ def open_loop_rows(proxy: str, workflow: str, params: dict[str, Any], capacity: 
 def baselines_on_private_engines(model_dir: str, seconds: float, in_flight: int, device: str = "cpu",
                                  single_stage: bool = True, single_stage_instances: int | None = None,
                                  mix_model_dirs: dict[str, str] | None = None) -> dict[str, Any]:
-    """Items 7c and 7d of issue 24: the single-stage engine and the mixed run (:mod:`engine.bench.variants`)."""
+    """The single-stage engine and the mixed run (:mod:`engine.bench.variants`)."""
     out: dict[str, Any] = {}
     if single_stage:
         out.update(variants.single_stage(model_dir, seconds, in_flight, single_stage_instances))
@@ -641,7 +579,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: Any) -> int:
-    if args.adapters:  # LoRA adapters on one pool (issue 27)
+    if args.adapters:  # LoRA adapters on one pool
         return adapters.main(args)
     if not args.proxy:
         print("error: --proxy is required (the proxy: line of onepiece up)", file=sys.stderr)
@@ -673,7 +611,7 @@ def main(args: Any) -> int:
                  single_stage=single_stage, single_stage_instances=args.single_stage_instances,
                  mix_model_dirs=None if args.no_mixed else _mix_models(args), quality=args.quality,
                  steps=args.steps)
-    if not args.no_stream:  # streamed video (issue 28): first playable fragment against completion
+    if not args.no_stream:  # streamed video: first playable fragment against completion
         if _ready_checks(args.proxy).get(f"routes:{stream.WORKFLOW}") == "ok":
             result.update(stream.figure(args.proxy))
         else:
@@ -683,7 +621,7 @@ def main(args: Any) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
     else:
-        print_text(result)
+        report.print_text(result)
     return 0
 
 
@@ -733,97 +671,3 @@ def _mix_models(args: Any) -> dict[str, str] | None:
     return mix
 
 
-def print_text(r: dict[str, Any]) -> None:
-    """The figures as lines for a reader (``--json`` prints them whole)."""
-    if "provenance" in r:
-        p = r["provenance"]
-        print(f"commit {p['commit'] or '?'}{'' if p['tree_clean'] else ' (tree not clean)'}; {p['cpu_model']}, "
-              f"{p['usable_cores']} of {p['host_cores']} cores; load average {p['load_average_before'][0]:.2f} before, "
-              f"{p['load_average_after'][0]:.2f} after")
-    hog = f", {r['hog']} core hog(s) running" if r["hog"] else ""
-    print(f"{r['workflow']} at quality {r.get('quality', caching.LOSSLESS)}: {_request_line(r)}")
-    print(f"{r['workflow']} on {r['cores']} cores{hog}: staged p50 {r['staged_latency_p50_s'] * 1e3:.1f} ms vs "
-          f"one-call {r['one_call_latency_p50_s'] * 1e3:.1f} ms interleaved ({r['one_call_threads']} threads, its "
-          f"best) = {r['staged_vs_one_call']:.2f}x; per stage hop ({r['stage_hops']} hops): "
-          f"{r['added_per_hop_ms']:.1f} ms median of {r['pairs']} paired differences (p10 "
-          f"{r['added_per_hop_p10_ms']:.1f}, p90 {r['added_per_hop_p90_ms']:.1f}); "
-          f"{r['added_per_hop_vs_isolated_ms']:.1f} ms against the isolated one-call "
-          f"{r['one_call_isolated_p50_s'] * 1e3:.1f} ms")
-    if r["hog"]:
-        print(f"isolation (interleaved pairs both times): staged p50 quiet {r['staged_latency_p50_quiet_s'] * 1e3:.1f}"
-              f" ms, with the hog(s) {r['staged_latency_p50_s'] * 1e3:.1f} ms = {r['hog_vs_quiet_p50']:.2f}x "
-              f"(one-call {r['one_call_hog_vs_quiet_p50']:.2f}x)")
-    print(f"capacity: {r['capacity_rps']:.2f} requests/s at saturation ({r['saturate_in_flight']} in flight) vs "
-          f"monolith {r['monolith_capacity_rps']:.2f} requests/s ({r['monolith_processes']} process(es)) = "
-          f"{r['staged_vs_monolith_capacity']:.2f}x; open-loop requests carry a {r['deadline_s']:.0f} s deadline")
-    _print_baselines(r)
-    if r.get("control_plane_cpu_ms_per_request") is not None:
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in r["control_plane_breakdown"].items())
-        print(f"control plane: {r['control_plane_cpu_ms_per_request']:.1f} ms CPU per completed request at "
-              f"saturation ({parts}); stage workers {r['stage_workers_cpu_ms_per_request']:.1f} ms")
-    if r.get("first_fragment_vs_complete") is not None:
-        print(f"streamed video ({stream.WORKFLOW}, {r['stream_runs']} runs): first playable fragment after "
-              f"{r['first_fragment_s']:.2f} s, complete after {r['stream_complete_s']:.2f} s: "
-              f"first_fragment_vs_complete {r['first_fragment_vs_complete']:.2f} (goal <= 0.5)")
-    print_issue28(r)
-    _print_open_loop(r["open_loop"])
-
-
-def _request_line(r: dict[str, Any]) -> str:
-    """The measured request in a few words: its size, steps and input files."""
-    p = r["params"]
-    size = f"{p['width']}x{p['height']}" + (f", {p['num_frames']} frames" if "num_frames" in p else "")
-    files = "".join(f", {name}: {what}" for name, what in r.get("inputs", {}).items())
-    return f"{size}, {p['num_inference_steps']} steps, seed {p['seed']}{files} (both sides)"
-
-
-def _print_baselines(r: dict[str, Any]) -> None:
-    if r.get("staged_vs_batched_monolith_capacity") is not None:
-        print(f"batched monolith: {r['batched_monolith_capacity_rps']:.2f} requests/s at batch "
-              f"{r['batched_monolith_batch']} (its best of {', '.join(r['batched_monolith_rps_by_batch'])}) = "
-              f"{r['staged_vs_batched_monolith_capacity']:.2f}x")
-    if r.get("staged_vs_single_stage_capacity") is not None:
-        print(f"single stage: {r['single_stage_capacity_rps']:.2f} requests/s with the whole pipeline in one stage "
-              f"({r['single_stage_instances']} instance(s)) vs staged {r['single_stage_staged_capacity_rps']:.2f} "
-              f"on the same private engine = {r['staged_vs_single_stage_capacity']:.2f}x; outputs "
-              f"{'equal' if r['single_stage_output_equal'] else 'DIFFER'}")
-    if r.get("mixed_vs_monolith_capacity") is not None:
-        print(f"mixed ({', '.join(r['mixed_workflows'])}, equal shares): staged {r['mixed_capacity_rps']:.2f} "
-              f"requests/s ({r['mixed_instances']} instances) vs the best monolith deployment "
-              f"{r['monolith_mix_capacity_rps']:.2f} ({r['monolith_mix_config']}: {r['monolith_mix_processes']} "
-              f"process(es) x {r['monolith_mix_threads']} thread(s)) = {r['mixed_vs_monolith_capacity']:.2f}x; "
-              f"memory staged {r['staged_pss_mb']:.0f} MiB PSS ({r['staged_rss_mb']:.0f} MiB summed peak RSS) vs "
-              f"monolith {r['monolith_pss_mb']:.0f} MiB PSS ({r['monolith_rss_mb']:.0f} MiB)")
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return format(v, spec) if v is not None else "-"
-
-
-def _print_open_loop(rows: list[dict[str, Any]]) -> None:
-    f = _fmt
-    print(f"{'load':>6} {'offered':>8} {'accepted':>8} {'in dl':>6} {'late':>5} {'expired':>7} {'refused':>7} "
-          f"{'busy s':>6} {'goodput':>8} {'x cap':>6} {'in win':>6} {'p50 s':>7} {'p99 s':>7} {'refuse p99 ms':>13}")
-    for row in rows:
-        print(f"{row['load_x_capacity']:>5}x {row['offered']:8d} {row['accepted']:8d} "
-              f"{row['completed_in_deadline']:6d} {row['completed_late']:5d} {row['expired']:7d} "
-              f"{row['refused']:7d} {row['busy_period_s']:6.1f} {row['goodput_busy_rps']:8.2f} "
-              f"{row['goodput_busy_x_capacity']:6.2f} {row['goodput_in_window_x_capacity']:6.2f} "
-              f"{f(row['latency_p50_s'], '7.2f')} {f(row['latency_p99_s'], '7.2f')} "
-              f"{f(row['reject_latency_p99_ms'], '13.1f')}")
-
-
-def print_issue28(r: dict[str, Any]) -> None:
-    """The text lines of ``priority_2x`` and ``eta_calibration``."""
-    f = _fmt
-    pr = r["priority_2x"]
-    print(f"priority at 2x load ({pr['high_share']:.0%} high): high p99 {f(pr['high_p99_s'], '.2f')} s vs unloaded "
-          f"p99 {f(pr['unloaded_p99_s'], '.2f')} s = {f(pr['high_p99_vs_unloaded_p99'], '.2f')}x (goal <= 1.5x); "
-          f"high {pr['high_completed']}/{pr['high_offered']} completed, {pr['high_refused']} refused; low "
-          f"{pr['low_completed']}/{pr['low_accepted']} accepted completed, {pr['low_refused']} refused, max "
-          f"{f(pr['low_max_s'], '.2f')} s")
-    for load, c in r["eta_calibration"].items():
-        print(f"eta at {load}: p50 within 50% of the actual time for {f(c['eta_p50_within_50pct_share'], '.0%')} "
-              f"(goal >= 80%), median relative error {f(c['eta_p50_median_rel_error'], '.2f')} vs "
-              f"{f(c['eta_constant_median_rel_error'], '.2f')} for the best constant; p90 coverage "
-              f"{f(c['eta_p90_coverage'], '.0%')} (goal 85-95%) over {c['eta_jobs']} jobs")

@@ -15,6 +15,10 @@ formula that flattered the engine:
 - :func:`pss_kb`: proportional memory from ``/proc/PID/smaps_rollup``: shared pages (torch's libraries,
   mapped by every worker) are split between the processes that map them instead of counted once each.
 - :func:`provenance`: what the run was: commit, clean tree or not, CPU, cores, load, command line.
+
+And the rows of a run, from its samples: :func:`latency_figures` (interleaved staged and one-call pairs),
+:func:`open_loop_row` (one open-loop load), :func:`eta_fields` and :func:`priority_figure`. The harness that
+takes the samples is :mod:`engine.bench.e2e`; the text it prints, :mod:`engine.bench.e2e_report`.
 """
 
 from __future__ import annotations
@@ -130,3 +134,71 @@ def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "cpu_model": cpu_model(), "host_cores": os.cpu_count(),
             "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "load_average": list(os.getloadavg()), "command": list(sys.argv if argv is None else argv)}
+
+
+# -- the rows of a run, from its samples ---------------------------------------------------------------
+
+def latency_figures(pairs: list[tuple[float, float]], isolated: float, hops: int) -> dict[str, Any]:
+    """The latency fields from interleaved pairs: the staged and one-call medians, their ratio, the cost per
+    hop from the pairs (:func:`engine.bench.figures.paired_hop`) and, beside it, the same against the
+    isolated one-call median (``isolated``: calls in a row, nothing between them)."""
+    staged, base = [s for s, _ in pairs], [b for _, b in pairs]
+    med = statistics.median(staged)
+    return {"staged_latency_p50_s": med, "staged_latency_p99_s": pct(staged, 0.99),
+            "one_call_latency_p50_s": statistics.median(base), "one_call_isolated_p50_s": isolated,
+            "staged_vs_one_call": med / statistics.median(base), **paired_hop(pairs, hops),
+            "added_per_hop_vs_isolated_ms": (med - isolated) / hops * 1e3}
+
+
+def open_loop_row(outcomes: list[tuple[str, float, float]], served: list[float], lag: list[float], start: float,
+         seconds: float, deadline_s: float) -> dict[str, Any]:
+    """An open-loop row's counts, goodput (:func:`engine.bench.figures.goodput`: over the busy period, and
+    inside the send window) and latencies from its outcomes (state, scheduled send, end)."""
+    completed = [end - at for st, at, end in outcomes if st == "completed"]
+    in_deadline = [s for s in completed if s <= deadline_s]
+    refused = [end - at for st, at, end in outcomes if st == "refused"]
+    states: dict[str, int] = {}
+    for st, _, _ in outcomes:
+        states[st] = states.get(st, 0) + 1
+    accepted = len(outcomes) - len(refused) - sum(n for st, n in states.items() if st.startswith("error"))
+    return {
+        "accepted": accepted,
+        "completed": len(completed), "completed_in_deadline": len(in_deadline),
+        "completed_late": len(completed) - len(in_deadline), "expired": states.get("expired", 0),
+        "failed": states.get("failed", 0), "not_finished": states.get("timeout", 0),
+        "refused": len(refused), "errors": {st: n for st, n in states.items() if st.startswith("error")},
+        **goodput(outcomes, start, seconds, deadline_s),
+        "latency_p50_s": pct(completed, 0.5), "latency_p99_s": pct(completed, 0.99),
+        "reject_latency_p50_ms": (pct(refused, 0.5) or 0) * 1e3 if refused else None,
+        "reject_latency_p99_ms": (pct(refused, 0.99) or 0) * 1e3 if refused else None,
+        "reject_service_p99_ms": (pct(served, 0.99) or 0) * 1e3 if served else None,
+        "client_send_lag_p99_ms": (pct(lag, 0.99) or 0) * 1e3,
+    }
+
+
+def eta_fields(told: list[tuple[float, float, float]], provisional: list[bool]) -> dict[str, Any]:
+    """The ETA's calibration over completed jobs: the share within their p90 (goal 85-95%), the share told
+    the estimate was still provisional, and the p50 judged by relative error against the best constant
+    estimate (:func:`engine.bench.figures.eta_p50_error`; goal: at least 80% within 50%, and below the
+    constant's error). ``eta_within_p50_share`` is the Proxy's own gate (engine.proxy.eta.calibration: within
+    max(1 s, 50%)), kept for the gate's record; with jobs under a second any estimate meets it."""
+    from engine.proxy import eta
+
+    cal = eta.calibration(told)
+    return {"eta_jobs": cal["jobs"], "eta_within_p50_share": cal["within_p50_share"] if told else None,
+            "eta_p90_coverage": cal["p90_coverage"] if told else None,
+            "eta_provisional_share": sum(provisional) / len(provisional) if provisional else None,
+            **eta_p50_error(told)}
+
+
+def priority_figure(rows: dict[str, dict[str, Any]], unloaded: list[float], rate: float,
+                    high_share: float) -> dict[str, Any]:
+    """``priority_2x``: the goal, high's p99 under a 2x overload at most 1.5x its unloaded p99
+    (``unloaded``: the sequential staged latencies), every accepted low one completed."""
+    high, low = rows["high"], rows["low"]
+    un50, un99 = statistics.median(unloaded), pct(unloaded, 0.99)
+    ratio = high["p99_s"] / un99 if high["p99_s"] is not None and un99 else None
+    return {"rate_rps": rate, "high_share": high_share, "unloaded_p50_s": un50, "unloaded_p99_s": un99,
+            **{f"high_{k}": v for k, v in high.items()}, **{f"low_{k}": v for k, v in low.items()},
+            "high_p99_vs_unloaded_p99": ratio,
+            "goal_met": ratio is not None and ratio <= 1.5 and low["completed"] == low["accepted"] > 0}

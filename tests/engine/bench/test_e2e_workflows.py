@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine.bench import e2e, harness
+from engine.bench import e2e, e2e_report, harness
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -160,8 +160,8 @@ def _png(width: int, height: int, level: int) -> bytes:
 
 
 def test_the_text_names_the_quality_and_the_request() -> None:
-    line = e2e._request_line({"params": {"width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 2,
+    line = e2e_report._request_line({"params": {"width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 2,
                                          "seed": 1}, "inputs": {"image": "blank png 32x32"}})
     assert line == "32x32, 5 frames, 2 steps, seed 1, image: blank png 32x32 (both sides)"
     r: dict[str, Any] = {"params": {"width": 64, "height": 64, "num_inference_steps": 8, "seed": 1}, "inputs": {}}
-    assert e2e._request_line(r) == "64x64, 8 steps, seed 1 (both sides)"
+    assert e2e_report._request_line(r) == "64x64, 8 steps, seed 1 (both sides)"

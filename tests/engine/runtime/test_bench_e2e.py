@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.bench import e2e
+from engine.bench import e2e, e2e_report
 
 
 @pytest.mark.slow
@@ -119,7 +119,7 @@ def test_bench_e2e_measures_another_workflow_with_its_image(one_node: Any, tiny_
     (row,) = r["open_loop"]
     assert row["offered"] == row["accepted"] + row["refused"] and row["errors"] == {} and row["failed"] == 0, row
     assert r["priority_2x"]["high_completed"] + r["priority_2x"]["low_completed"] > 0
-    e2e.print_text(r)  # the text names the level and the request
+    e2e_report.print_text(r)  # the text names the level and the request
     assert capsys.readouterr().out.splitlines()[1] == (f"{wf} at quality lossless: 32x32, 5 frames, 2 steps, seed 1, "
                                                        "image: blank png 32x32 (both sides)")
 
