@@ -71,8 +71,9 @@ def mix_jobs(workflows: Sequence[str] = MIX_WORKFLOWS) -> list[Job]:
 
 
 async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_flight: int, seconds: float,
-                       max_windows: int = 1) -> tuple[float, list[float], dict[str, int]]:
-    """(capacity, completions per second in each window, completions per workflow in the windows) with
+                       max_windows: int = 1) -> tuple[float, list[float], dict[str, int], dict[str, int]]:
+    """(capacity, completions per second in each window, completions per workflow in the windows, completions
+    per workflow in the whole run: the fill, the windows and the requests in flight at the end) with
     ``in_flight`` requests kept in the engine, each new request the next of ``jobs`` in turn. The private
     engine's assignment is static, so one window after the fill measures its configuration (as one window
     measures each monolith's); with ``max_windows`` > 1, windows follow until one is no better than 5% above
@@ -115,7 +116,10 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
         await asyncio.gather(judge(), *(loop() for _ in range(in_flight)))
     finally:
         await client.close()
-    return windows[-1], windows, counted
+    served: dict[str, int] = {}
+    for _, wf in finished:
+        served[wf] = served.get(wf, 0) + 1
+    return windows[-1], windows, counted, served
 
 
 async def _results(proxy: str, token: str, jobs: Sequence[Job]) -> list[bytes | None]:
@@ -160,9 +164,9 @@ def single_stage(model_dir: str, seconds: float, in_flight: int, instances: int 
                           log=log) as eng:
         staged_png, single_png = asyncio.run(_results(eng.proxy, eng.token, [("sd-t2i", params, {}),
                                                                               (SINGLE, params, {})]))
-        staged, staged_w, _ = asyncio.run(saturate_mix(eng.proxy, eng.token, [("sd-t2i", params, {})],
+        staged, staged_w, _, _ = asyncio.run(saturate_mix(eng.proxy, eng.token, [("sd-t2i", params, {})],
                                                        in_flight, seconds))
-        single, single_w, _ = asyncio.run(saturate_mix(eng.proxy, eng.token, [(SINGLE, params, {})],
+        single, single_w, _, _ = asyncio.run(saturate_mix(eng.proxy, eng.token, [(SINGLE, params, {})],
                                                        in_flight, seconds))
     return {"single_stage_capacity_rps": single, "single_stage_windows_rps": single_w,
             "single_stage_instances": n, "single_stage_staged_capacity_rps": staged,
@@ -285,11 +289,12 @@ def mixed(model_dirs: dict[str, str], seconds: float, in_flight: int, device: st
     with tempfile.TemporaryDirectory(prefix="onepiece-bench-mixed-", dir=work) as tmp, \
             PrivateEngine(json.dumps(doc), Path(tmp), f"b{os.getpid()}m-", log=log) as eng:
         asyncio.run(_results(eng.proxy, eng.token, jobs))  # one of each first: every stage warm
-        staged, windows, per_wf = asyncio.run(saturate_mix(eng.proxy, eng.token, jobs, in_flight, seconds))
+        staged, windows, per_wf, served = asyncio.run(saturate_mix(eng.proxy, eng.token, jobs, in_flight, seconds))
         rss, pss = eng.peak_rss_mb(), eng.pss_mb()
     out: dict[str, Any] = {"mixed_workflows": [wf for wf, _, _ in jobs], "mixed_params": MIX_PARAMS,
                            "mixed_instances": len(doc["instances"]), "mixed_capacity_rps": staged,
                            "mixed_windows_rps": windows, "mixed_completed_by_workflow": per_wf,
+                           "mixed_served_by_workflow": served,
                            "staged_rss_mb": sum(rss.values()), "staged_rss_breakdown_mb": rss,
                            "staged_pss_mb": sum(pss.values()), "staged_pss_breakdown_mb": pss}
     out.update(monolith_mix(model_dirs, jobs, in_flight, seconds, device))

@@ -78,8 +78,12 @@ def test_private_engine_baselines_fill_every_field(tiny_models: dict[str, Path],
         r["single_stage_staged_capacity_rps"] / r["single_stage_capacity_rps"])
     # 7d: an equal mix of the three workflows, staged as default_assignment deploys them, vs a monolith each
     assert r["mixed_workflows"] == list(MIX_WORKFLOWS)
-    assert set(r["mixed_completed_by_workflow"]) == set(MIX_WORKFLOWS), r["mixed_completed_by_workflow"]
-    assert all(n > 0 for n in r["mixed_completed_by_workflow"].values())
+    # every workflow of the mix was served through the staged engine (over the whole run: a one-second window
+    # on a loaded host may hold no completion of a slower workflow, so the window's own counts are only checked
+    # to be a part of the run's)
+    served, in_window = r["mixed_served_by_workflow"], r["mixed_completed_by_workflow"]
+    assert set(served) == set(MIX_WORKFLOWS) and all(n > 0 for n in served.values()), served
+    assert sum(in_window.values()) > 0 and all(0 < n <= served[wf] for wf, n in in_window.items()), in_window
     for name in ("mixed_capacity_rps", "monolith_mix_capacity_rps", "mixed_vs_monolith_capacity",
                  "staged_rss_mb", "monolith_rss_mb"):
         assert isinstance(r[name], float) and r[name] > 0, (name, r[name])
