@@ -160,6 +160,7 @@ class _Store:
     def __init__(self, store: Any) -> None:
         self.store = store
         self.preview = SimpleNamespace(add=_timed(store.preview.add, "write"))
+        self.add_preview = self.preview.add  # what the --before publisher (an older module) calls
 
 
 def _method_cost(runner: Any, params: dict[str, Any]) -> dict[str, Any]:

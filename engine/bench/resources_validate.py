@@ -157,8 +157,8 @@ class _Engine:
             raise RuntimeError(f"{what} within {self.cfg.startup_timeout_s:.0f}s; see {self.work}")
 
     def worker_pid(self, instance: str) -> int:
-        """The pid of a ready worker, from the node's log."""
-        for line in (self.work / "node.log").read_text(errors="replace").splitlines():
+        """The pid of a ready worker, from the node's log (its last start's, should it have restarted)."""
+        for line in reversed((self.work / "node.log").read_text(errors="replace").splitlines()):
             if f"worker {instance} ready (pid " in line:
                 return int(line.rsplit("(pid ", 1)[1].split(")", 1)[0])
         raise LookupError(f"worker {instance} is not ready in {self.work / 'node.log'}")

@@ -28,6 +28,7 @@ and the status hash no longer moves.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 from engine.store import keys
 from engine.store.instances import InstanceStats
 from engine.store.previews import PreviewStore
+
+log = logging.getLogger("onepiece.store")
 
 if TYPE_CHECKING:
     from engine.store.objects import ObjectRef, ObjectStore, PartWriter
@@ -329,7 +332,8 @@ class JobStore:
         (:class:`engine.store.objects.ObjectStoreError`) and the job is not completed, and an attempt that
         loses the race to finish deletes its own object. ``uploaded``: the result is in the store already
         (streamed while it was made, :meth:`result_writer`): recorded without a second upload once its size
-        and sha256 are the result's, else deleted and :class:`ObjectStoreError` raised (the job not completed).
+        and sha256 are the result's; else it is deleted, the difference logged, and the result uploaded as
+        without it (the stream is an optimisation, never a reason to lose the result).
         """
         if state not in keys.TERMINAL:
             raise ValueError(f"not a terminal state: {state!r}")
@@ -373,23 +377,24 @@ class JobStore:
 
     def _streamed(self, uid: str, result: bytes | bytearray | memoryview | None, uploaded: ObjectRef) -> ObjectRef | None:
         """``uploaded`` when it is ``result`` byte for byte (size and sha256) and the job is not finished yet;
-        None (the object deleted) when it is finished; ObjectStoreError (deleted too) when they differ."""
+        None (the object deleted) when it is finished; when they differ, the object deleted, the difference
+        logged and the result uploaded the ordinary way (its new reference)."""
         import hashlib
-
-        from engine.store.objects import ObjectStoreError
 
         if self.objects is None or result is None:
             raise ValueError("an uploaded result needs an object store and the result it is")
-        view = memoryview(result).cast("B")
-        if (view.nbytes, hashlib.sha256(view).hexdigest()) != (uploaded.size, uploaded.sha256):
-            self.objects.delete(uploaded)
-            raise ObjectStoreError(
-                f"the streamed result {uploaded.key!r} is not the job's result: {uploaded.size} bytes, sha256 "
-                f"{uploaded.sha256[:16]}..., against {view.nbytes} bytes, sha256 {hashlib.sha256(view).hexdigest()[:16]}...")
         if self._field(uid, "state") in keys.TERMINAL:
             self.objects.delete(uploaded)  # already finished: its result is another attempt's
             return None
-        return uploaded
+        view = memoryview(result).cast("B")
+        digest = hashlib.sha256(view).hexdigest()
+        if (view.nbytes, digest) == (uploaded.size, uploaded.sha256):
+            return uploaded
+        self.objects.delete(uploaded)
+        log.error("job %s: the streamed result %r is not its result (%d bytes, sha256 %s..., against %d bytes, "
+                  "sha256 %s...); uploading the result instead", uid, uploaded.key, uploaded.size,
+                  uploaded.sha256[:16], view.nbytes, digest[:16])
+        return self._upload(uid, result)
 
     def _upload(self, uid: str, result: bytes | bytearray | memoryview) -> ObjectRef:
         import secrets

@@ -5,9 +5,11 @@
 the ones its stages serve, bounded from its own spec (:func:`params_for`, which
 :class:`engine.workflow.spec.WorkflowSpec` adds to its parameters): no spec file declares them. The edge
 checks them once (the Proxy's :class:`engine.proxy.parsing.Parser`, which the platform's in-process engine
-shares) and builds :class:`Options`; each consumer reads its own from it: the serving order and admission
-(``priority``), the deadline checks, the worker's preview publisher (``preview_every``), the denoise
-stages' step cache (``quality``); ``lora`` is resolved against the adapter registry by the spec.
+shares) and builds :class:`Options` for admission. They travel on as the Workflow Message carries them (the
+ones among the params in its params, the priority as the header's level, the deadline as its absolute
+time), and each consumer past the Proxy reads its own through :meth:`Options.of` on those params: the
+worker's preview publisher (``preview_every``), the denoise stages' step cache (``quality``); ``lora`` is
+resolved against the adapter registry by the spec.
 
 A new option is its field, bound and check here, its consumer, a line in ``docs/api.md`` and a test.
 """

@@ -2,7 +2,7 @@
 previews a job's websocket sends in order, the dashboard's copy of the route, and ``/jobs/<uid>/watch``, a
 small page for a user's own job.
 
-The previews are the engine's (a request with ``preview_every``: engine.stages.preview writes them to the
+The previews are the engine's (a request with ``preview_every``: engine.worker.previews writes them to the
 job store's preview stream); the platform reads them through the engine's public reader,
 :class:`engine.store.JobStore`, and never writes them.
 """

@@ -1,7 +1,7 @@
 """``onepiece bench e2e`` against the session's engine: every figure the issue names is produced, and the
 open loop accounts for every request it offered (nothing sent is missing from a row). It lives beside the
-other runtime tests so that the session engine starts when they start (earlier proxy tests wipe etcd and
-Redis between tests)."""
+other runtime tests so that the session engine starts when they start (earlier proxy tests flush the
+session's Redis between tests)."""
 
 from __future__ import annotations
 

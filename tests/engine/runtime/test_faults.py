@@ -114,7 +114,7 @@ def test_sigkill_of_the_denoise_worker_mid_request(one_node: Cluster, tiny_model
         time.sleep(0.2)
     assert after["pid"] != before["pid"] and after["address"] == before["address"]
     # the restarted process measures its stage times: its first run pays one-off costs and is not offered as
-    # the service time (TaskWorker._record), its second is
+    # the service time (TaskWorker.record), its second is
     second = one_node.submit("sd-t2i", dict(SLOW, num_inference_steps=2, seed=4))
     assert one_node.wait(second, {"completed", "failed", "cancelled", "expired"}, timeout=60)["state"] == "completed"
     deadline = time.monotonic() + 10

@@ -176,13 +176,16 @@ def test_a_streamed_result_is_recorded_without_a_second_upload(redis_server, obj
     store.close()
 
 
-def test_a_streamed_result_that_differs_fails_and_is_deleted(redis_server, object_store: ObjectStore) -> None:
+def test_a_streamed_result_that_differs_is_replaced_by_the_result(redis_server, object_store: ObjectStore,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     store = JobStore.from_url(redis_server.url, ttl=60, objects=ObjectStore(object_store.config, part_size=5 << 20))
     uid = uuid.uuid4().hex
     store.accept(uid, "wan2.1-t2v", 1.0)
     ref = _streamed(store, uid, VIDEO)
     other = VIDEO[:-1] + bytes([VIDEO[-1] ^ 1])  # same size, one bit off
-    with pytest.raises(ObjectStoreError, match="is not the job's result"):
-        store.finish(uid, "wan2.1-t2v", keys.COMPLETED, "video_encode", result=other, uploaded=ref)
-    assert store.state(uid) != keys.COMPLETED and _listed(store.objects, uid) == []
+    assert store.finish(uid, "wan2.1-t2v", keys.COMPLETED, "video_encode", result=other, uploaded=ref)
+    # the stream was wrong, not the result: the job completes with the result's own bytes, in one object
+    kept = store.result_ref(uid)
+    assert kept is not None and kept.key != ref.key and _listed(store.objects, uid) == [kept.key]
+    assert store.result(uid) == other and "is not its result" in caplog.text
     store.close()
