@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -332,6 +332,13 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         return repeat
     _reserve(job, cost, limits)
     _ask_engine(job, inputs)
-    Job.objects.filter(pk=job.pk).update(submitting=False, updated_at=timezone.now())
-    job.submitting = False
+    try:
+        Job.objects.filter(pk=job.pk).update(submitting=False, updated_at=timezone.now())
+        job.submitting = False
+    except OperationalError:
+        # The engine has accepted the job: answer that. The flag clears with the ledger's first event of
+        # the job (ledger.apply_event); a database that refused this one write (SQLite's table lock under a
+        # concurrent writer) must not turn accepted work into an error a client would submit again.
+        log.warning("job %s accepted, but its submitting flag could not be cleared now; the ledger will",
+                    job.uid, exc_info=True)
     return Submitted(job, True)
