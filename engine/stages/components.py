@@ -6,19 +6,24 @@ Imported only by executor modules, so torch is imported here at module level.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import io
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.base import InvalidInput, StageExecutor, compute_dtype_name, resolve_device
 from engine.stages.layout import check_component
 from engine.workflow.message import TensorData
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 # transformers models take ``dtype=``; diffusers models and pipelines ``torch_dtype=``.
 _DTYPE_KWARG = {"transformers": "dtype", "diffusers": "torch_dtype"}
@@ -63,6 +68,22 @@ def load_component(
     if device is not None and isinstance(obj, torch.nn.Module):
         obj = obj.to(device).eval()
     return obj
+
+
+def no_grad(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``@torch.no_grad()`` that imports torch at the first call, not when the class is defined
+    (:mod:`engine.lazy`): the first call wraps ``fn`` with torch's own decorator, and every call goes through
+    that wrapper (one Python call more than the decorator itself)."""
+    wrapped: Callable[..., Any] | None = None
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal wrapped
+        if wrapped is None:
+            wrapped = torch.no_grad()(fn)
+        return wrapped(*args, **kwargs)
+
+    return call
 
 
 class TorchStage(StageExecutor):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.base import StageContext
-from engine.stages.components import TorchStage, load_component, to_uint8
+from engine.stages.components import TorchStage, load_component, no_grad, to_uint8
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 class SDVaeDecode(TorchStage):
@@ -24,7 +28,7 @@ class SDVaeDecode(TorchStage):
         scale = 2 ** (len(self.vae.config.block_out_channels) - 1)
         self.processor = VaeImageProcessor(vae_scale_factor=scale)
 
-    @torch.no_grad()
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         latents = inputs["denoised"].to(self.device, self.vae.dtype)
         image = self.vae.decode(latents / self.vae.config.scaling_factor, return_dict=False)[0]

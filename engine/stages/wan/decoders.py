@@ -13,14 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.base import StageContext
-from engine.stages.components import TorchStage, to_uint8
+from engine.stages.components import TorchStage, no_grad, to_uint8
 from engine.stages.wan.pipe import partial_pipeline
 from engine.stages.wan.vae import load_wan_vae
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 class WanVaeDecode(TorchStage):
@@ -35,7 +39,7 @@ class WanVaeDecode(TorchStage):
         chunks = [c["frames"] for c in self.run_chunks(inputs, params, ctx)]
         return {"frames": chunks[0] if len(chunks) == 1 else torch.cat(chunks)}
 
-    @torch.no_grad()
+    @no_grad
     def run_chunks(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
                    ctx: StageContext) -> Iterator[dict[str, Any]]:
         """``{"frames": ...}`` per latent frame, in order: byte for byte the frames :meth:`run` gives, since

@@ -10,13 +10,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.base import InvalidInput, StageContext
-from engine.stages.components import TorchStage, decode_image, load_component, read_config
+from engine.stages.components import TorchStage, decode_image, load_component, no_grad, read_config
 from engine.stages.wan.pipe import partial_pipeline
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 def load_wan_vae(stage: TorchStage, model_dir: Path) -> Any:
@@ -56,7 +60,7 @@ class WanVaeEncode(TorchStage):
             patch = tuple(json.loads(config.read_text()).get("patch_size", patch))
         self.multiple = self.pipe.vae_scale_factor_spatial * patch[1], self.pipe.vae_scale_factor_spatial * patch[2]
 
-    @torch.no_grad()
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         pipe = self.pipe
         height, width, frames = params["height"], params["width"], params["num_frames"]
