@@ -97,6 +97,7 @@ def request(workflow: str, model_dir: str | Path, quality: str = caching.LOSSLES
     refuses."""
     from engine.stages.base import MissingComponent
     from engine.stages.layout import check_components
+    from engine.stages.registry import needed
     from engine.workflow.registry import workflows
     from engine.workflow.spec import InvalidRequest
 
@@ -110,7 +111,7 @@ def request(workflow: str, model_dir: str | Path, quality: str = caching.LOSSLES
     if quality not in served or (quality != caching.LOSSLESS and not takes_quality):
         raise Refused(f"{workflow} does not serve --quality {quality}; it serves {', '.join(served)}")
     try:
-        check_components(model_dir, dict.fromkeys(c for s in spec.stages for c in s.components))
+        check_components(model_dir, needed(workflow))
     except MissingComponent as exc:
         raise Refused(f"--model-dir is not a {workflow} model folder: {exc}") from exc
     raw = {**PARAMS[workflow], **({"quality": quality} if takes_quality else {}),

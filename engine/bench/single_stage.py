@@ -79,6 +79,7 @@ SPEC = dataclasses.replace(
     description="benchmark only: sd-t2i as one stage (the one-call pipeline), for bench e2e's single-stage baseline",
     stages=(StageSpec(STAGE, f"{__name__}.SDOneCall", inputs=(),
                       outputs=(TensorSpec("image", kind="blob", doc="png bytes"),),
-                      components=SDOneCall.components, doc="diffusers' one-call StableDiffusionPipeline"),),
+                      doc="diffusers' one-call StableDiffusionPipeline"),),
     costs={STAGE: _cost()},
+    default=False,  # sd-t2i stays the images route's default
 )

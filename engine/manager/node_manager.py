@@ -47,8 +47,9 @@ from engine.manager.election import Election, NotLeader
 from engine.manager.overrides import Overrides, validate
 from engine.manager.planner import ManagerConfig, Observation
 from engine.manager.publish import Published
+from engine.stages.registry import pools
 from engine.workflow import get_workflow
-from engine.workflow.pools import pool_of, pools
+from engine.workflow.pools import pool_of
 
 __all__ = ["ManagerConfig", "NodeManager", "Observation", "TickResult"]
 

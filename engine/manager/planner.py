@@ -19,8 +19,9 @@ from engine.coord.keys import default_root
 from engine.manager import sets
 from engine.manager.allocator import AllocationError, StageProfile, for_budget, throughput
 from engine.manager.overrides import Overrides
+from engine.stages.registry import pools
 from engine.workflow import get_workflow
-from engine.workflow.pools import Pool, pool_of, pools
+from engine.workflow.pools import Pool, pool_of
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def plan(seen: Observation, overrides: Overrides, stage_times: Mapping[tuple[str
 
     ``stage_times``: (workflow, stage) -> measured seconds (:func:`fold_stage_times`); ``last_change``: when
     the last plan was applied (hysteresis); ``forced``: an operator action was accepted since;
-    ``stage_pools``: :func:`engine.workflow.pools.pools` of the configured workflows (computed if None).
+    ``stage_pools``: :func:`engine.stages.registry.pools` of the configured workflows (computed if None).
     Raises :class:`AllocationError` when the live slots cannot hold the stages' minimums."""
     live = {n: r for n, r in seen.nodes.items() if n not in overrides.drained}
     if not live:

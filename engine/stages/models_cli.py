@@ -10,6 +10,9 @@ import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from engine.stages.registry import adaptable
+    from engine.workflow import workflows
+
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     make = sub.add_parser(
         "make-tiny", help="write deterministic tiny random-weight checkpoints (nothing is downloaded)",
@@ -17,14 +20,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "With --workflow, --out is that model folder; without it, one sub-folder per workflow.",
     )
     make.add_argument("--out", required=True, help="output folder")
-    make.add_argument("--workflow", default=None, help="only this workflow (wan2.1-i2v, wan2.1-t2v or sd-t2i)")
+    make.add_argument("--workflow", default=None, help=f"only this workflow ({', '.join(sorted(workflows()))})")
     make.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical files)")
     lora = sub.add_parser(
         "make-tiny-lora", help="write a deterministic random LoRA for a workflow's denoise model",
         description="Write DIR/pytorch_lora_weights.safetensors: a random LoRA (diffusers/PEFT format) on the "
-                    "attention projections of the workflow's denoise model (sd-t2i's UNet, the Wan2.1 transformer).",
+                    "attention projections of the component the workflow's adapters target.",
     )
-    lora.add_argument("--workflow", required=True, help="sd-t2i, wan2.1-i2v or wan2.1-t2v")
+    lora.add_argument("--workflow", required=True, help=", ".join(f"{w} ({c})" for w, (c, _) in adaptable().items()))
     lora.add_argument("--out", required=True, help="output folder")
     lora.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical file)")
     lora.add_argument("--rank", type=int, default=4, help="LoRA rank (default 4)")
@@ -72,11 +75,12 @@ def _make_tiny_lora(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from engine.stages.base import MissingComponent
     from engine.stages.layout import check_components
+    from engine.stages.registry import needed
     from engine.workflow import get_workflow
 
     try:
         spec = get_workflow(args.workflow)
-        components = [c for s in spec.stages for c in s.components]
+        components = needed(spec.name)
         check_components(args.model_dir, components)
     except KeyError as exc:
         print(f"error: {exc.args[0]}", file=sys.stderr)
@@ -84,5 +88,5 @@ def _check(args: argparse.Namespace) -> int:
     except MissingComponent as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"ok: {args.model_dir} has every component of {spec.name}: {', '.join(dict.fromkeys(components))}")
+    print(f"ok: {args.model_dir} has every component of {spec.name}: {', '.join(components)}")
     return 0

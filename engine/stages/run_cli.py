@@ -14,25 +14,31 @@ from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workflow", help="wan2.1-i2v (image + prompt -> mp4), wan2.1-t2v (prompt -> mp4) "
-                        "or sd-t2i (prompt -> png)")
+    from engine.workflow import default_workflow, workflows
+    from engine.workflow.registry import takes_image
+
+    specs = workflows()
+    parser.add_argument("workflow", help=", ".join(
+        f"{n} ({'image + ' if takes_image(s) else ''}prompt -> {s.final_output})" for n, s in sorted(specs.items())))
     parser.add_argument("--model-dir", required=True, help="model folder in the diffusers layout "
                         "(real weights or `onepiece models make-tiny`)")
-    parser.add_argument("--out", required=True, help="output file (.mp4 for the wan2.1 workflows, .png for sd-t2i)")
-    parser.add_argument("--image", help="first frame for wan2.1-i2v (required there)")
+    parser.add_argument("--out", required=True, help="output file (.mp4 for a video workflow, .png for an image one)")
+    parser.add_argument("--image", help="first frame, for a workflow that takes one (" + ", ".join(
+        n for n, s in sorted(specs.items()) if any(t.media == "image" for t in s.request_inputs)) + ")")
     parser.add_argument("--prompt", help="text prompt (required)")
     parser.add_argument("--negative-prompt", help="negative prompt")
     parser.add_argument("--seed", type=int, help="random seed (default 0)")
     parser.add_argument("--steps", type=int, help="denoising steps (workflow default if omitted)")
-    parser.add_argument("--frames", type=int, help="wan2.1-*: frames, with frames - 1 divisible by 4")
+    parser.add_argument("--frames", type=int, help="video workflows: frames, with frames - 1 divisible by 4")
     parser.add_argument("--size", help="WxH in pixels, e.g. 832x480 (workflow default if omitted)")
     parser.add_argument("--guidance", type=float, help="classifier-free guidance scale")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: ONEPIECE_DEVICE or auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.epilog = ("tiny demo: onepiece models make-tiny --out m && onepiece run wan2.1-i2v --model-dir "
-                     "m/wan2.1-i2v --image in.png --prompt 'a cat' --size 64x64 --frames 9 --steps 3 --out o.mp4; text-to-video: "
-                     "onepiece run wan2.1-t2v --model-dir m/wan2.1-t2v --prompt 'a cat' --size 64x64 --frames 9 "
-                     "--steps 3 --out t.mp4")
+    i2v, t2v = default_workflow("video", True), default_workflow("video")
+    parser.epilog = (f"tiny demo: onepiece models make-tiny --out m && onepiece run {i2v} --model-dir "
+                     f"m/{i2v} --image in.png --prompt 'a cat' --size 64x64 --frames 9 --steps 3 --out o.mp4; "
+                     f"text-to-video: onepiece run {t2v} --model-dir m/{t2v} --prompt 'a cat' --size 64x64 "
+                     "--frames 9 --steps 3 --out t.mp4")
 
 
 class UsageError(Exception):

@@ -21,8 +21,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engine.stages.registry import pools
 from engine.workflow import get_workflow
-from engine.workflow.pools import Pool, pools
+from engine.workflow.pools import Pool
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 Wan2.1's text-to-video and image-to-video releases ship the same umT5 text encoder and the same VAE, and
 both end in the same mp4 encoder: served per workflow, each of those stages holds its weights twice and
 idles twice. A **pool** is the set of ``(workflow, stage)`` pairs whose executor class and components are
-the same: decided by a digest of the components' *content* (every file of each component folder, and the
-class ``model_index.json`` records for it), never by folder or workflow name, so two folders with the same
-bytes share and a fine-tuned VAE under the same name does not.
+the same: decided by a digest of the *content* of the components the executor loads (every file of each
+component folder, and the class ``model_index.json`` records for it), never by folder or workflow name, so two
+folders with the same bytes share and a fine-tuned VAE under the same name does not. The executor class
+declares its components (``StageExecutor.components``); this module, below the stages, is handed them
+(:func:`engine.stages.registry.pools` reads them off the executor classes, without torch).
 
 One instance of a pool serves every member: it publishes a route for each ``(workflow, stage)`` it serves,
 takes any member's messages, and hands each request on to *its own workflow's* next stage
@@ -23,7 +25,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,19 +85,19 @@ def folder_digest(folder: str | Path) -> str:
     return digest
 
 
-def stage_digest(workflow: str, stage: str, model_dir: str | Path) -> str | None:
-    """What makes a stage the computation it is: its executor class, and for each component the class the
-    model folder records for it and the digest of its files. None when a component folder is missing or
-    unreadable (the stage then shares with nothing; its worker will say what is missing)."""
-    spec = get_workflow(workflow).stage(stage)
-    h = hashlib.sha256(spec.executor.encode())
+def stage_digest(workflow: str, stage: str, model_dir: str | Path, components: Sequence[str]) -> str | None:
+    """What makes a stage the computation it is: its executor class, and for each component it loads
+    (``components``, its executor's) the class the model folder records for it and the digest of its files.
+    None when a component folder is missing or unreadable (the stage then shares with nothing; its worker will
+    say what is missing)."""
+    h = hashlib.sha256(get_workflow(workflow).stage(stage).executor.encode())
     index: dict[str, object] = {}
-    if spec.components:
+    if components:
         try:
             index = json.loads((Path(model_dir) / "model_index.json").read_text())
         except (OSError, ValueError):
             return None
-    for c in sorted(spec.components):
+    for c in sorted(components):
         folder = Path(model_dir) / c
         if not folder.is_dir():
             return None
@@ -135,14 +137,15 @@ class Pool:
         return [w for w, _ in self.members]
 
 
-def pools(model_dirs: Mapping[str, str]) -> list[Pool]:
+def pools(model_dirs: Mapping[str, str], components: Callable[[str, str], Sequence[str]]) -> list[Pool]:
     """The pools of the workflows in ``model_dirs`` (workflow -> model folder), in route order of the first
-    workflow that uses each. Stages whose digest cannot be computed are pools of their own."""
+    workflow that uses each; ``components(workflow, stage)``: what the stage's executor loads. Stages whose
+    digest cannot be computed are pools of their own."""
     by_digest: dict[str, list[tuple[str, str]]] = {}
     order: list[str] = []
     for w in sorted(model_dirs):
         for s in get_workflow(w).route():
-            digest = stage_digest(w, s, model_dirs[w]) or f"unshared:{w}/{s}"
+            digest = stage_digest(w, s, model_dirs[w], components(w, s)) or f"unshared:{w}/{s}"
             if digest not in by_digest:
                 by_digest[digest] = []
                 order.append(digest)

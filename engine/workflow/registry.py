@@ -41,6 +41,23 @@ def get_workflow(name: str) -> WorkflowSpec:
         raise KeyError(f"unknown workflow {name!r}; known: {', '.join(sorted(workflows()))}") from None
 
 
+def takes_image(spec: WorkflowSpec) -> bool:
+    """Whether a request must give the workflow an image (a request input that is an image file and not
+    optional)."""
+    return any(t.media == "image" and not t.optional for t in spec.request_inputs)
+
+
+def default_workflow(output: str, image: bool = False) -> str:
+    """The workflow a request for ``output`` (a spec's ``final_output``: ``"image"``, ``"video"``) gets when it
+    names none: the one spec declaring ``default`` among those ending in ``output`` that take an image iff
+    ``image``. ``LookupError`` when none or several do."""
+    found = [s.name for s in workflows().values() if s.default and s.final_output == output and takes_image(s) == image]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} workflows declare themselves the default for {output!r} "
+                          f"{'with' if image else 'without'} an image: {found}")
+    return found[0]
+
+
 def request_workflow(name: object) -> WorkflowSpec:
     """The spec a request names; :class:`InvalidRequest` on field ``workflow`` otherwise (for APIs)."""
     if not isinstance(name, str) or name not in workflows():

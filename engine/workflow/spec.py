@@ -61,18 +61,17 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One stage: what it consumes, what it produces, which model folders it loads.
+    """One stage: what it consumes, what it produces, and the executor that computes it.
 
-    ``components`` are the sub-folders of the model folder (the published
-    weights' layout: ``text_encoder``, ``vae``, ...) the executor loads;
-    ``executor`` is the dotted path of its :class:`engine.stages.base.StageExecutor`.
+    ``executor`` is the dotted path of its :class:`engine.stages.base.StageExecutor`, which declares the
+    sub-folders of the model folder it loads (``components``) and those whose config it reads (``reads``):
+    :mod:`engine.stages.registry` reads them off the class (without torch), so the spec does not repeat them.
     """
 
     name: str
     executor: str
     inputs: tuple[str, ...]
     outputs: tuple[TensorSpec, ...]
-    components: tuple[str, ...] = ()
     doc: str = ""
     #: Collaboration mode: two instances compute the conditional and unconditional predictions of each
     #: step in parallel (classifier-free-guidance parallelism). Only where the split is bit-identical to
@@ -138,6 +137,10 @@ class WorkflowSpec:
     dim_values: Mapping[str, int] = field(default_factory=dict)
     #: Whether the denoise stages cache steps (engine.stages.caching): the workflow then takes ``quality``.
     step_cache: bool = False
+    #: The workflow a request for its ``final_output`` gets when it names none (``/v1/images/generations``,
+    #: ``/v1/videos``): one per output and, for a request input that is an image, one with it and one without
+    #: (:func:`engine.workflow.registry.default_workflow`).
+    default: bool = False
 
     def __post_init__(self) -> None:
         """The request options the workflow serves join its parameters (engine.workflow.options): the spec

@@ -49,6 +49,7 @@ class WanVaeEncode(TorchStage):
     """Input image bytes -> ``latents`` (noise) and ``condition`` (mask + first-frame latents), float32."""
 
     components: ClassVar[tuple[str, ...]] = ("vae",)
+    reads: ClassVar[tuple[str, ...]] = ("transformer",)  # its patch size, when the folder has one
 
     def _load(self, model_dir: Path) -> None:
         self.pipe = partial_pipeline(vae=load_wan_vae(self, model_dir))

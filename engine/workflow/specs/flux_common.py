@@ -93,14 +93,13 @@ def flux_spec(name: str, description: str, steps: int, max_steps: int, sequence:
             StageSpec("text_encode", f"{_P}.FluxTextEncode", inputs=(),
                       outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
                                TensorSpec("pooled_prompt_embeds", shape=(1, "D_pool"))),
-                      components=("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"),
                       doc="CLIP pooled embedding and T5 sequence of the prompt",
                       # requests of one max_sequence_length encode together, each item its solo bytes
                       # (tests/engine/stages/test_light_batching.py; gain: benchmarks/light_batching.md)
                       max_batch=8),
             StageSpec("denoise", f"{_P}.FluxDenoise", inputs=("prompt_embeds", "pooled_prompt_embeds"),
                       outputs=(TensorSpec("denoised", shape=(1, "C_lat", "H_lat", "W_lat")),),
-                      components=("transformer", "scheduler"), doc="noise from the seed, the Flux transformer's loop",
+                      doc="noise from the seed, the Flux transformer's loop",
                       # step-level batches: each item's solo bytes up to 8 requests at 64x64 on one and two
                       # threads, with each request's 2-D linears run apart (engine.stages.invariant; without it
                       # they differ by 5e-7) (tests/engine/stages/test_modular_batching.py). Tiny models, one
@@ -110,7 +109,7 @@ def flux_spec(name: str, description: str, steps: int, max_steps: int, sequence:
                       max_batch=4),
             StageSpec("vae_decode", f"{_P}.FluxVaeDecode", inputs=("denoised",),
                       outputs=(TensorSpec("pixels", "uint8", (1, "H", "W", 3)),),
-                      components=("vae",), doc="VAE decode to uint8 RGB pixels"),
+                      doc="VAE decode to uint8 RGB pixels"),
             StageSpec("image_encode", "engine.stages.sd.image.SDImageEncode", inputs=("pixels",),
                       outputs=(TensorSpec("image", kind="blob", doc="png bytes"),), doc="pixels to png"),
         ),

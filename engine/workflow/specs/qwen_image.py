@@ -75,7 +75,6 @@ SPEC = WorkflowSpec(
                            TensorSpec("prompt_embeds_mask", "int64", (1, "L_text")),
                            TensorSpec("negative_prompt_embeds", shape=(1, "L_neg", "D_text")),
                            TensorSpec("negative_prompt_embeds_mask", "int64", (1, "L_neg"))),
-                  components=("tokenizer", "text_encoder"),
                   doc="Qwen2.5-VL last hidden states of prompt and negative prompt, with their masks",
                   # requests whose prompts have equal token counts encode together, each item its solo
                   # bytes (tests/engine/stages/test_light_batching.py; gain: benchmarks/light_batching.md)
@@ -83,7 +82,6 @@ SPEC = WorkflowSpec(
         StageSpec("denoise", f"{_P}.QwenDenoise",
                   inputs=("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask"),
                   outputs=(TensorSpec("denoised", shape=(1, "C_lat", 1, "H_lat", "W_lat")),),
-                  components=("transformer", "scheduler"),
                   doc="noise from the seed, the QwenImage transformer's loop (true CFG when guided)",
                   # step-level batches of one latent size, guided and unguided together: each step runs the
                   # cond and uncond passes whose texts have one length in one transformer call, each request
@@ -96,7 +94,7 @@ SPEC = WorkflowSpec(
                   max_batch=8),
         StageSpec("vae_decode", f"{_P}.QwenVaeDecode", inputs=("denoised",),
                   outputs=(TensorSpec("pixels", "uint8", (1, "H", "W", 3)),),
-                  components=("vae",), doc="VAE decode to uint8 RGB pixels"),
+                  doc="VAE decode to uint8 RGB pixels"),
         StageSpec("image_encode", "engine.stages.sd.image.SDImageEncode", inputs=("pixels",),
                   outputs=(TensorSpec("image", kind="blob", doc="png bytes"),), doc="pixels to png"),
     ),

@@ -58,7 +58,7 @@ SPEC = WorkflowSpec(
             "text_encode", f"{_P}.encoders.SDTextEncode", inputs=(),
             outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
                      TensorSpec("negative_prompt_embeds", shape=(1, "L_text", "D_text"))),
-            components=("tokenizer", "text_encoder"), doc="CLIP text embeddings of prompt and negative prompt",
+            doc="CLIP text embeddings of prompt and negative prompt",
             # requests encode together (engine.stages.base.BatchedCallStage), each item its solo bytes
             # (tests/engine/stages/test_light_batching.py); benchmarks/light_batching.md has the gain
             max_batch=8,
@@ -66,7 +66,7 @@ SPEC = WorkflowSpec(
         StageSpec(
             "denoise", f"{_P}.denoise.SDDenoise", inputs=("prompt_embeds", "negative_prompt_embeds"),
             outputs=(TensorSpec("denoised", shape=(1, "C_lat", "H_lat", "W_lat")),),
-            components=("unet", "scheduler"), doc="initial noise from the seed, guided UNet denoising",
+            doc="initial noise from the seed, guided UNet denoising",
             # step-level batches of guided requests: their solo bytes (tests/engine/stages/test_step_batching.py)
             # up to 7 requests (14 UNet rows), each request's 2-D linears run alone (engine.stages.invariant:
             # on AVX-512 MKL's sgemm differs from 2 rows on); 8 (16 rows) differ in the last bits on one thread
@@ -80,7 +80,7 @@ SPEC = WorkflowSpec(
         StageSpec(
             "vae_decode", f"{_P}.decoders.SDVaeDecode", inputs=("denoised",),
             outputs=(TensorSpec("pixels", "uint8", (1, "H", "W", 3)),),
-            components=("vae",), doc="VAE decode to uint8 RGB pixels",
+            doc="VAE decode to uint8 RGB pixels",
         ),
         StageSpec(
             "image_encode", f"{_P}.image.SDImageEncode", inputs=("pixels",),
@@ -107,6 +107,7 @@ SPEC = WorkflowSpec(
         "image_encode": CostModel(0.005, 2.0e-8, lambda d: d["P"]),
     },
     final_output="image",
+    default=True,  # /v1/images/generations without a model
     warm_up={"prompt": "warm-up", "height": 64, "width": 64, "num_inference_steps": 1},
     model_limits=_model_limits, limit_components=("unet", "vae"),
 )

@@ -28,18 +28,16 @@ EXPERT_LATENTS = TensorSpec("expert_latents", "float32", wan.LATENT, doc="the la
 EMBEDS = ("prompt_embeds", "negative_prompt_embeds")
 
 
-def experts(high_executor: str, high_inputs: tuple[str, ...], low_inputs: tuple[str, ...] = (),
-            high_components: tuple[str, ...] = ()) -> tuple[StageSpec, ...]:
-    """``denoise_high`` (``transformer`` only, and ``high_components``) then ``denoise_low`` (``transformer_2``
-    only)."""
+def experts(high_executor: str, high_inputs: tuple[str, ...], low_inputs: tuple[str, ...] = ()) -> tuple[StageSpec, ...]:
+    """``denoise_high`` (its executor loads ``transformer``) then ``denoise_low`` (``transformer_2``)."""
     high = StageSpec(
         "denoise_high", f"{P}.{high_executor}", inputs=(*EMBEDS, *high_inputs),
-        outputs=(EXPERT_LATENTS, *STATE), components=("transformer", "scheduler", *high_components),
+        outputs=(EXPERT_LATENTS, *STATE),
         doc="the high-noise expert's steps (t >= boundary_ratio x num_train_timesteps); hands on UniPC's state",
     )
     low = StageSpec(
         "denoise_low", f"{P}.Wan22Low", inputs=(*EMBEDS, *low_inputs, EXPERT_LATENTS.name, *(t.name for t in STATE)),
-        outputs=(TensorSpec("denoised", "float32", wan.LATENT),), components=("transformer_2", "scheduler"),
+        outputs=(TensorSpec("denoised", "float32", wan.LATENT),),
         doc="the low-noise expert's steps, continuing the high-noise stage's UniPC state",
     )
     return high, low

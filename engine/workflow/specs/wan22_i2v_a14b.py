@@ -13,7 +13,7 @@ VAE_ENCODE = StageSpec(
     "vae_encode", f"{wan.P}.vae.WanVaeEncode", inputs=("image",),
     outputs=(TensorSpec("latents", "float32", wan.LATENT),
              TensorSpec("condition", "float32", (1, "C_cond", "T_lat", "H_lat", "W_lat"))),
-    components=("vae",), doc="first-frame condition (mask + VAE latents) and the initial noise",
+    doc="first-frame condition (mask + VAE latents) and the initial noise",
 )
 
 SPEC = wan.wan_workflow(

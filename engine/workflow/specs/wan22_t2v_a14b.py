@@ -10,7 +10,7 @@ from engine.workflow.specs import wan_common as wan
 
 SPEC = wan.wan_workflow(
     "wan2.2-t2v-a14b", "Wan2.2 text-to-video A14B: a prompt to an mp4, two experts as two stages",
-    middle=w22.experts("Wan22T2VHigh", (), high_components=("vae",)),  # vae: its config only (the noise's shape)
+    middle=w22.experts("Wan22T2VHigh", ()),
     # Priors: Wan2.1-14B's cost per guided step and token for each expert; at boundary 0.875 and flow shift
     # 12, 40 steps switch after 25 (t >= 875): the high-noise expert runs ~63% of the steps.
     costs=w22.expert_costs(0.63, 7.9e-4),

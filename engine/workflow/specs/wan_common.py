@@ -113,7 +113,7 @@ TEXT_ENCODE = StageSpec(
     "text_encode", f"{P}.encoders.WanTextEncode", inputs=(),
     outputs=(TensorSpec("prompt_embeds", shape=(1, "L_text", "D_text")),
              TensorSpec("negative_prompt_embeds", shape=(1, "L_text", "D_text"))),
-    components=("tokenizer", "text_encoder"), doc="umT5 prompt and negative-prompt embeddings",
+    doc="umT5 prompt and negative-prompt embeddings",
     # requests of one max_sequence_length encode together, each item its solo bytes
     # (tests/engine/stages/test_light_batching.py; gain: benchmarks/light_batching.md)
     max_batch=8,
@@ -121,7 +121,7 @@ TEXT_ENCODE = StageSpec(
 VAE_DECODE = StageSpec(
     "vae_decode", f"{P}.decoders.WanVaeDecode", inputs=("denoised",),
     outputs=(TensorSpec("frames", "uint8", ("F", "H", "W", 3)),),
-    components=("vae",), doc="de-normalised VAE decode to uint8 RGB frames",
+    doc="de-normalised VAE decode to uint8 RGB frames",
 )
 VIDEO_ENCODE = StageSpec(
     "video_encode", f"{P}.video.WanVideoEncode", inputs=("frames",),
@@ -159,7 +159,7 @@ def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], cos
                  derive: Callable[[Mapping[str, Any]], dict[str, int]] = derive,
                  check: Callable[[Mapping[str, Any]], None] | None = None,
                  model_limits: Callable[[limits.Configs], limits.Overrides] = model_limits,
-                 limit_components: tuple[str, ...] = ("transformer", "vae")) -> WorkflowSpec:
+                 limit_components: tuple[str, ...] = ("transformer", "vae"), default: bool = False) -> WorkflowSpec:
     """A Wan workflow: text_encode, then ``middle`` (ending in denoise), then vae_decode and video_encode;
     ``costs`` covers the stages of ``middle``. Wan2.1's parameters, rules and limits unless given (Wan2.2)."""
     return WorkflowSpec(
@@ -169,4 +169,5 @@ def wan_workflow(name: str, description: str, middle: tuple[StageSpec, ...], cos
         frame_step=TEMPORAL, warm_up=WARM_UP, model_limits=model_limits, model_dims=model_dims,
         limit_components=tuple(dict.fromkeys((*limit_components, *DIM_COMPONENTS))),
         step_cache=True,  # engine.stages.caching: TaylorSeer lite, a cache per guidance pass (and expert stage)
+        default=default,
     )

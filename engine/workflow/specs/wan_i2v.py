@@ -11,25 +11,25 @@ from engine.workflow.spec import CostModel, StageSpec, TensorSpec
 from engine.workflow.specs import wan_common as wan
 
 SPEC = wan.wan_workflow(
-    "wan2.1-i2v", "Wan2.1 image-to-video: an image and a prompt to an mp4",
+    "wan2.1-i2v", "Wan2.1 image-to-video: an image and a prompt to an mp4", default=True,  # /v1/videos with an image
     request_inputs=(TensorSpec("image", kind="blob", media="image", doc="the first frame: PNG/JPEG/... bytes"),),
     middle=(
         StageSpec(
             "image_encode", f"{wan.P}.encoders.WanImageEncode", inputs=("image",),
             outputs=(TensorSpec("image_embeds", shape=(1, "N_img", "D_img")),),
-            components=("image_processor", "image_encoder"), doc="CLIP vision penultimate hidden states",
+            doc="CLIP vision penultimate hidden states",
         ),
         StageSpec(
             "vae_encode", f"{wan.P}.vae.WanVaeEncode", inputs=("image",),
             outputs=(TensorSpec("latents", "float32", wan.LATENT),
                      TensorSpec("condition", "float32", (1, "C_cond", "T_lat", "H_lat", "W_lat"))),
-            components=("vae",), doc="first-frame condition (mask + VAE latents) and the initial noise",
+            doc="first-frame condition (mask + VAE latents) and the initial noise",
         ),
         StageSpec(
             "denoise", f"{wan.P}.denoise.WanI2VSteppedDenoise",
             inputs=("prompt_embeds", "negative_prompt_embeds", "image_embeds", "latents", "condition"),
             outputs=(TensorSpec("denoised", "float32", wan.LATENT),),
-            components=("transformer", "scheduler"), doc="classifier-free-guided flow-matching denoising",
+            doc="classifier-free-guided flow-matching denoising",
             cfg_parallel=True,
             # step-level batches: each item its solo bytes (tests/engine/stages/test_wan_batching.py, each
             # sample's linears, SiLUs and convolutions apart); 4 requests 2.4x the requests/s of one at a

@@ -12,12 +12,11 @@ from engine.workflow.spec import CostModel, StageSpec, TensorSpec
 from engine.workflow.specs import wan_common as wan
 
 SPEC = wan.wan_workflow(
-    "wan2.1-t2v", "Wan2.1 text-to-video: a prompt to an mp4",
+    "wan2.1-t2v", "Wan2.1 text-to-video: a prompt to an mp4", default=True,  # /v1/videos without an image
     middle=(
         StageSpec(
             "denoise", f"{wan.P}.denoise.WanT2VSteppedDenoise", inputs=("prompt_embeds", "negative_prompt_embeds"),
             outputs=(TensorSpec("denoised", "float32", wan.LATENT),),
-            components=("transformer", "scheduler", "vae"),  # vae: only its config (compression factors)
             doc="initial noise from the seed, classifier-free-guided flow-matching denoising",
             cfg_parallel=True,
             # step-level batches: each item its solo bytes (tests/engine/stages/test_wan_batching.py, each

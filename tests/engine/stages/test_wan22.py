@@ -239,10 +239,9 @@ def test_each_expert_stage_holds_one_transformer(name: str, runners: dict[str, A
     for stage, executor in ex.items():
         held = transformers(executor)
         assert len(held) == (1 if stage.startswith("denoise_") else 0), (stage, held)
-    spec = runners[name].spec
-    assert spec.stage("denoise_high").components == ("transformer", "scheduler", *(
-        ("vae",) if name == "wan2.2-t2v-a14b" else ()))
-    assert spec.stage("denoise_low").components == ("transformer_2", "scheduler")
+    high, low = (type(ex[s]) for s in ("denoise_high", "denoise_low"))
+    assert (high.components, high.reads) == (("transformer", "scheduler"), ("vae",) if name == "wan2.2-t2v-a14b" else ())
+    assert (low.components, low.reads) == (("transformer_2", "scheduler"), ())
     for stage, folder in (("denoise_high", "transformer"), ("denoise_low", "transformer_2")):
         [model] = transformers(ex[stage])
         saved = load_file(str(tiny_models[name] / folder / "diffusion_pytorch_model.safetensors"))
@@ -322,7 +321,8 @@ def test_a14b_shares_wan21s_text_encoder_vae_and_mp4_pools(tiny_models: dict[str
     """The tiny A14B models ship Wan2.1's tokenizer, umT5 and VAE byte for byte (as the releases do), so their
     text_encode, vae_decode and video_encode are the Wan2.1 pools' (engine.workflow.pools: by content digest);
     the experts are pools of their own, one transformer each."""
-    from engine.workflow.pools import folder_digest, pool_of, pools
+    from engine.stages.registry import pools
+    from engine.workflow.pools import folder_digest, pool_of
 
     for component in ("tokenizer", "text_encoder", "vae"):
         assert {folder_digest(tiny_models[n] / component) for n in (*A14B, "wan2.1-t2v", "wan2.1-i2v")} == {

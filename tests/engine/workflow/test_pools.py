@@ -5,8 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from engine.stages.registry import pools
 from engine.worker.config import Assignment, default_assignment
-from engine.workflow.pools import folder_digest, link_identical, pools
+from engine.workflow.pools import folder_digest, link_identical
 from onepiece_launcher.up import DEFAULT_WORKFLOWS
 
 WAN = ("wan2.1-i2v", "wan2.1-t2v")
