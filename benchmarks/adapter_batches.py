@@ -36,6 +36,7 @@ def main() -> None:
     from engine.stages.base import StageContext
     from engine.stages.runner import LocalRunner
     from engine.stages.tiny import make_tiny
+    from engine.workflow.options import Options
 
     model = a.model or str(make_tiny(tmp / "models", "sd-t2i")["sd-t2i"])
     reg = store()
@@ -50,12 +51,12 @@ def main() -> None:
             params = {"prompt": f"a cat {i}", "height": 64, "width": 64, "num_inference_steps": a.steps, "seed": i}
             if n_adapters:
                 params["lora"] = [{"name": f"b{i % n_adapters}", "scale": 1.0}]
-            q = r.spec.resolve_params(params)
-            out.append((r.executors["text_encode"].run({}, q, StageContext()), q))
+            q, o = Options.split(r.spec.resolve_params(params))  # the model's parameters, the options (lora)
+            out.append((r.executors["text_encode"].run({}, q, StageContext()), q, o))
         return out
 
     def drive(reqs: list) -> tuple[float, list]:
-        states = [den.begin(e, q) for e, q in reqs]
+        states = [den.begin(e, q, o) for e, q, o in reqs]
         t0 = time.perf_counter()
         while any(den.progress(s)[0] < den.progress(s)[1] for s in states):
             den.step([s for s in states if den.progress(s)[0] < den.progress(s)[1]])
@@ -68,7 +69,7 @@ def main() -> None:
     for m, (_n, mixed) in modes.items():  # equality first, and warm-up
         den.mixed_batches = mixed
         _t, outs = drive(reqs[m])
-        solo = [den.run(e, q, StageContext())["denoised"] for e, q in reqs[m]]
+        solo = [den.run(e, q, StageContext(options=o))["denoised"] for e, q, o in reqs[m]]
         assert all(torch.equal(x, y) for x, y in zip(outs, solo, strict=True)), f"{m}: not the solo bytes"
     times: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(a.rounds):

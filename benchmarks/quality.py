@@ -43,6 +43,7 @@ def _run(den: Any, embeds: list[Any], reqs: list[dict[str, Any]]) -> tuple[float
     """(seconds, the denoised latents, the caches) of ``reqs`` through the denoise stage as an instance serves
     them: stepped together where the stage steps (engine.worker.batching), else one after another."""
     from engine.stages.base import StageContext
+    from engine.workflow.options import Options
 
     if not hasattr(den, "step"):  # Wan2.1: a request at a time, its caches made by the stage
         made: list[Any] = []
@@ -50,11 +51,12 @@ def _run(den: Any, embeds: list[Any], reqs: list[dict[str, Any]]) -> tuple[float
         den._cache = lambda p: made.append(make(p)) or made[-1]
         try:
             t0 = time.perf_counter()
-            outs = [den.run(e, r, StageContext())["denoised"] for e, r in zip(embeds, reqs, strict=True)]
+            outs = [den.run(e, p, StageContext(options=o))["denoised"]
+                    for e, (p, o) in zip(embeds, map(Options.split, reqs), strict=True)]
             return time.perf_counter() - t0, outs, made
         finally:
             del den._cache
-    states = [den.begin(e, r) for e, r in zip(embeds, reqs, strict=True)]
+    states = [den.begin(e, *Options.split(r)) for e, r in zip(embeds, reqs, strict=True)]  # params, options
     t0 = time.perf_counter()
     active = list(states)
     while active:

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from engine.bench.figures import provenance
+from engine.workflow.options import Options
 
 STEPS = 28
 BATCH = 4
@@ -40,7 +41,7 @@ def _steady(den: Any, embeds: list[Any], reqs: list[dict[str, Any]]) -> tuple[fl
     while pending or active:
         if pending and len(active) < BATCH:  # one join per step: the items' step indices stay apart
             e, r = pending.pop(0)
-            active.append(den.begin(e, r))
+            active.append(den.begin(e, *Options.split(r)))  # its model parameters, its options
         computed = [s.cache.computed if s.cache is not None else 0 for s in active]
         den.step(active)
         steps += 1
@@ -56,7 +57,8 @@ def _in_phase(den: Any, embeds: list[Any], reqs: list[dict[str, Any]]) -> float:
     """Seconds for ``reqs`` :data:`BATCH` at a time, each batch begun together (benchmarks/quality.py's way)."""
     t0 = time.perf_counter()
     for k in range(0, len(reqs), BATCH):
-        states = [den.begin(e, r) for e, r in zip(embeds[k:k + BATCH], reqs[k:k + BATCH], strict=True)]
+        states = [den.begin(e, *Options.split(r)) for e, r in zip(embeds[k:k + BATCH], reqs[k:k + BATCH],
+                                                                   strict=True)]
         while states:
             den.step(states)
             for s in [s for s in states if den.progress(s)[0] >= len(s.timesteps)]:

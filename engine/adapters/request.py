@@ -14,6 +14,7 @@ registry's (the adapter was replaced after the platform resolved the request).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from engine.adapters.registry import ADAPTABLE, AdapterError, AdapterStore, check_name, check_scale, store
@@ -65,6 +66,7 @@ def resolve_lora(workflow: str, value: Any, adapters: AdapterStore | None = None
     return out
 
 
-def adapter_set(params: Any) -> tuple[tuple[str, float, str], ...]:
-    """The resolved ``lora`` of a request's params as a hashable key: ((name, scale, digest), ...) in order."""
-    return tuple((e["name"], float(e["scale"]), e["digest"]) for e in (params.get("lora") or ()))
+def adapter_set(lora: Iterable[Mapping[str, Any]]) -> tuple[tuple[str, float, str], ...]:
+    """A request's resolved ``lora`` (its options', engine.workflow.options) as a hashable key:
+    ((name, scale, digest), ...) in order."""
+    return tuple((e["name"], float(e["scale"]), e["digest"]) for e in lora)

@@ -136,16 +136,15 @@ class ResultDeliver(ABC):
     def choose(self, candidates: Sequence[Route], cost: float) -> Route:
         """The instance to send to."""
 
-    def choose_for(self, candidates: Sequence[Route], cost: float, params: Mapping[str, Any] | None = None,
+    def choose_for(self, candidates: Sequence[Route], cost: float, lora: Sequence[Mapping[str, Any]] = (),
                    stage: str = "") -> Route:
-        """:meth:`choose`, with adapter affinity for a request whose resolved ``params`` name LoRA adapters
-        (``lora``, engine.adapters.request) on its way to a denoise ``stage``. Only candidates whose
+        """:meth:`choose`, with adapter affinity for a request whose options name LoRA adapters (``lora``:
+        the resolved entries, engine.adapters.request) on its way to a denoise ``stage``. Only candidates whose
         outstanding cost is within :attr:`adapter_load_s` of the policy's choice are considered (further
         away, the wait costs more than a load); among them, one this sender gave every one of the adapters to
         (the least outstanding), else, as a load is due anyway, the one holding the fewest other adapters (it
         evicts least). Without adapters: :meth:`choose` alone."""
         choice = self.choose(candidates, cost)
-        lora = (params or {}).get("lora") or ()
         if not lora or not stage.startswith("denoise"):
             return choice
         digests = [e["digest"] for e in lora]

@@ -122,11 +122,12 @@ class Intake(Parser):
         uid = sub.uid or uuid.uuid4().hex
         route = sub.spec.route()
         header = wm.Header(uid=uid, workflow=sub.spec.name, stage=route[0], route=route, deadline=sub.deadline,
-                           priority=sub.priority, params=sub.params, timestamps={"proxy": time.time()})
+                           priority=sub.priority, params=sub.params, options=sub.options.to_json(),
+                           timestamps={"proxy": time.time()})
         message = wm.encode(header, {}, sub.spec.message_inputs(sub.inputs))
         header_len = int.from_bytes(message[8:12], "little")
         if header_len > wm.MAX_HEADER_BYTES:  # the spec's limits keep this from happening; never let it reach a ring
-            field = largest(sub.params)
+            field = largest({**sub.params, **sub.options.params()})
             raise BadRequest(field, f"the request's header would be {header_len} bytes, over the limit of "
                                     f"{wm.MAX_HEADER_BYTES}; {field} is the largest part")
         seconds = self.price(sub.spec, sub.params) if self.price is not None else None

@@ -44,7 +44,7 @@ class Submission:
     """A request checked at the edge: its spec, resolved params, inputs and options (built once, here)."""
 
     spec: WorkflowSpec
-    params: dict[str, Any]
+    params: dict[str, Any]  # the model's, resolved (the options among them are in ``options``)
     inputs: dict[str, bytes]
     options: Options
     deadline: float | None  # absolute (epoch seconds): options.deadline_s from the time it was checked
@@ -191,10 +191,10 @@ class Parser:
             raise BadRequest(exc.field, str(exc)) from None
         try:
             deadline_of(deadline_s)  # the deadline's refusal first, then the priority's (who may use which
-            options = Options.of(resolved, priority, deadline_s)  # level is the platform's rule)
+            params, options = Options.split(resolved, priority, deadline_s)  # level is the platform's rule)
         except InvalidRequest as exc:
             raise BadRequest(exc.field, str(exc)) from None
         if uid is not None and not is_uid(uid):
             raise BadRequest("uid", "uid must be 32 lowercase hex digits")
         deadline = time.time() + options.deadline_s if options.deadline_s else None
-        return Submission(spec, resolved, inputs, options, deadline, uid if isinstance(uid, str) else None)
+        return Submission(spec, params, inputs, options, deadline, uid if isinstance(uid, str) else None)

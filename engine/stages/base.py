@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine import envs
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
 
 
 class StageError(RuntimeError):
@@ -68,6 +70,9 @@ class StageContext:
     #: latents every ``preview_every`` steps (0: never); it must return at once (it hands them to a thread).
     preview: Callable[[int, int, Any], None] | None = None
     preview_every: int = 0
+    #: the request's options (engine.workflow.options), as its message's header carries them: where a stage
+    #: reads the ones it serves (its step cache's ``quality``, its denoise model's ``lora``)
+    options: Options = DEFAULT_OPTIONS
 
     def check(self) -> None:
         """Raise :class:`Cancelled` or :class:`DeadlineExceeded` if the request must stop."""
@@ -104,8 +109,13 @@ class StageExecutor(ABC):
         :class:`DeadlineExceeded` between steps.
     """
 
-    #: model sub-folders this stage loads
+    #: model sub-folders this stage loads (the stage pools digest their bytes: engine.workflow.pools)
     components: ClassVar[tuple[str, ...]] = ()
+    #: model sub-folders whose config this stage reads without loading them (a VAE's compression factors)
+    reads: ClassVar[tuple[str, ...]] = ()
+    #: (the component a LoRA adapter targets, the diffusers pipeline whose LoRA loader reads its files) where
+    #: this stage applies a request's ``lora``; None: it takes none (engine.stages.registry.adaptable)
+    adapts: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self) -> None:
         self.device: str = "cpu"
@@ -173,13 +183,17 @@ class SteppedStage(StageExecutor):
     #: its end, which stage_finished reports)
     reports_steps: ClassVar[bool] = True
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
-        """What must be equal for two requests to share a step (shapes, guidance mode...); None: alone."""
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
+        """What must be equal for two requests to share a step (shapes, guidance mode...); None: alone.
+        ``options``: the request's (its adapters may keep it alone); never its ``quality``, which each
+        request's own cache serves inside any batch."""
         return None
 
     @abstractmethod
-    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> Any:
-        """The request's state before its first step (it may keep ``inputs`` until :meth:`end`)."""
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
+              options: Options = DEFAULT_OPTIONS) -> Any:
+        """The request's state before its first step (it may keep ``inputs`` until :meth:`end`): from its
+        inputs, its model parameters and its ``options`` (engine.workflow.options)."""
 
     @abstractmethod
     def step(self, states: list[Any]) -> None:
@@ -203,7 +217,7 @@ class SteppedStage(StageExecutor):
         return {}
 
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
-        state = self.begin(inputs, params)
+        state = self.begin(inputs, params, ctx.options)
         done, total = self.progress(state)
         while done < total:
             ctx.check()
@@ -238,7 +252,8 @@ class BatchedCallStage(SteppedStage):
 
     reports_steps: ClassVar[bool] = False
 
-    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _Call:
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
+              options: Options = DEFAULT_OPTIONS) -> _Call:
         return _Call(inputs, params)
 
     def step(self, states: list[Any]) -> None:

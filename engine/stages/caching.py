@@ -22,7 +22,6 @@ the bytes of the one-call pipeline with ``transformer.enable_cache(config)`` (te
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -148,10 +147,10 @@ class PassCaches:
         return self.predicted / n if n else 0.0
 
 
-def for_request(workflow: str, params: Mapping[str, Any], per_pass: bool = False) -> StepCache | PassCaches | None:
-    """The request's own cache (``per_pass``: one per guidance pass), or None for lossless (or a workflow
-    without the ``quality`` parameter)."""
-    s = settings(workflow, Options.of(params).quality)
+def for_request(workflow: str, options: Options, per_pass: bool = False) -> StepCache | PassCaches | None:
+    """The cache of a request with these ``options`` (``per_pass``: one per guidance pass), or None for
+    lossless (a workflow without the ``quality`` option serves every request lossless)."""
+    s = settings(workflow, options.quality)
     if s is None:
         return None
     return PassCaches(s) if per_pass else StepCache(s)

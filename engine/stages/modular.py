@@ -26,13 +26,19 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages import caching, invariant
 from engine.stages.base import BatchedCallStage, StageContext, SteppedStage
-from engine.stages.components import TorchStage, read_config
+from engine.stages.components import TorchStage, no_grad, read_config
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 _MODULAR = "diffusers.modular_pipelines"
 
@@ -64,6 +70,7 @@ class ModularStage(TorchStage):
     outputs: ClassVar[dict[str, str]] = {}
     #: the folder's VAE config -> the pipeline's vae_scale_factor
     vae_scale: ClassVar[Callable[[dict[str, Any]], int]]
+    reads: ClassVar[tuple[str, ...]] = ("vae",)  # for vae_scale, whether or not the stage loads the VAE
 
     def _load(self, model_dir: Path) -> None:
         from diffusers.modular_pipelines import SequentialPipelineBlocks
@@ -107,7 +114,7 @@ class ModularStage(TorchStage):
             raise TypeError(f"{type(self).__name__}: its blocks take no input {sorted(given)}")
         return state
 
-    @torch.no_grad()
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         from diffusers.modular_pipelines import LoopSequentialPipelineBlocks
 
@@ -153,7 +160,7 @@ class BatchedModularStage(ModularStage, BatchedCallStage):
 
     run = SteppedStage.run  # begin, one step, end: alone as in a batch
 
-    @torch.no_grad()
+    @no_grad
     def call(self, items: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
         each = [self.block_inputs(inputs, params) for inputs, params in items]
         kwargs = dict(each[0])
@@ -222,8 +229,9 @@ class SteppedModularStage(ModularStage, SteppedStage):
     def _loop_block(self) -> Any:
         return self.block_seq.sub_blocks[self.loop]
 
-    @torch.no_grad()
-    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _Stepping:
+    @no_grad
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
+              options: Options = DEFAULT_OPTIONS) -> _Stepping:
         self.prepare(params)
         state = self._state(self.block_inputs(inputs, params))
         mine: dict[str, Any] = {"scheduler": self.fresh_scheduler(self.pipe.scheduler)}
@@ -238,7 +246,7 @@ class SteppedModularStage(ModularStage, SteppedStage):
         self.setup_loop(own, block_state)
         cache = None
         if self.denoiser is not None:
-            cache = caching.for_request(self.served_workflow or "", params, per_pass=self.cache_per_pass)
+            cache = caching.for_request(self.served_workflow or "", options, per_pass=self.cache_per_pass)
         return _Stepping(state, block_state, own, list(block_state.timesteps), cache=cache)
 
     def setup_loop(self, components: Any, block_state: Any) -> None:
@@ -248,7 +256,7 @@ class SteppedModularStage(ModularStage, SteppedStage):
         block_state.num_warmup_steps = max(
             len(block_state.timesteps) - block_state.num_inference_steps * components.scheduler.order, 0)
 
-    @torch.no_grad()
+    @no_grad
     def step(self, states: list[_Stepping]) -> None:
         """One step of every state: those whose cache predicts this step skip the transformer (each from its
         own factors); the rest compute, alone or in one batched call, and their caches take the output."""
@@ -302,7 +310,7 @@ class SteppedModularStage(ModularStage, SteppedStage):
     def estimate(self, state: _Stepping) -> Any:
         return getattr(state.block_state, "latents", None)
 
-    @torch.no_grad()
+    @no_grad
     def end(self, st: _Stepping) -> dict[str, Any]:
         blocks = list(self.block_seq.sub_blocks.items())
         at = [n for n, _ in blocks].index(self.loop)

@@ -18,9 +18,10 @@ from typing import Any
 
 from engine.stages.base import StageContext, StageExecutor
 from engine.stages.layout import check_components
-from engine.stages.registry import executor_class
+from engine.stages.registry import executor_class, needed
 from engine.workflow import get_workflow
 from engine.workflow import message as wm
+from engine.workflow.options import Options
 
 
 @dataclass
@@ -54,7 +55,7 @@ def validate_request(
     spec = get_workflow(workflow)
     spec = spec.bound(spec.limits_of(str(model_dir)))
     resolved = spec.validate_request(params, inputs)
-    check_components(model_dir, [c for s in spec.stages for c in s.components])
+    check_components(model_dir, needed(spec.name))
     return resolved
 
 
@@ -70,7 +71,7 @@ class LocalRunner:
         self.model_dir = Path(model_dir)
         self.executors: dict[str, StageExecutor] = {}
         self.load_s: dict[str, float] = {}
-        check_components(model_dir, [c for s in self.spec.stages for c in s.components])
+        check_components(model_dir, needed(self.spec.name))
         for stage in self.spec.stages:
 
             def load(name: str = stage.name) -> StageExecutor:
@@ -88,7 +89,8 @@ class LocalRunner:
         progress: Callable[[str, int, int], None] | None = None, deadline: float | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> RunResult:
-        """Run one request; ``params`` must already be resolved by the spec.
+        """Run one request; ``params`` must already be resolved by the spec (its options among them go
+        into the message's ``options``, as the Proxy sends them: engine.workflow.options).
 
         ``progress(stage, step, total)`` reports denoising steps; returns the
         final message's values (e.g. ``{"video": memoryview}``) and per-stage stats.
@@ -96,8 +98,9 @@ class LocalRunner:
         from engine.stages.components import to_torch, values_to_message
 
         route = self.spec.route()
+        params, options = Options.split(params)
         header = wm.Header(uid=uuid.uuid4().hex, workflow=self.spec.name, stage=route[0], route=route,
-                           deadline=deadline, params=dict(params))
+                           deadline=deadline, params=params, options=options.to_json())
         buf = wm.encode(header, {}, {k: bytes(v) for k, v in self.spec.message_inputs(inputs).items()})
         stats: dict[str, StageStats] = {}
         for name in route:
@@ -107,7 +110,7 @@ class LocalRunner:
             stage = self.spec.stage(name)
             ctx = StageContext(
                 progress=(lambda s, n, _name=name: progress(_name, s, n)) if progress else None,
-                cancelled=cancelled, deadline=deadline,
+                cancelled=cancelled, deadline=deadline, options=Options.from_json(msg.header.options),
             )
             t0 = time.perf_counter()
             out = self.executors[name].run({k: values[k] for k in stage.inputs}, params, ctx)

@@ -68,6 +68,7 @@ from engine.dispatch import order
 from engine.stages.base import Cancelled, DeadlineExceeded, SteppedStage
 from engine.transport.ring import Delivery
 from engine.workflow import message as wm
+from engine.workflow.options import Options
 
 log = logging.getLogger("onepiece.worker")
 
@@ -164,7 +165,7 @@ class StepBatcher:
                  key_of: Callable[[Any], Hashable | None] | None = None) -> None:
         self.w, self.ex = worker, executor
         # a request's batch key from its header (default: the executor's from its params; None: alone)
-        self.key_of = key_of or (lambda h: executor.batch_key(h.params))
+        self.key_of = key_of or (lambda h: executor.batch_key(h.params, Options.from_json(h.options)))
         self.max_batch, self.wait_s, self.recv_batch = max(1, max_batch), max(0.0, wait_s), recv_batch
         # the hard cap on active requests, paused ones included (a higher level joins a full batch of lower)
         self.max_held = max(self.max_batch, 2 * self.max_batch if max_held is None else max_held)
@@ -272,7 +273,7 @@ class StepBatcher:
             run = self.w.open_run(h)
             values = self.w.values_of(w.msg)
             inputs = self.w.inputs_of(h, values)
-            state = self.ex.begin(inputs, h.params)
+            state = self.ex.begin(inputs, h.params, run.ctx.options)
             self.active.append(Active(w, run, values, state, time.perf_counter(),
                                       queued_s=max(0.0, time.monotonic() - w.arrived)))
         except Exception as exc:
@@ -366,7 +367,7 @@ class StepBatcher:
             for a in group:
                 inputs = self.w.inputs_of(a.w.msg.header, a.values)
                 try:
-                    a.state, a.alone = self.ex.begin(inputs, a.w.msg.header.params), True
+                    a.state, a.alone = self.ex.begin(inputs, a.w.msg.header.params, a.run.ctx.options), True
                 except Exception as again:
                     self._drop(a, again)
             return

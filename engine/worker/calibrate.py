@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.workflow import InvalidRequest, WorkflowSpec, get_workflow, images, limits
+from engine.workflow.options import Options
 
 log = logging.getLogger("onepiece.worker")
 
@@ -128,9 +129,10 @@ def synthetic_inputs(spec: WorkflowSpec, stage: str, dims: Mapping[str, int], pa
 def sized(spec: WorkflowSpec, base: Mapping[str, Any], scale: float, inputs: Callable[[int, int], dict[str, bytes]]
           ) -> dict[str, Any] | None:
     """``base`` (resolved params) at ``scale`` times its pixel count, same aspect, within the bounds and on a
-    side multiple the spec takes; None where none does."""
+    side multiple the spec takes, as a plain request's model parameters (its options are the defaults:
+    lossless, no previews, no adapters); None where none does."""
     if "height" not in base or "width" not in base:
-        return dict(base) if scale == 1.0 else None
+        return Options.split(base)[0] if scale == 1.0 else None
     h0, w0 = int(base["height"]), int(base["width"])
     hp, wp = spec.param("height"), spec.param("width")
     for m in MULTIPLES:
@@ -139,7 +141,7 @@ def sized(spec: WorkflowSpec, base: Mapping[str, Any], scale: float, inputs: Cal
         h = int(min(max(h, hp.minimum or h), hp.maximum or h))
         w = int(min(max(w, wp.minimum or w), wp.maximum or w))
         try:
-            return spec.validate_request({**base, "height": h, "width": w}, inputs(w, h))
+            return Options.split(spec.validate_request({**base, "height": h, "width": w}, inputs(w, h)))[0]
         except InvalidRequest:
             continue
     return None

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.stages.preview import FORMATS, Renderer, check_format, snapshot
-from engine.workflow.options import Options
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +55,9 @@ class Previews:
         self.project_on_loop = True
 
     def attach(self, ctx: Any, uid: str, stage: str, params: Mapping[str, Any]) -> None:
-        """Give ``ctx`` the hook when the request asks for previews and this executor can make them."""
-        every = Options.of(params).preview_every
+        """Give ``ctx`` the hook when the request asks for previews (its ``ctx.options.preview_every``) and
+        this executor can make them (``params``: its model parameters, which size the picture)."""
+        every = ctx.options.preview_every
         family = getattr(self.executor, "preview_family", None)
         if every <= 0 or family is None:
             return

@@ -41,6 +41,7 @@ from engine.worker.batching import StepBatcher
 from engine.worker.previews import Previews
 from engine.workflow import WorkflowSpec, get_workflow
 from engine.workflow import message as wm
+from engine.workflow.options import Options
 from engine.workflow.pricing import Fit, Samples
 
 if TYPE_CHECKING:
@@ -450,7 +451,7 @@ class TaskWorker:
         Collaboration mode here, where a peer computes its uncond halves (:meth:`run_plain`)."""
         if self.collab is not None and self.routes.mode(h.workflow) == "collaboration":
             return None
-        return self.executor.batch_key(h.params)
+        return self.executor.batch_key(h.params, Options.from_json(h.options))
 
     def attempt(self, h: wm.Header, run: Run, work: Callable[[], Any]) -> tuple[bool, Any]:
         """Run ``work`` (the stage's computation for ``h``): ``(True, its result)``, or ``(False, None)`` when
@@ -487,7 +488,7 @@ class TaskWorker:
                 self.store.event(uid, keys.PROGRESS, st, pct, detail=f"step {step}/{n}", state=keys.IN_PROGRESS)
 
         run.ctx = StageContext(progress=progress, cancelled=lambda: self.store.cancel_requested(uid),
-                               deadline=h.deadline)
+                               deadline=h.deadline, options=Options.from_json(h.options))
         self.previews.attach(run.ctx, uid, st, h.params)
         return run
 
@@ -610,7 +611,7 @@ class TaskWorker:
             if pinned is not None:  # gone from the routes: its chunks are lost with it, so the request fails
                 candidates = [r for r in candidates if r.instance == pinned.instance]
             if candidates:
-                route = self.deliver.choose_for(candidates, cost, h.params, h.stage)  # adapter affinity
+                route = self.deliver.choose_for(candidates, cost, Options.from_json(h.options).lora, h.stage)  # adapter affinity
                 try:
                     res = self.producers.get(route).reserve(size, timeout=1.0)
                     wm.encode_into(res.view, h, tensors, blobs)

@@ -12,7 +12,9 @@ Layout (all integers little-endian)::
     ...     payloads, each starting at an offset that is a multiple of ALIGN
 
 The JSON header holds the request's routing state (uid, workflow, stage, route,
-deadline, priority, attempt, per-stage timestamps, params) and a table of
+deadline, priority, attempt, per-stage timestamps), its model parameters
+(``params``), its options (``options``: engine.workflow.options, as
+``Options.to_json`` writes them; ``{}`` for a plain request) and a table of
 entries ``{"name", "kind": "tensor"|"blob", "dtype", "shape", "offset",
 "nbytes"}``. Offsets count from the start of the message, so a receiver that
 places the message at a 64-byte aligned address (the ring does) gets payloads
@@ -120,6 +122,9 @@ class Header:
     attempt: int = 0
     timestamps: dict[str, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    #: the request's options, whole (engine.workflow.options.Options.to_json): read with Options.from_json;
+    #: a header without them (a message kept for a retry across an upgrade) is a plain request's
+    options: dict[str, Any] = field(default_factory=dict)
     # a chunked hand-off (engine.worker.chunks): this message's index among its request's chunks to the same
     # stage, and whether it is the last; -1: the request's one message (the header then carries neither field)
     chunk: int = -1
@@ -129,7 +134,7 @@ class Header:
         out = {
             "uid": self.uid, "workflow": self.workflow, "stage": self.stage, "route": list(self.route),
             "deadline": self.deadline, "priority": self.priority, "attempt": self.attempt,
-            "timestamps": dict(self.timestamps), "params": dict(self.params),
+            "timestamps": dict(self.timestamps), "params": dict(self.params), "options": dict(self.options),
         }
         if self.chunk >= 0:
             out["chunk"], out["final"] = self.chunk, self.final
@@ -271,7 +276,7 @@ def _parse_header(obj: Any) -> Header:
         uid=uid, workflow=_field(obj, "workflow", str), stage=_field(obj, "stage", str), route=route,
         deadline=None if deadline is None else float(deadline), priority=_field(obj, "priority", int),
         attempt=_field(obj, "attempt", int), timestamps={str(k): float(v) for k, v in timestamps.items()},
-        params=_field(obj, "params", dict),
+        params=_field(obj, "params", dict), options=_field(obj, "options", dict) if "options" in obj else {},
         chunk=_field(obj, "chunk", int) if "chunk" in obj else -1,
         final=_field(obj, "final", bool) if "chunk" in obj else True,
     )

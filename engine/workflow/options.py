@@ -5,11 +5,13 @@
 the ones its stages serve, bounded from its own spec (:func:`params_for`, which
 :class:`engine.workflow.spec.WorkflowSpec` adds to its parameters): no spec file declares them. The edge
 checks them once (the Proxy's :class:`engine.proxy.parsing.Parser`, which the platform's in-process engine
-shares) and builds :class:`Options` for admission. They travel on as the Workflow Message carries them (the
-ones among the params in its params, the priority as the header's level, the deadline as its absolute
-time), and each consumer past the Proxy reads its own through :meth:`Options.of` on those params: the
-worker's preview publisher (``preview_every``), the denoise stages' step cache (``quality``); ``lora`` is
-resolved against the adapter registry by the spec.
+shares) and :meth:`Options.split` takes them out of the resolved params into one :class:`Options`. From
+there they travel whole and apart from the model's parameters: in the Workflow Message header's
+``options`` (:meth:`Options.to_json`; the header's ``priority`` level and absolute ``deadline`` are the
+routing copies the rings and the serving order read), on the platform's job (``Job.options``), and into
+each stage as :attr:`engine.stages.base.StageContext.options` and the stepped executors' ``begin``. Each
+consumer reads its own field: the preview publisher ``preview_every``, the step cache ``quality``, the
+denoise stages and the adapter-affine router ``lora``.
 
 A new option is its field, bound and check here, its consumer, a line in ``docs/api.md`` and a test.
 """
@@ -17,7 +19,7 @@ A new option is its field, bound and check here, its consumer, a line in ``docs/
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -82,7 +84,10 @@ def deadline_of(value: object) -> float | None:
 
 @dataclass(frozen=True)
 class Options:
-    """One request's options, checked: what every consumer reads instead of picking at params and fields."""
+    """One request's options, checked when made (:class:`InvalidRequest` naming the field): what every
+    consumer reads instead of picking at params and fields. The bounds a workflow sets (its step limit,
+    the levels its denoise serves, its adapters) are its spec's check (:func:`params_for`); these are
+    the ones every request has."""
 
     priority: Priority = Priority.NORMAL
     deadline_s: float | None = None
@@ -90,10 +95,71 @@ class Options:
     quality: str = LOSSLESS
     lora: tuple[Mapping[str, Any], ...] = ()  # resolved adapters: name, scale, digest (engine.adapters)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "priority", priority_of(self.priority))
+        object.__setattr__(self, "deadline_s", deadline_of(self.deadline_s))
+        every = self.preview_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise InvalidRequest("preview_every", "preview_every must be a whole number >= 0")
+        if self.quality not in QUALITY_LEVELS:
+            raise InvalidRequest("quality", f"quality must be one of {', '.join(QUALITY_LEVELS)}")
+        lora = self.lora
+        if not isinstance(lora, (list, tuple)) or not all(
+                isinstance(e, Mapping) and {"name", "scale", "digest"} <= set(e) for e in lora):
+            raise InvalidRequest("lora", "lora must be a list of resolved adapters (name, scale, digest)")
+        object.__setattr__(self, "lora", tuple(dict(e) for e in lora))
+
     @classmethod
     def of(cls, params: Mapping[str, Any], priority: object = Priority.NORMAL,
            deadline_s: object = None) -> Options:
         """The options of a request: those among its params as its spec resolved them (a workflow that
         does not take one has its default), ``priority`` and ``deadline_s`` checked here."""
-        return cls(priority_of(priority), deadline_of(deadline_s), int(params.get("preview_every") or 0),
+        return cls(priority, deadline_s, int(params.get("preview_every") or 0),
                    str(params.get("quality") or LOSSLESS), tuple(params.get("lora") or ()))
+
+    @classmethod
+    def split(cls, resolved: Mapping[str, Any], priority: object = Priority.NORMAL,
+              deadline_s: object = None) -> tuple[dict[str, Any], Options]:
+        """(the model's parameters, the options) of a request whose params its spec resolved: the one
+        place the options leave the params they came among."""
+        return ({k: v for k, v in resolved.items() if k not in PARAM_OPTIONS},
+                cls.of(resolved, priority, deadline_s))
+
+    def params(self, taken: Collection[str] = ()) -> dict[str, Any]:
+        """The options the API takes among a request's ``params``: those set, and those named in ``taken``
+        (a workflow's parameter names) at their defaults too, as its spec resolves them."""
+        out: dict[str, Any] = {}
+        if self.preview_every or "preview_every" in taken:
+            out["preview_every"] = self.preview_every
+        if self.quality != LOSSLESS or "quality" in taken:
+            out["quality"] = self.quality
+        if self.lora:
+            out["lora"] = [dict(e) for e in self.lora]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as JSON (the Workflow Message header's ``options``, the platform's ``Job.options``):
+        every field that is not its default, so a plain request carries ``{}``."""
+        out = self.params()
+        if self.priority != Priority.NORMAL:
+            out["priority"] = self.priority.value
+        if self.deadline_s is not None:
+            out["deadline_s"] = self.deadline_s
+        return out
+
+    @classmethod
+    def from_json(cls, doc: object) -> Options:
+        """The options :meth:`to_json` wrote; :class:`InvalidRequest` naming the field for anything else."""
+        if not isinstance(doc, Mapping):
+            raise InvalidRequest("options", "options must be an object")
+        unknown = sorted(set(doc) - set(FIELDS))
+        if unknown:
+            raise InvalidRequest(unknown[0], f"unknown option(s): {', '.join(unknown)}")
+        return cls(doc.get("priority", Priority.NORMAL), doc.get("deadline_s"), doc.get("preview_every", 0),
+                   doc.get("quality", LOSSLESS), doc.get("lora", ()))
+
+
+#: the fields of :meth:`Options.to_json`
+FIELDS = ("priority", "deadline_s", *PARAM_OPTIONS)
+#: a request's options when it sets none
+DEFAULT = Options()

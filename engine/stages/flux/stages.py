@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.components import to_uint8
 from engine.stages.modular import BatchedModularStage, ModularStage, SteppedModularStage, seeded
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 def _vae_scale(vae: dict[str, Any]) -> int:
@@ -44,7 +50,7 @@ class FluxTextEncode(_Flux, BatchedModularStage):
     def block_inputs(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         return {"prompt": params["prompt"], "max_sequence_length": int(params["max_sequence_length"])}
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
         return int(params["max_sequence_length"])
 
 
@@ -82,7 +88,7 @@ class FluxDenoise(_Flux, SteppedModularStage):
             out["guidance_scale"] = float(params["guidance_scale"])
         return out
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
         # the packed latents' token count and the T5 text length make the shapes; the RoPE ids follow from them
         return (int(params["height"]), int(params["width"]), int(params["max_sequence_length"]))
 

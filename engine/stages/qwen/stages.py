@@ -10,12 +10,18 @@ empty negative prompt otherwise; the text stage always encodes one, so every mes
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.components import to_uint8
 from engine.stages.modular import BatchedModularStage, ModularStage, SteppedModularStage, seeded
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 def _vae_scale(vae: dict[str, Any]) -> int:
@@ -62,7 +68,7 @@ class QwenTextEncode(_Qwen, BatchedModularStage):
         return {"prompt": params["prompt"], "negative_prompt": params.get("negative_prompt") or "",
                 "max_sequence_length": int(params["max_sequence_length"])}
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
         block = self.block_seq.sub_blocks["text_encoder"]
         lengths = tuple(len(self.pipe.tokenizer(block.prompt_template_encode.format(p)).input_ids)
                         for p in (params["prompt"], params.get("negative_prompt") or ""))
@@ -109,7 +115,7 @@ class QwenDenoise(_Qwen, SteppedModularStage):
         super().setup_loop(components, block_state)
         block_state.additional_cond_kwargs = {}  # as QwenImageDenoiseLoopWrapper.__call__ starts it
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
         # one latent shape; the text lengths may differ (each step groups the rows by length: step_batch)
         if type(self.pipe.guider).__name__ != "ClassifierFreeGuidance":
             return None  # another guider may change the model between its passes (prepare_models)

@@ -11,15 +11,21 @@ import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine import envs
 from engine.adapters.request import adapter_set
+from engine.lazy import lazy
 from engine.stages import invariant
 from engine.stages.base import SteppedStage
-from engine.stages.components import TorchStage, load_component, read_config
+from engine.stages.components import TorchStage, load_component, no_grad, read_config
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 #: how long a step with no request ready (each waits for its own adapter's read) blocks on the loader
 ADAPTER_WAIT_S = 0.05
@@ -29,6 +35,8 @@ class SDDenoise(TorchStage, SteppedStage):
     """``prompt_embeds`` + ``negative_prompt_embeds`` -> ``denoised`` latents."""
 
     components: ClassVar[tuple[str, ...]] = ("unet", "scheduler")
+    reads: ClassVar[tuple[str, ...]] = ("vae",)  # its scale factor: the pipeline's is 8x without a VAE
+    adapts: ClassVar[tuple[str, str] | None] = ("unet", "StableDiffusionPipeline")
     #: the workflow whose adapters this stage applies (engine.adapters.registry.ADAPTABLE)
     workflow: ClassVar[str] = "sd-t2i"
     #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
@@ -64,7 +72,7 @@ class SDDenoise(TorchStage, SteppedStage):
                                    self.max_adapters if self.max_adapters is not None else envs.MAX_ADAPTERS)
         return self.hot
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
         # Requests share a step only as guided pairs (negative, positive) of the same latent shape: the UNet
         # gives a pair the same bytes in a batch of 2N as alone (measured at 8-64 latent pixels a side, with
         # each pair's 2-D linears run apart: engine.stages.invariant),
@@ -75,8 +83,9 @@ class SDDenoise(TorchStage, SteppedStage):
             return None
         return (int(params["height"]), int(params["width"]))
 
-    @torch.no_grad()
-    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _State:
+    @no_grad
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
+              options: Options = DEFAULT_OPTIONS) -> _State:
         from diffusers.pipelines.stable_diffusion.pipeline_stable_diffusion import retrieve_timesteps
 
         pipe, unet = self.pipe, self.pipe.unet
@@ -105,12 +114,12 @@ class SDDenoise(TorchStage, SteppedStage):
             scale = torch.tensor(guidance - 1).repeat(1)
             timestep_cond = pipe.get_guidance_scale_embedding(
                 scale, embedding_dim=unet.config.time_cond_proj_dim).to(device=self.device, dtype=latents.dtype)
-        lora = adapter_set(params)
+        lora = adapter_set(options.lora)
         if lora:
             self.adapters().request(lora)  # read off the request path; its first step waits for it alone
         return _State(scheduler, list(timesteps), latents, embeds, guidance, cfg, extra, timestep_cond, lora)
 
-    @torch.no_grad()
+    @no_grad
     def step(self, states: list[_State]) -> None:
         """One step of every state whose adapters are loaded: one UNet call for them all where PEFT's
         per-sample adapters can serve them (each request at most one adapter, one scale per adapter:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.base import BatchedCallStage
-from engine.stages.components import TorchStage
+from engine.stages.components import TorchStage, no_grad
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 class SDTextEncode(TorchStage, BatchedCallStage):
@@ -33,10 +39,10 @@ class SDTextEncode(TorchStage, BatchedCallStage):
             safety_checker=None, feature_extractor=None, requires_safety_checker=False,
         )
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
         return "clip"  # padded to one length: every request can share a call
 
-    @torch.no_grad()
+    @no_grad
     def call(self, items: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
         # The negative embeddings are always computed so every request has the
         # same message shape; denoise ignores them when guidance_scale <= 1.

@@ -13,22 +13,29 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine import envs
 from engine.adapters.request import adapter_set
+from engine.lazy import lazy
 from engine.stages import caching, invariant
 from engine.stages.base import StageContext, SteppedStage
-from engine.stages.components import TorchStage, load_component
+from engine.stages.components import TorchStage, load_component, no_grad
 from engine.stages.wan.vae import check_wan_size, wan_vae_factors
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 class WanDenoise(TorchStage):
     """Embeddings, ``latents`` and ``condition`` -> ``denoised`` latents (float32)."""
 
     components: ClassVar[tuple[str, ...]] = ("transformer", "scheduler")
+    adapts: ClassVar[tuple[str, str] | None] = ("transformer", "WanImageToVideoPipeline")
     #: the workflow whose LoRA adapters this stage applies (engine.adapters.registry.ADAPTABLE)
     workflow: ClassVar[str] = "wan2.1-i2v"
     #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
@@ -91,7 +98,7 @@ class WanDenoise(TorchStage):
             step.update(out)
         return out
 
-    @torch.no_grad()
+    @no_grad
     def predict_uncond(self, session: Mapping[str, torch.Tensor], step: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Collaboration mode, helper side: the unconditional prediction of one step of a peer's request."""
         dtype = self.transformer.dtype
@@ -106,7 +113,7 @@ class WanDenoise(TorchStage):
         latents = inputs["latents"].to(self.device, torch.float32).clone()
         return latents, inputs["condition"].to(self.device, torch.float32)
 
-    @torch.no_grad()
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         import time
 
@@ -121,10 +128,10 @@ class WanDenoise(TorchStage):
         image_embeds = inputs["image_embeds"].to(self.device, dtype) if model.config.image_dim is not None else None
         latents, condition = self._initial(inputs, params)
         timesteps = scheduler.timesteps
-        lora = adapter_set(params)
+        lora = adapter_set(ctx.options.lora)
         if lora:
             self._await_adapters(lora, ctx)
-        cache = self._cache(params)
+        cache = self._cache(ctx.options)
         # Collaboration mode: a peer computes the unconditional halves (engine.worker.collab); not for a
         # request with adapters (the peer's model has other adapters active), nor for one below lossless
         # (its uncond cache is here: a predicted half costs nothing to send away)
@@ -161,16 +168,15 @@ class WanDenoise(TorchStage):
             ctx.stats["cache_skipped"] = round(cache.skipped_share(), 3)
         return {"denoised": latents}
 
-    def cfg_share(self, params: Mapping[str, Any]) -> float:
+    def cfg_share(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> float:
         """The share of a step this instance computes itself in Collaboration mode (engine.worker.calibrate):
         half of a guided one, which :meth:`run` sends a peer; all of one it keeps (unguided, adapters, cached)."""
-        helped = float(params.get("guidance_scale", 1.0)) > 1.0 and not adapter_set(params) \
-            and caching.for_request(self.served_workflow or "", params, per_pass=True) is None
+        helped = float(params.get("guidance_scale", 1.0)) > 1.0 and not options.lora and self._cache(options) is None
         return 0.5 if helped else 1.0
 
-    def _cache(self, params: Mapping[str, Any]) -> Any:
-        """The request's step caches, one per guidance pass (None: lossless)."""
-        return caching.for_request(self.served_workflow or "", params, per_pass=True)
+    def _cache(self, options: Options) -> Any:
+        """The step caches of a request with these ``options``, one per guidance pass (None: lossless)."""
+        return caching.for_request(self.served_workflow or "", options, per_pass=True)
 
 
 class WanT2VDenoise(WanDenoise):
@@ -181,6 +187,9 @@ class WanT2VDenoise(WanDenoise):
     """
 
     workflow: ClassVar[str] = "wan2.1-t2v"
+    #: the VAE's config only: its compression factors size the initial noise
+    reads: ClassVar[tuple[str, ...]] = ("vae",)
+    adapts: ClassVar[tuple[str, str] | None] = ("transformer", "WanPipeline")
 
     def _load(self, model_dir: Path) -> None:
         super()._load(model_dir)
@@ -224,8 +233,9 @@ class _SteppedWan(SteppedStage):
     solo bytes (tests/engine/stages/test_wan_batching.py). ``run`` stays :meth:`WanDenoise.run`
     (Collaboration mode and LoRA adapters, which do not batch: a request with adapters runs alone)."""
 
-    @torch.no_grad()
-    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any]) -> _WanStep:
+    @no_grad
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
+              options: Options = DEFAULT_OPTIONS) -> _WanStep:
         dtype = self.transformer.dtype
         scheduler = self.fresh_scheduler(self.scheduler)
         scheduler.set_timesteps(params["num_inference_steps"], device=self.device)
@@ -234,15 +244,15 @@ class _SteppedWan(SteppedStage):
         return _WanStep(scheduler, list(scheduler.timesteps), float(params["guidance_scale"]),
                         inputs["prompt_embeds"].to(self.device, dtype),
                         inputs["negative_prompt_embeds"].to(self.device, dtype), image, latents, condition,
-                        self._cache(params))
+                        self._cache(options))
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
-        if adapter_set(params):
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
+        if options.lora:
             return None  # its adapters made the model's active set: alone
         return (int(params["height"]), int(params["width"]), int(params["num_frames"]),
                 float(params["guidance_scale"]) > 1.0, int(params["max_sequence_length"]))
 
-    @torch.no_grad()
+    @no_grad
     def step(self, states: list[Any]) -> None:
         import contextlib
 

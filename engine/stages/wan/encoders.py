@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.base import BatchedCallStage, StageContext
-from engine.stages.components import TorchStage, decode_image
+from engine.stages.components import TorchStage, decode_image, no_grad
 from engine.stages.wan.pipe import partial_pipeline
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 
 class _WanEncode(TorchStage):
@@ -31,10 +37,10 @@ class WanTextEncode(_WanEncode, BatchedCallStage):
         "tokenizer": ("transformers", "AutoTokenizer"), "text_encoder": ("transformers", "UMT5EncoderModel"),
     }
 
-    def batch_key(self, params: Mapping[str, Any]) -> Any:
+    def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:
         return int(params["max_sequence_length"])
 
-    @torch.no_grad()
+    @no_grad
     def call(self, items: list[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[dict[str, Any]]:
         # Negative embeddings always computed: fixed message shape per workflow.
         pos, neg = self.pipe.encode_prompt(
@@ -55,7 +61,7 @@ class WanImageEncode(_WanEncode):
         "image_processor": ("transformers", "CLIPImageProcessor"), "image_encoder": ("transformers", "CLIPVisionModel"),
     }
 
-    @torch.no_grad()
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         image = decode_image(inputs["image"])
         embeds = self.pipe.encode_image(image, self.device)

@@ -24,14 +24,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-
+from engine.lazy import lazy
 from engine.stages.base import StageContext
-from engine.stages.components import decode_image, load_component, model_index
+from engine.stages.components import decode_image, load_component, model_index, no_grad
 from engine.stages.wan.denoise import WanDenoise, WanT2VDenoise
 from engine.stages.wan.vae import WanVaeEncode, check_wan_size
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = lazy("torch")
 
 TRANSFORMER = ("diffusers", "WanTransformer3DModel")
 SCHEDULER = ("diffusers", "UniPCMultistepScheduler")
@@ -100,6 +104,7 @@ class _Expert(WanDenoise):
     #: True: the steps before the boundary (and the state handed on); False: the steps after it
     high: ClassVar[bool] = True
     components: ClassVar[tuple[str, ...]] = ("transformer", "scheduler")
+    adapts: ClassVar[tuple[str, str] | None] = None  # the Wan2.2 workflows take no LoRA adapters
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -148,7 +153,7 @@ class _Expert(WanDenoise):
             mask[:, :, 0] = 0
         return mask
 
-    @torch.no_grad()
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         dtype = self.transformer.dtype
         scheduler, boundary, first, end = self.steps_of(params)
@@ -162,7 +167,7 @@ class _Expert(WanDenoise):
         timesteps = scheduler.timesteps
         # the request's caches, fresh in each expert stage: diffusers' hook keeps a state per transformer, so
         # the low-noise expert's schedule starts at its first step (the boundary), not at the request's
-        cache = self._cache(params)
+        cache = self._cache(ctx.options)
         for i in range(first, end):
             ctx.check()
             t = timesteps[i]
@@ -206,6 +211,7 @@ class Wan22T2VHigh(WanT2VDenoise, _Expert):
 
     expert = "transformer"
     high = True
+    adapts = None  # not WanT2VDenoise's: the Wan2.2 workflows take no LoRA adapters
 
 
 class Wan22I2VHigh(_Expert):
@@ -249,7 +255,7 @@ class Wan22VaeEncode(WanVaeEncode):
         super()._load(model_dir)
         self.pipe.register_to_config(expand_timesteps=True)
 
-    @torch.no_grad()
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         pipe = self.pipe
         height, width, frames = params["height"], params["width"], params["num_frames"]

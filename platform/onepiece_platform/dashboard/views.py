@@ -136,7 +136,7 @@ def job_detail(request: HttpRequest, uid: str) -> JsonResponse:
 
 def _preview(job: Job) -> dict[str, Any] | None:
     """Where the job's latest live preview is (and its step), for a job submitted with preview_every."""
-    if not int((job.params or {}).get("preview_every") or 0):
+    if not job.request_options().preview_every:
         return None
     found = previews.meta(job.uid or "")
     return None if found is None else {**found, "url": f"/dashboard/api/jobs/{job.uid}/preview"}

@@ -25,6 +25,8 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from engine.store.keys import TERMINAL
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
 from onepiece_platform import conf
 from onepiece_platform.keyed import Keyed
 
@@ -82,14 +84,22 @@ class EngineRejected(Exception):
         self.retry_after = retry_after
 
 
+def api_params(params: dict[str, Any], options: Options) -> dict[str, Any]:
+    """A request's ``params`` as the engine's API takes them: the model's, and among them the options it
+    takes there (``preview_every``, ``quality``, ``lora``: engine.workflow.options.PARAM_OPTIONS)."""
+    return {**params, **options.params()}
+
+
 class EngineClient(abc.ABC):
     """Submit, status, cancel and result of engine jobs. Implementations are thread-safe."""
 
     @abc.abstractmethod
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:
-        """Hand one request to the engine, named ``uid`` (32 hex digits) when given, else by the engine, at
-        ``priority`` (``low``, ``normal``, ``high``: engine.dispatch.order; who may ask for which is checked before).
+               options: Options = DEFAULT_OPTIONS, uid: str | None = None) -> Accepted:
+        """Hand one request to the engine, named ``uid`` (32 hex digits) when given, else by the engine: its
+        model ``params`` and its ``options`` (engine.workflow.options: priority, deadline, previews, quality,
+        adapters; who may ask for which priority is checked before). ``params`` may also carry options as the
+        engine's API takes them among its params (:func:`api_params`); those ``options`` sets win.
 
         Raises :class:`EngineRejected` (400 invalid, 409 ``uid`` already taken, 503 over capacity) or
         :class:`EngineError` (unreachable). Returns the job's UID.

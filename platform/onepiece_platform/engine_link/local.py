@@ -20,7 +20,15 @@ from engine.proxy.intake import InProcessPorts, Intake, Overloaded
 from engine.proxy.monitor import Load
 from engine.proxy.parsing import BadRequest
 from engine.store import JobStore
-from onepiece_platform.engine_link.client import Accepted, EngineClient, EngineRejected, EngineStatus
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
+from onepiece_platform.engine_link.client import (
+    Accepted,
+    EngineClient,
+    EngineRejected,
+    EngineStatus,
+    api_params,
+)
 from onepiece_platform.engine_link.objects import job_store
 
 INTAKE = Intake()  # the Proxy's default image limits; no admission policy
@@ -38,10 +46,11 @@ class LocalEngineClient(EngineClient):
         return job_store()
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:
+               options: Options = DEFAULT_OPTIONS, uid: str | None = None) -> Accepted:
         intake = self.intake
         try:
-            ticket = intake.ticket(intake.submission(workflow, params, inputs, deadline_s, priority, uid=uid))
+            ticket = intake.ticket(intake.submission(workflow, api_params(params, options), inputs,
+                                                     options.deadline_s, options.priority, uid=uid))
             admitted = intake.admit_sync(ticket, InProcessPorts(self.store(), self.load))
         except BadRequest as exc:
             raise EngineRejected(exc.status, str(exc), exc.field) from None

@@ -12,6 +12,8 @@ import urllib.request
 from typing import Any
 
 from engine.store.keys import TERMINAL
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options, Priority
 from onepiece_platform import conf
 from onepiece_platform.engine_link.client import (
     Accepted,
@@ -20,6 +22,7 @@ from onepiece_platform.engine_link.client import (
     EngineRejected,
     EngineStatus,
     ResultUrl,
+    api_params,
 )
 
 ETA_FIELDS = ("eta_s", "eta_p90_s", "provisional", "queue_ahead")  # what the Proxy's status adds (engine.proxy.eta)
@@ -147,15 +150,15 @@ class ProxyEngineClient(EngineClient):
         return parsed or None
 
     def submit(self, workflow: str, params: dict[str, Any], inputs: dict[str, bytes],
-               deadline_s: float | None = None, uid: str | None = None, priority: str = "normal") -> Accepted:
-        body: dict[str, Any] = {"workflow": workflow, "params": params,
+               options: Options = DEFAULT_OPTIONS, uid: str | None = None) -> Accepted:
+        body: dict[str, Any] = {"workflow": workflow, "params": api_params(params, options),
                                 "inputs": {k: base64.b64encode(v).decode() for k, v in inputs.items()}}
-        if deadline_s is not None:
-            body["deadline_s"] = deadline_s
+        if options.deadline_s is not None:
+            body["deadline_s"] = options.deadline_s
         if uid is not None:
             body["uid"] = uid
-        if priority != "normal":
-            body["priority"] = priority
+        if options.priority != Priority.NORMAL:
+            body["priority"] = options.priority.value
         # ?workflow= lets the Proxy refuse an overloaded workflow before it reads the body
         code, raw, headers = self._call("POST", f"/v1/requests?workflow={urllib.parse.quote(workflow)}", body)
         doc = self._json(raw)

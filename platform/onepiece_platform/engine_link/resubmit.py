@@ -18,6 +18,7 @@ that is busy or away leaves the job for the next sweep, its claim given back.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from django.db.models import F, Max
 from django.utils import timezone
@@ -49,7 +50,7 @@ def again(job: Job, engine: EngineClient) -> tuple[str, str] | None:
                         progress=0, submitting=False, updated_at=timezone.now()):
         return None  # finished meanwhile, or another reconciler took it
     try:
-        engine.submit(job.workflow, job.params, inputs, deadline, uid=job.uid, priority=job.priority)
+        engine.submit(job.workflow, job.params, inputs, replace(job.request_options(), deadline_s=deadline), uid=job.uid)
     except EngineRejected as exc:
         if exc.status == 400:  # it can never run (its inputs were not kept, a model gone)
             return FAILED, f"{LOST}; it could not be submitted again: {exc.message}"

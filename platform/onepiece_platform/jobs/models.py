@@ -16,6 +16,7 @@ a shared document.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -23,7 +24,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from engine.store.keys import JobState
-from engine.workflow.options import Priority
+from engine.workflow import get_workflow
+from engine.workflow.options import Options, Priority
 from onepiece_platform.accounts.models import Priorities
 
 # The ledger's states are the engine's (engine.store.keys.JobState), each its own label
@@ -39,7 +41,13 @@ class Job(models.Model):
     uid = models.CharField(max_length=32, unique=True, null=True, blank=True, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     workflow = models.CharField(max_length=64, db_index=True)
-    params = models.JSONField(default=dict)
+    params = models.JSONField(default=dict, help_text="the model's parameters, as its spec resolved them")
+    # The request's options (engine.workflow.options: how it is served) whole: ``options`` holds those the API
+    # takes among the params (quality, preview_every, lora) as Options.to_json writes them ({} for a plain
+    # request), priority and deadline_s below are columns of their own (the admin, the queue and the
+    # resubmission read them); request_options() is the one Options of the three.
+    options = models.JSONField(default=dict, blank=True,
+                               help_text="the request's quality, preview_every and lora (engine.workflow.options)")
     api = models.CharField(max_length=16, default="native", help_text="native or openai")
     # who submitted it: its endpoint gets the job's completion webhook (onepiece_platform.webhooks)
     api_key = models.ForeignKey("accounts.ApiKey", null=True, blank=True, on_delete=models.SET_NULL,
@@ -109,6 +117,19 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.uid or '(submitting)'} {self.workflow} {self.state}"
+
+    def request_options(self) -> Options:
+        """The request's options, whole: ``options`` with the ``priority`` and ``deadline_s`` columns."""
+        return Options.from_json({**(self.options or {}), "priority": self.priority, "deadline_s": self.deadline_s})
+
+    def api_params(self) -> dict[str, Any]:
+        """The job's parameters as the API shows them: the model's, and among them the options the API takes
+        there (``quality``, ``preview_every`` at their defaults too where the workflow takes them; ``lora``)."""
+        try:
+            taken = {p.name for p in get_workflow(self.workflow).params}
+        except KeyError:  # a workflow no longer served: what the row has
+            taken = set()
+        return {**(self.params or {}), **self.request_options().params(taken)}
 
     @property
     def terminal(self) -> bool:

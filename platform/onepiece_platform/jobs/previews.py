@@ -79,8 +79,8 @@ def message(preview: Any) -> dict[str, Any]:
 def _wants_previews(uid: str) -> bool:
     from onepiece_platform.jobs.models import Job
 
-    params = Job.objects.filter(uid=uid).values_list("params", flat=True).first() or {}
-    return int(params.get("preview_every") or 0) > 0
+    options = Job.objects.filter(uid=uid).values_list("options", flat=True).first() or {}
+    return int(options.get("preview_every") or 0) > 0  # Job.options: as Options.to_json wrote them
 
 
 async def _tail(consumer: Any, uid: str) -> None:

@@ -29,6 +29,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.workflow import InvalidRequest, images, request_workflow
+from engine.workflow.options import Options
 from onepiece_platform import conf
 from onepiece_platform.accounts.models import PRIORITIES, lowest, tier_of
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
@@ -260,7 +261,7 @@ def _ask_engine(job: Job, inputs: dict[str, bytes]) -> None:
     """Submit the reserved ``job`` to the engine under its UID; a refusal deletes the row and gives the
     reservation back."""
     try:
-        get_engine().submit(job.workflow, job.params, inputs, job.deadline_s, uid=job.uid, priority=job.priority)
+        get_engine().submit(job.workflow, job.params, inputs, job.request_options(), uid=job.uid)
     except (EngineRejected, EngineError) as exc:
         job.delete()
         counters.unreserve(job.owner_id, job.quota_day, job.uid)
@@ -322,8 +323,10 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         vet_upload_url(output.upload_url)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
+    model_params, options = Options.split(resolved)  # priority and deadline_s: the row's columns
     # The platform names the job: the row holds its UID before the engine can write an event about it.
-    job = Job(uid=uuid.uuid4().hex, owner=user, workflow=workflow, params=resolved, api=api,
+    job = Job(uid=uuid.uuid4().hex, owner=user, workflow=workflow, params=model_params, options=options.to_json(),
+              api=api,
               cost_estimate_gpu_s=cost, idempotency_key=idempotency_key,
               idempotency_scope=scope if idempotency_key else "", submitting=True, api_key=api_key,
               webhook_url=webhook_url, deadline_s=deadline_s, priority=priority, retention=retention)

@@ -26,7 +26,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from engine import envs
-from engine.workflow import get_workflow, workflows
+from engine.workflow import default_workflow, get_workflow, workflows
 from onepiece_platform import conf
 from onepiece_platform.adapters.fields import lora_from_form
 from onepiece_platform.api_errors import ApiError
@@ -51,8 +51,9 @@ def _video_workflows() -> list[str]:
     return sorted(n for n, w in workflows().items() if w.final_output == "video")
 
 
-# the model a request without one gets: image-to-video when it brings a first frame, else text-to-video
-DEFAULT_VIDEO_MODEL = {True: "wan2.1-i2v", False: "wan2.1-t2v"}
+# the model a request without one gets: the spec declared the default video workflow with an image when it
+# brings a first frame, else the one without (engine.workflow.registry.default_workflow)
+DEFAULT_VIDEO_MODEL = {image: default_workflow("video", image) for image in (True, False)}
 
 
 # bounds of the poll interval the openai client is told to use (it keeps the first one it is given)
@@ -92,7 +93,7 @@ def content_expires_at(job: Job) -> int | None:
 
 
 def video_object(job: Job, remixed_from: str | None = None) -> dict[str, Any]:
-    p = job.params
+    p = job.params  # the model's (prompt, size, frames)
     error = None
     status = job.state
     if job.state in (FAILED, CANCELLED, EXPIRED):
@@ -322,7 +323,8 @@ class VideoRemixView(OpenAIView):
         v = s.VideoRemixSerializer(data=request.data)
         v.is_valid(raise_exception=True)
         d = v.validated_data
-        params = {**source.params, "prompt": d["prompt"]}
+        # the source's model parameters and the options the API takes among them (quality, previews, lora)
+        params = {**source.params, **source.request_options().params(), "prompt": d["prompt"]}
         key = api_key_of(request)
         retention = d["retention"] if "retention" in d else services.inherited_retention(
             request.user, key, source.retention)

@@ -12,8 +12,8 @@ from engine.dispatch.deliver import Outstanding, make_deliver
 ROUTES = [Route("sd-t2i", "denoise", f"i{n}", f"shm://x{n}") for n in range(2)]
 
 
-def lora(*names: str) -> dict[str, object]:
-    return {"prompt": "x", "lora": [{"name": n, "scale": 1.0, "digest": n * 8} for n in names]}
+def lora(*names: str) -> list[dict[str, object]]:
+    return [{"name": n, "scale": 1.0, "digest": n * 8} for n in names]
 
 
 @pytest.mark.parametrize("policy", ["round-robin", "least-outstanding", "cost-aware"])
@@ -27,7 +27,7 @@ def test_requests_follow_their_adapters(policy: str) -> None:
     assert d.choose_for(ROUTES, 1.0, lora("a", "b"), "denoise").instance in ("i0", "i1")
     # a request without adapters, or on its way to another stage, is the policy's alone
     if policy == "least-outstanding":
-        assert d.choose_for(ROUTES, 1.0, {"prompt": "x"}, "denoise").instance == "i0"
+        assert d.choose_for(ROUTES, 1.0, (), "denoise").instance == "i0"
         assert d.choose_for(ROUTES, 1.0, lora("b"), "vae_decode").instance == "i0"
 
 

@@ -86,11 +86,14 @@ def _drive(den: Any, states: dict[str, Any], until: str | None = None, limit: in
     return out
 
 
-def _request(sd: Any, seed: int, prompt: str, lora: list[dict[str, Any]] | None) -> tuple[Any, Any]:
+def _request(sd: Any, seed: int, prompt: str, lora: list[dict[str, Any]] | None) -> tuple[Any, Any, Any]:
+    """(the text stage's embeddings, the model parameters, the options) of a request, as a worker has them."""
     from engine.stages.base import StageContext
+    from engine.workflow.options import Options
 
-    params = sd.spec.resolve_params({**SD, "seed": seed, "prompt": prompt, **({"lora": lora} if lora else {})})
-    return sd.executors["text_encode"].run({}, params, StageContext()), params
+    resolved = sd.spec.resolve_params({**SD, "seed": seed, "prompt": prompt, **({"lora": lora} if lora else {})})
+    params, options = Options.split(resolved)
+    return sd.executors["text_encode"].run({}, params, StageContext()), params, options
 
 
 @pytest.mark.parametrize("with_pair", [False, True], ids=["one-call", "one-call-per-set"])
@@ -109,12 +112,12 @@ def test_mixed_adapter_sets_stepped_together_equal_their_solo_runs(sd: Any, with
     if with_pair:
         specs["ab"] = (4, "a hat", [{"name": "beta", "scale": 1.0}, {"name": "alpha", "scale": 0.3}])
     reqs = {k: _request(sd, *v) for k, v in specs.items()}
-    assert len({den.batch_key(p) for _e, p in reqs.values()}) == 1  # they share a batch
-    solo = {k: den.run(e, p, StageContext())["denoised"] for k, (e, p) in reqs.items()}
+    assert len({den.batch_key(p, o) for _e, p, o in reqs.values()}) == 1  # they share a batch
+    solo = {k: den.run(e, p, StageContext(options=o))["denoised"] for k, (e, p, o) in reqs.items()}
     calls = []
     hook = den.pipe.unet.register_forward_pre_hook(lambda m, a: calls.append(len(a[0])))
     try:
-        together = _drive(den, {k: den.begin(e, p) for k, (e, p) in reqs.items()})
+        together = _drive(den, {k: den.begin(e, p, o) for k, (e, p, o) in reqs.items()})
     finally:
         hook.remove()
     for k in specs:
@@ -139,9 +142,9 @@ def test_a_request_never_waits_for_another_requests_adapter_load(sd: Any, adapte
     beta = [{"name": "beta", "scale": 0.9}]
     slow, fast = _request(sd, 7, "a slow one", beta), _request(sd, 8, "a fast one", [{"name": "alpha", "scale": 1.0}])
     plain = _request(sd, 9, "a plain one", None)
-    solo_slow = den.run(*slow, StageContext())["denoised"]
-    solo_fast = den.run(*fast, StageContext())["denoised"]
-    solo_plain = den.run(*plain, StageContext())["denoised"]
+    solo_slow = den.run(*slow[:2], StageContext(options=slow[2]))["denoised"]
+    solo_fast = den.run(*fast[:2], StageContext(options=fast[2]))["denoised"]
+    solo_plain = den.run(*plain[:2], StageContext(options=plain[2]))["denoised"]
 
     gate, reading = threading.Event(), threading.Event()
     original = den.hot
@@ -190,11 +193,11 @@ def test_the_lru_keeps_at_most_max_adapters(sd: Any) -> None:
     den.hot = lru
     try:
         a, b = _request(sd, 1, "x", [{"name": "alpha", "scale": 1.0}]), _request(sd, 1, "x", [{"name": "beta"}])
-        first = den.run(*a, StageContext())["denoised"]
-        den.run(*b, StageContext())
+        first = den.run(*a[:2], StageContext(options=a[2]))["denoised"]
+        den.run(*b[:2], StageContext(options=b[2]))
         assert lru.names() == ["beta"] and lru.evicted == 1
         assert set(den.pipe.unet.peft_config) == {s for s in lru.loaded}  # evicted from the model too
-        again = den.run(*a, StageContext())["denoised"]  # loaded again: the same bytes
+        again = den.run(*a[:2], StageContext(options=a[2]))["denoised"]  # loaded again: the same bytes
         assert torch.equal(first, again) and lru.names() == ["alpha"]
     finally:
         lru.close()

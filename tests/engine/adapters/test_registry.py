@@ -14,6 +14,7 @@ import pytest
 
 from engine.adapters.registry import AdapterError, AdapterStore
 from engine.workflow import InvalidRequest, get_workflow
+from engine.workflow.options import Options
 
 pytestmark = pytest.mark.models  # the tiny LoRAs are written with torch; the checks themselves are torch-free
 
@@ -151,8 +152,9 @@ def test_the_proxy_intake_answers_400_naming_lora(adapters: Any) -> None:
     assert err.value.field == "lora" and err.value.status == 400
     body["params"]["lora"] = [{"name": "alpha", "scale": 0.25}]
     sub = intake.parse(json.dumps(body).encode(), "application/json")
-    assert sub.params["lora"][0]["digest"] == adapters.get("alpha").digest
-    assert intake.ticket(sub).header.params["lora"] == sub.params["lora"]  # what the denoise stage reads
+    assert sub.options.lora[0]["digest"] == adapters.get("alpha").digest and "lora" not in sub.params
+    # what the denoise stage reads: the header's options, whole
+    assert Options.from_json(intake.ticket(sub).header.options).lora == sub.options.lora
 
 
 def test_the_cli_adds_lists_and_removes(adapters: Any, tiny_models: dict[str, Path], tmp_path: Path) -> None:

@@ -41,8 +41,9 @@ def test_get_preview_answers_the_latest_image(env: dict[str, Any]) -> None:  # n
     _serve(env, 10, body)
     d = env["ring"].recv(timeout=5.0)
     assert d is not None
-    with d:  # the accepted request reached the first stage with its preview_every
-        assert wm.decode(d.view).header.params["preview_every"] == 1
+    with d:  # the accepted request reached the first stage with its preview_every, among its options
+        h = wm.decode(d.view).header
+        assert h.options == {"preview_every": 1} and "preview_every" not in h.params
 
 
 def test_no_preview_key_for_a_request_without_preview_every(env: dict[str, Any]) -> None:  # noqa: F811

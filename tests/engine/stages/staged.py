@@ -1,12 +1,36 @@
 """Helpers of the stage tests: a staged run of a video workflow with the frames its vae_decode stage produced
 captured, for comparing with the one-call pipeline (the final stage encodes them to mp4, which would hide a
-pixel difference); requests stepped together on a stepped stage, joining at chosen steps."""
+pixel difference); requests stepped together on a stepped stage, joining at chosen steps; a request whose
+params its spec resolved begun, or keyed, as a worker does it (its options apart: engine.workflow.options)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+
+from engine.workflow.options import Options
+
+
+def begin(executor: Any, inputs: Any, resolved: dict[str, Any]) -> Any:
+    """``executor.begin`` on a request whose params its spec resolved: its model parameters and its options
+    apart, as the Proxy sends them and a worker hands them on."""
+    params, options = Options.split(resolved)
+    return executor.begin(inputs, params, options)
+
+
+def alone(executor: Any, inputs: Any, resolved: dict[str, Any], **ctx: Any) -> dict[str, Any]:
+    """``executor.run`` on a request whose params its spec resolved (see :func:`begin`): its options in the
+    context, as a worker gives them."""
+    from engine.stages.base import StageContext
+
+    params, options = Options.split(resolved)
+    return executor.run(inputs, params, StageContext(options=options, **ctx))
+
+
+def batch_key(executor: Any, resolved: dict[str, Any]) -> Any:
+    """``executor.batch_key`` of a request whose params its spec resolved (see :func:`begin`)."""
+    return executor.batch_key(*Options.split(resolved))
 
 
 def staged_frames(runner: Any, params: dict[str, Any], inputs: dict[str, bytes]) -> tuple[np.ndarray, Any]:
@@ -40,7 +64,7 @@ def step_joining(denoise: Any, embeds: list[Any], reqs: list[dict[str, Any]],
     widths: list[int] = []
     for tick in range(ticks):
         for k in joins.get(tick, []):
-            states[k] = denoise.begin(embeds[k], reqs[k])
+            states[k] = begin(denoise, embeds[k], reqs[k])
         if not states:
             break
         widths.append(len(states))

@@ -18,6 +18,7 @@ from engine.stages.base import StageContext
 from engine.stages.preview import plane, snapshot
 from engine.store import JobStore
 from engine.worker.previews import PER_JOB, Previews
+from engine.workflow.options import Options
 
 
 @dataclass
@@ -53,8 +54,8 @@ def _latents(seed: int) -> torch.Tensor:
 
 
 def _ctx(pub: Previews, uid: str) -> StageContext:
-    ctx = StageContext()
-    pub.attach(ctx, uid, "denoise", {"preview_every": 1})
+    ctx = StageContext(options=Options(preview_every=1))
+    pub.attach(ctx, uid, "denoise", {})
     assert ctx.preview is not None
     return ctx
 

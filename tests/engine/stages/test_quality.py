@@ -13,7 +13,7 @@ import pytest
 
 from engine.workflow import get_workflow
 from engine.workflow.spec import InvalidRequest
-from tests.engine.stages.staged import step_joining
+from tests.engine.stages.staged import batch_key, begin, step_joining
 
 pytestmark = pytest.mark.models
 
@@ -40,7 +40,7 @@ def _embeds(runner: Any, params: dict[str, Any]) -> dict[str, Any]:
 def _solo(runner: Any, params: dict[str, Any]) -> tuple[Any, Any]:
     """(the denoised latents, the request's cache) of a request stepped alone."""
     denoise = runner.executors["denoise"]
-    st = denoise.begin(_embeds(runner, params), params)
+    st = begin(denoise, _embeds(runner, params), params)
     while denoise.progress(st)[0] < len(st.timesteps):
         denoise.step([st])
     return denoise.end(st)["denoised"], st.cache
@@ -105,7 +105,7 @@ def test_mixed_levels_share_a_batch_each_item_its_solo_run(runners: dict[str, An
     reqs = [_params(workflow, folder, num_inference_steps=n, seed=s, quality=q, guidance_scale=g)
             for n, s, q, g in ((12, 1, "lossless", 3.5), (10, 2, "extra-high", 5.0), (14, 3, "high", 2.0),
                                (12, 4, "high", 3.5))]
-    assert len({denoise.batch_key(r) for r in reqs}) == 1
+    assert len({batch_key(denoise, r) for r in reqs}) == 1
     solo = [_solo(runner, r)[0] for r in reqs]
     embeds = [_embeds(runner, r) for r in reqs]
     # 3 leaves after its fourth step, as a cancelled request leaves the batcher (its cache with it)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from engine.workflow import get_workflow
-from tests.engine.stages.staged import step_joining
+from tests.engine.stages.staged import batch_key, step_joining
 from tests.engine.stages.test_quality import _embeds, _solo
 
 pytestmark = pytest.mark.models
@@ -84,7 +84,7 @@ def test_mixed_levels_and_guidance_share_a_batch_each_item_its_solo_run(runner: 
                                     (8, 2, "extra-high", None, "a red car parked in the snow at night"),
                                     (11, 3, "high", "blurry, dark", "a cat"),
                                     (10, 4, "high", None, "a dog"))]
-    assert len({denoise.batch_key(r) for r in reqs}) == 1
+    assert len({batch_key(denoise, r) for r in reqs}) == 1
     solo = [_solo(runner, r)[0] for r in reqs]
     embeds = [_embeds(runner, r) for r in reqs]
     # 3 leaves after its fourth step, as a cancelled request leaves the batcher (its cache with it)

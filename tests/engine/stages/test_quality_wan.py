@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from engine.workflow import get_workflow
+from engine.workflow.options import Options
 from engine.workflow.spec import InvalidRequest
 
 pytestmark = pytest.mark.models
@@ -128,14 +129,14 @@ def test_a_cached_request_keeps_its_uncond_half(runners: dict[str, Any]) -> None
     embeds = runner.executors["text_encode"]
     denoise = runner.executors["denoise"]
     for q, guidance, sends in (("lossless", 5.0, True), ("high", 5.0, False), ("lossless", 1.0, False)):
-        params = spec.resolve_params({**BASE, "quality": q, "guidance_scale": guidance})
-        assert denoise.cfg_share(params) == (0.5 if sends else 1.0), (q, guidance)
+        params, options = Options.split(spec.resolve_params({**BASE, "quality": q, "guidance_scale": guidance}))
+        assert denoise.cfg_share(params, options) == (0.5 if sends else 1.0), (q, guidance)
         inputs = embeds.run({}, params, StageContext())
         peer = Peer()
-        ctx = StageContext()
+        ctx = StageContext(options=options)
         ctx.cfg_parallel = peer
         with_peer = denoise.run(inputs, params, ctx)["denoised"]
-        alone = denoise.run(inputs, params, StageContext())["denoised"]
+        alone = denoise.run(inputs, params, StageContext(options=options))["denoised"]
         assert (peer.sent > 0) == sends, (q, guidance)
         assert torch.equal(with_peer, alone)
 
@@ -181,7 +182,7 @@ def test_wan22_levels_are_diffusers_own_hook_per_expert(workflow: str, wan22: di
             ex = runner.executors[stage]
 
             def spy(i: Any, p: Any, ctx: Any, stage: str = stage, run: Any = ex.run, seen: dict = seen) -> Any:
-                c = StageContext()
+                c = StageContext(options=ctx.options)
                 got = run(i, p, c)
                 seen[stage] = (c.stats.get("cache_skipped"), got.get("denoised"))
                 return got

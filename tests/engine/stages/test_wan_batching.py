@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from engine.workflow import get_workflow
-from tests.engine.stages.staged import step_joining
+from engine.workflow.options import Options
+from tests.engine.stages.staged import alone, batch_key, step_joining
 
 pytestmark = pytest.mark.models
 
@@ -48,7 +49,6 @@ def test_requests_joining_mid_batch_equal_their_solo_runs(workflow: str, runners
                                                           tiny_models: dict[str, Path], input_png: bytes) -> None:
     import torch
 
-    from engine.stages.base import StageContext
 
     runner, folder = runners[workflow], tiny_models[workflow]
     denoise = runner.executors["denoise"]
@@ -57,9 +57,9 @@ def test_requests_joining_mid_batch_equal_their_solo_runs(workflow: str, runners
             ("a blue car", 7, 3, 6.5, "extra-high"), ("a dog", 5, 4, 5.0, "lossless")]
     reqs = [_params(workflow, folder, prompt=p, num_inference_steps=n, seed=s, guidance_scale=g, quality=q)
             for p, n, s, g, q in rows]
-    assert len({denoise.batch_key(r) for r in reqs}) == 1
+    assert len({batch_key(denoise, r) for r in reqs}) == 1
     embeds = [_inputs(runner, r, png) for r in reqs]
-    solo = [denoise.run(e, r, StageContext())["denoised"] for e, r in zip(embeds, reqs, strict=True)]
+    solo = [alone(denoise, e, r)["denoised"] for e, r in zip(embeds, reqs, strict=True)]
     out, widths = step_joining(denoise, embeds, reqs, {0: [0, 3], 1: [1], 2: [2]})
     assert max(widths) == 4 and sorted(out) == [0, 1, 2, 3]  # the default max_batch (the spec's)
     assert denoise_default(workflow) == 4
@@ -77,7 +77,7 @@ def test_what_cannot_share_a_step_never_does(runners: dict[str, Any], tiny_model
     keys = {denoise.batch_key(base), denoise.batch_key({**base, "height": 64}),
             denoise.batch_key({**base, "guidance_scale": 1.0})}
     assert len(keys) == 3
-    assert denoise.batch_key({**base, "lora": [{"name": "a", "scale": 1.0, "digest": "0" * 64}]}) is None
+    assert denoise.batch_key(base, Options(lora=({"name": "a", "scale": 1.0, "digest": "0" * 64},))) is None
 
 
 def test_an_instance_in_collaboration_mode_runs_each_request_alone(runners: dict[str, Any],
@@ -94,6 +94,6 @@ def test_an_instance_in_collaboration_mode_runs_each_request_alone(runners: dict
     denoise = runners[workflow].executors["denoise"]
     params = _params(workflow, tiny_models[workflow], prompt="x")
     h = wm.Header(uid="u", workflow=workflow, stage="denoise", route=["denoise"], params=params)
-    for mode, alone in (("individual", False), ("collaboration", True)):
+    for mode, by_itself in (("individual", False), ("collaboration", True)):
         worker = SimpleNamespace(collab=object(), executor=denoise, routes=SimpleNamespace(mode=lambda w, m=mode: m))
-        assert (TaskWorker._batch_key(worker, h) is None) == alone, mode
+        assert (TaskWorker._batch_key(worker, h) is None) == by_itself, mode

@@ -22,6 +22,7 @@ from engine.worker.stretch import stretched
 from engine.worker.taskworker import TaskWorker, WorkerConfig
 from engine.workflow import get_workflow
 from engine.workflow import message as wm
+from engine.workflow.options import Options
 
 SPEC = get_workflow("sd-t2i")
 ROUTE = ["text_encode", "denoise", "vae_decode", "image_encode"]
@@ -115,11 +116,15 @@ class DenoiseRig:
         return self._worker
 
     def serve(self, worker: TaskWorker, uids: list[str], reqs: dict[str, Any], embeds: dict[str, Any]) -> None:
-        """Send these requests to the worker's inbox and serve until each was handed on or ended."""
+        """Send these requests (``reqs``: their params as the spec resolved them) to the worker's inbox, each
+        with its model parameters and its options apart as the Proxy sends them, and serve until each was
+        handed on or ended."""
         store = self.store
         for u in uids:
             store.accept(u, self.workflow, 1.0)
-            h = wm.Header(uid=u, workflow=self.workflow, stage=self.stage, route=self.spec.route(), params=reqs[u])
+            params, options = Options.split(reqs[u])
+            h = wm.Header(uid=u, workflow=self.workflow, stage=self.stage, route=self.spec.route(), params=params,
+                          options=options.to_json())
             self.producer.send(wm.encode(h, {k: wm.from_numpy(v.numpy()) for k, v in embeds[u].items()}))
         deadline = time.monotonic() + 120
 

@@ -79,10 +79,10 @@ class _Steps:
     def __init__(self) -> None:
         self.calls: list[int] = []
 
-    def batch_key(self, params: Any) -> Any:
+    def batch_key(self, params: Any, options: Any = None) -> Any:
         return "all"
 
-    def begin(self, inputs: Any, params: Any) -> dict[str, int]:
+    def begin(self, inputs: Any, params: Any, options: Any = None) -> dict[str, int]:
         return {"i": 0, "n": int(params["num_inference_steps"]), "x": int(params["seed"])}
 
     def step(self, states: list[dict[str, int]]) -> None:

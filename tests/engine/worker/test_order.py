@@ -151,10 +151,10 @@ class _Steps:
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
 
-    def batch_key(self, params: Any) -> Any:
+    def batch_key(self, params: Any, options: Any = None) -> Any:
         return "all"
 
-    def begin(self, inputs: Any, params: Any) -> dict[str, Any]:
+    def begin(self, inputs: Any, params: Any, options: Any = None) -> dict[str, Any]:
         return {"i": 0, "n": int(params["num_inference_steps"]), "uid": params["uid"]}
 
     def step(self, states: list[dict[str, Any]]) -> None:

@@ -122,10 +122,10 @@ class _Steps:
     def __init__(self, clock: _Clock) -> None:
         self.clock, self.batches = clock, []
 
-    def batch_key(self, params: Any) -> Any:
+    def batch_key(self, params: Any, options: Any = None) -> Any:
         return "all"
 
-    def begin(self, inputs: Any, params: Any) -> dict[str, Any]:
+    def begin(self, inputs: Any, params: Any, options: Any = None) -> dict[str, Any]:
         return {"i": 0, "n": int(params["num_inference_steps"]), "uid": params["uid"], "x": 1}
 
     def step(self, states: list[dict[str, Any]]) -> None:

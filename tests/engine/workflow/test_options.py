@@ -2,12 +2,15 @@
 
 No spec file declares ``preview_every`` or ``quality``: every workflow takes them from the options module,
 bounded by its own spec; the edge (the Proxy's parser) builds one ``Options`` per request; a new option
-declared there reaches every workflow without a spec file changing.
+declared there reaches every workflow without a spec file changing; the options then travel whole, apart from
+the model's parameters, in the Workflow Message header.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 
 from engine.proxy.parsing import BadRequest, Parser
 from engine.stages import caching
-from engine.workflow import get_workflow, options, spec, workflows
+from engine.workflow import InvalidRequest, get_workflow, options, spec, workflows
 from engine.workflow.options import LOSSLESS, PARAM_OPTIONS, Options, Priority
 from engine.workflow.params import ParamSpec
 
@@ -69,3 +72,47 @@ def test_the_edge_builds_one_typed_options_per_request() -> None:
     with pytest.raises(BadRequest) as err:  # a level the workflow does not serve: its spec's bound
         parser.submission("sd-t2i", {"prompt": "a cat", "quality": "high"}, {})
     assert err.value.field == "quality"
+
+
+def test_the_options_travel_whole_in_the_header_apart_from_the_model_params() -> None:
+    """The edge takes the options out of the params it resolved (Options.split) and the first stage's
+    message carries them whole in its header's ``options``; a consumer reads them back typed."""
+    from engine.proxy.intake import Intake
+    from engine.workflow import message as wm
+
+    intake = Intake()
+    sub = intake.submission("flux.1-dev", {"prompt": "a cat", "quality": "high", "preview_every": 2}, {},
+                            deadline_s=30, priority="high")
+    assert not set(PARAM_OPTIONS) & set(sub.params)  # the model's parameters only
+    assert sub.params["prompt"] == "a cat" and "num_inference_steps" in sub.params
+    h = wm.decode(intake.ticket(sub).message).header
+    assert h.options == {"quality": "high", "preview_every": 2, "priority": "high", "deadline_s": 30.0}
+    assert Options.from_json(h.options) == sub.options and h.params == sub.params
+    assert h.priority == 1 and h.deadline == sub.deadline  # the routing copies the rings and the order read
+    plain = wm.decode(intake.ticket(intake.submission("sd-t2i", {"prompt": "a cat"}, {})).message).header
+    assert plain.options == {} and Options.from_json(plain.options) == Options()
+    # a header written without options (a message kept for a retry across an upgrade) is a plain request's
+    doc = {**wm.Header(uid="a" * 32, workflow="sd-t2i", stage="text_encode", route=["text_encode"]).to_json(),
+           "entries": []}
+    del doc["options"]
+    raw = json.dumps(doc).encode()
+    old = struct.pack("<4sHHIIQ", wm.MAGIC, wm.VERSION, 0, len(raw), 0, wm.PREFIX_SIZE + len(raw)) + raw
+    assert wm.decode(old).header.options == {}
+
+
+def test_options_are_checked_when_made_and_round_trip() -> None:
+    full = Options(Priority.LOW, 12.5, 3, "extra-high", ({"name": "a", "scale": 0.5, "digest": "d" * 64},))
+    assert Options.from_json(full.to_json()) == full and Options().to_json() == {}
+    assert Options("high").priority is Priority.HIGH  # the API's name becomes the enumeration
+    for field, kwargs in (("priority", {"priority": "urgent"}), ("deadline_s", {"deadline_s": -1}),
+                          ("preview_every", {"preview_every": -1}), ("quality", {"quality": "ultra"}),
+                          ("lora", {"lora": ({"name": "a"},)})):
+        with pytest.raises(InvalidRequest) as err:
+            Options(**kwargs)
+        assert err.value.field == field
+    with pytest.raises(InvalidRequest) as err:
+        Options.from_json({"qualty": "high"})
+    assert err.value.field == "qualty"
+    # the params the API takes them among: those set, and a workflow's own at their defaults
+    assert full.params() == {"preview_every": 3, "quality": "extra-high", "lora": [dict(full.lora[0])]}
+    assert Options().params(("quality", "preview_every")) == {"preview_every": 0, "quality": LOSSLESS}

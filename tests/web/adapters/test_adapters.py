@@ -85,11 +85,11 @@ def test_native_jobs_take_lora_and_the_ledger_records_digests(registry: Any, ali
     r = client.post("/api/v1/jobs", {**sd_body(), "lora": [{"name": "ink", "scale": 0.5}]}, format="json")
     assert r.status_code == 202, r.content
     job = Job.objects.get(uid=r.json()["uid"])
-    assert job.params["lora"] == [{"name": "ink", "scale": 0.5, "digest": registry.get("ink").digest}]
-    assert r.json()["params"]["lora"] == job.params["lora"]  # the client sees what its job was given
+    assert job.options["lora"] == [{"name": "ink", "scale": 0.5, "digest": registry.get("ink").digest}]
+    assert r.json()["params"]["lora"] == job.options["lora"]  # the client sees what its job was given
     # inside params too, with the adapter's default scale
     r = client.post("/api/v1/jobs", sd_body(lora=[{"name": "ink"}]), format="json")
-    assert r.status_code == 202 and Job.objects.get(uid=r.json()["uid"]).params["lora"][0]["scale"] == 0.75
+    assert r.status_code == 202 and Job.objects.get(uid=r.json()["uid"]).options["lora"][0]["scale"] == 0.75
     r = client.post("/api/v1/jobs", {**sd_body(lora=[{"name": "ink"}]), "lora": [{"name": "ink"}]}, format="json")
     assert r.status_code == 400 and "lora" in json.dumps(r.json())
     jobs = Job.objects.count()
@@ -107,11 +107,11 @@ def test_openai_routes_take_lora_through_extra_body(registry: Any, oa: Any, work
                                extra_body={**EXTRA, "lora": [{"name": "ink", "scale": 1.25}]})
     assert len(r.data) == 1
     job = Job.objects.filter(api="openai", workflow="sd-t2i").latest("created_at")
-    assert job.params["lora"] == [{"name": "ink", "scale": 1.25, "digest": registry.get("ink").digest}]
+    assert job.options["lora"] == [{"name": "ink", "scale": 1.25, "digest": registry.get("ink").digest}]
     workers.hold = True
     v = client.videos.create(prompt="a wave", model="wan2.1-t2v", size="64x64",
                              extra_body={**EXTRA, "lora": [{"name": "wave", "scale": 0.5}]})
-    assert Job.objects.get(uid=v.id).params["lora"][0]["digest"] == registry.get("wave").digest
+    assert Job.objects.get(uid=v.id).options["lora"][0]["digest"] == registry.get("wave").digest
     for value, _words in BAD:
         with pytest.raises(openai.BadRequestError) as e:
             client.images.generate(prompt="a cat", size="64x64", extra_body={**EXTRA, "lora": value})

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from engine.workflow.options import Options
 from onepiece_platform.engine_link.client import EngineRejected
 from onepiece_platform.engine_link.local import LocalEngineClient
 from tests.fixtures.web import png
@@ -33,7 +34,7 @@ def test_refuses_what_the_proxy_refuses(web_redis: str, workflow: str, params: d
 
 def test_accepts_once_per_uid(web_redis: str) -> None:
     engine, uid = LocalEngineClient(), uuid.uuid4().hex
-    accepted = engine.submit("wan2.1-i2v", WAN, {"image": png()}, deadline_s=60, uid=uid)
+    accepted = engine.submit("wan2.1-i2v", WAN, {"image": png()}, Options(deadline_s=60), uid=uid)
     assert accepted.uid == uid and accepted.cost_gpu_s > 0
     status = engine.status(uid)
     assert status is not None and status.state == "queued"

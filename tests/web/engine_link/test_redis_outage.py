@@ -102,6 +102,7 @@ def _settle(reconciler: Any, uids: list[str], timeout: float = 30) -> dict[str, 
 def test_jobs_in_flight_when_redis_restarts_empty_complete_under_their_uids(own_redis: OwnRedis,
                                                                             settings: Any) -> None:
     from engine.store import JobStore, keys
+    from engine.workflow import message as wm
     from onepiece_platform.engine_link.reconciler import Reconciler
     from onepiece_platform.jobs.models import Job, JobInput
     from tests.fixtures.workers import Workers
@@ -109,7 +110,8 @@ def test_jobs_in_flight_when_redis_restarts_empty_complete_under_their_uids(own_
     settings.ONEPIECE = {**settings.ONEPIECE, "LOST_AFTER_S": 0.0, "PROXY_TIMEOUT_S": 0.0}
     _, key = make_user("inflight")
     c = client_for(key)
-    uids = [c.post("/api/v1/jobs", body, format="json").json()["uid"] for body in (sd_body(), wan_body())]
+    uids = [c.post("/api/v1/jobs", body, format="json").json()["uid"]
+            for body in (sd_body(), wan_body(quality="high", preview_every=1))]
     assert JobInput.objects.filter(job__uid=uids[1], name="image").exists()  # the first frame is kept
     store = JobStore.from_url(own_redis.server.url)
     store.event(uids[1], keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
@@ -122,6 +124,12 @@ def test_jobs_in_flight_when_redis_restarts_empty_complete_under_their_uids(own_
     assert reconciler.sweep() == 0  # nothing failed: both submitted again, under their UIDs
     assert {j.uid: (j.state, j.resubmissions) for j in Job.objects.filter(uid__in=uids)} == {
         u: ("queued", 1) for u in uids}
+    kept = JobStore.from_url(own_redis.server.url)  # the message submitted again carries the job's options
+    try:
+        again = wm.decode(kept.r.get(keys.input_key(uids[1]))).header
+    finally:
+        kept.close()
+    assert again.options == {"quality": "high", "preview_every": 1} and "quality" not in again.params
     workers = Workers(own_redis.server.url)  # the engine runs what it was handed again
     try:
         jobs = _settle(reconciler, uids)

@@ -50,11 +50,11 @@ def test_multipart_records_priority_deadline_and_lora(registry: Any, alice: Any,
     assert r.status_code == 202, r.content
     job = Job.objects.get(uid=r.json()["uid"])
     assert job.priority == "low" and job.deadline_s == 600.0
-    assert job.params["lora"] == [{"name": "ink", "scale": 0.5, "digest": registry.get("ink").digest}]
+    assert job.options["lora"] == [{"name": "ink", "scale": 0.5, "digest": registry.get("ink").digest}]
     # lora as the openai client's form fields, lora[][name] and lora[][scale]
     r = client.post("/api/v1/jobs", _form(**{"lora[][name]": "ink", "lora[][scale]": "1.25"}), format="multipart")
     assert r.status_code == 202, r.content
-    assert Job.objects.get(uid=r.json()["uid"]).params["lora"][0]["scale"] == 1.25
+    assert Job.objects.get(uid=r.json()["uid"]).options["lora"][0]["scale"] == 1.25
 
 
 @pytest.mark.parametrize(("fields", "field"), [

@@ -36,7 +36,7 @@ def test_native_api_checks_preview_every_and_serves_the_latest(alice, bob, store
     r = c.post("/api/v1/jobs", _sd(preview_every=2), format="json")
     assert r.status_code == 202
     uid = r.json()["uid"]
-    assert wm.decode(store.r.get(keys.input_key(uid))).header.params["preview_every"] == 2  # on to the stages
+    assert wm.decode(store.r.get(keys.input_key(uid))).header.options["preview_every"] == 2  # on to the stages
     assert c.get(f"/api/v1/jobs/{uid}/preview").status_code == 204  # none yet
     store.preview.add(uid, "denoise", 2, 4, b"\x89PNG two")
     store.preview.add(uid, "denoise", 4, 4, b"\x89PNG four")
@@ -49,7 +49,7 @@ def test_native_api_checks_preview_every_and_serves_the_latest(alice, bob, store
 def test_preview_is_off_by_default(alice, store) -> None:
     _, c, _ = alice
     uid = c.post("/api/v1/jobs", sd_body(), format="json").json()["uid"]
-    assert wm.decode(store.r.get(keys.input_key(uid))).header.params["preview_every"] == 0
+    assert wm.decode(store.r.get(keys.input_key(uid))).header.options == {}  # a plain request's
     assert c.get(f"/api/v1/jobs/{uid}/preview").status_code == 204
     assert store.r.keys(keys.preview_key("*")) == []
 
@@ -65,9 +65,9 @@ def test_openai_routes_take_preview_every_through_extra_body(oa, workers) -> Non
     assert e.value.body["param"] == "preview_every"
     v = client.videos.create(prompt="a cat", size="64x64", model="wan2.1-t2v",
                              extra_body={"preview_every": 1, "num_inference_steps": 2})
-    assert Job.objects.get(uid=v.id).params["preview_every"] == 1
+    assert Job.objects.get(uid=v.id).options["preview_every"] == 1
     client.images.generate(prompt="a cat", size="64x64", extra_body={"preview_every": 2, "num_inference_steps": 2})
-    assert Job.objects.filter(workflow="sd-t2i").get().params["preview_every"] == 2
+    assert Job.objects.filter(workflow="sd-t2i").get().options["preview_every"] == 2
 
 
 def _session(user: Any) -> str:

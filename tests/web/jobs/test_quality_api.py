@@ -31,7 +31,7 @@ def test_native_api_takes_records_and_bounds_quality(alice, store) -> None:
     r = c.post("/api/v1/jobs", _flux(quality="high"), format="json")
     assert r.status_code == 202, r.content
     uid = r.json()["uid"]
-    assert wm.decode(store.r.get(keys.input_key(uid))).header.params["quality"] == "high"  # on to the stages
+    assert wm.decode(store.r.get(keys.input_key(uid))).header.options["quality"] == "high"  # on to the stages, whole
     doc = c.get(f"/api/v1/jobs/{uid}").json()
     assert doc["quality"] == "high" and doc["params"]["quality"] == "high"
     plain = c.post("/api/v1/jobs", _flux(), format="json").json()["uid"]
@@ -54,14 +54,14 @@ def test_openai_routes_take_quality_through_extra_body(oa, workers) -> None:
     assert not Job.objects.exists()
     client.videos.create(prompt="a cat", size="64x64", model="wan2.1-t2v",
                          extra_body={"quality": "high", "num_inference_steps": 2})
-    assert Job.objects.get(workflow="wan2.1-t2v").params["quality"] == "high"
+    assert Job.objects.get(workflow="wan2.1-t2v").options["quality"] == "high"
     client.images.generate(prompt="a cat", size="64x64", model="flux.1-dev",
                            extra_body={"quality": "extra-high", "num_inference_steps": 2})
-    assert Job.objects.get(workflow="flux.1-dev").params["quality"] == "extra-high"
+    assert Job.objects.get(workflow="flux.1-dev").options["quality"] == "extra-high"
     # OpenAI's own "high" (and "hd", "auto"...) on a model without levels: the no-op it always was
     client.images.generate(prompt="a cat", size="64x64", model="sd-t2i", quality="high",
                            extra_body={"num_inference_steps": 2})
     assert "quality" not in Job.objects.get(workflow="sd-t2i").params
     client.images.generate(prompt="a cat", size="64x64", model="flux.1-dev", quality="high",
                            extra_body={"num_inference_steps": 2})
-    assert Job.objects.filter(workflow="flux.1-dev", params__quality="high").count() == 1
+    assert Job.objects.filter(workflow="flux.1-dev", options__quality="high").count() == 1

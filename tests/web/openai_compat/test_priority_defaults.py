@@ -1,6 +1,6 @@
 """A plain OpenAI client of a low-tier account: a request that names no priority runs at the highest its key
 allows, up to normal, on /v1/images/generations, /v1/videos and remix; a remix inherits its source's
-options (priority, deadline_s, lora and the other parameters), capped by what the remixing key may use."""
+options (priority, deadline_s, quality, preview_every, lora) and parameters, capped by what the remixing key may use."""
 
 from __future__ import annotations
 
@@ -40,13 +40,17 @@ def test_a_remix_inherits_its_sources_options_capped_by_the_key(oa, workers) -> 
     Quota.objects.create(user=user, max_concurrent_jobs=10)  # five jobs stay queued
     native = client_for(client.api_key)
     body = {"workflow": "wan2.1-t2v", "deadline_s": 600, "priority": "low",
-            "params": {"prompt": "a cat", "height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2}}
+            "params": {"prompt": "a cat", "height": 64, "width": 64, "num_frames": 9, "num_inference_steps": 2,
+                       "quality": "high", "preview_every": 1}}
     r = native.post("/api/v1/jobs", body, format="json")
     assert r.status_code == 202, r.content
     source = Job.objects.get(uid=r.json()["uid"])
+    assert source.options == {"quality": "high", "preview_every": 1}  # the options apart from the model's params
+    assert r.json()["params"] == {**source.params, **source.options} and r.json()["quality"] == "high"
     remix = Job.objects.get(uid=client.videos.remix(source.uid, prompt="a dog").id)
     assert (remix.priority, remix.deadline_s) == ("low", 600.0)  # not the default normal, not no deadline
     assert remix.params == {**source.params, "prompt": "a dog"}
+    assert remix.request_options() == source.request_options()  # quality and previews copied with the params
 
     PriorityTier.objects.create(user=user, max_priority="high")
     high = client.videos.create(prompt="a cat", size="64x64", model="wan2.1-t2v",

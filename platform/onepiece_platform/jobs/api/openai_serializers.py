@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from engine.workflow import get_workflow, workflows
+from engine.workflow import default_workflow, get_workflow, workflows
 from engine.workflow.options import PARAM_OPTIONS
 from onepiece_platform.accounts.models import PRIORITIES
 from onepiece_platform.adapters.fields import LoraField
@@ -226,8 +226,8 @@ class VideoCreateSerializer(_GenerateSerializer):
 
     prompt = param_field("video", "prompt", PROMPT, required=True)
     model = serializers.ChoiceField(choices=[], required=False,
-                                    help_text="the workflow; default (or \"default\") wan2.1-i2v with "
-                                              "input_reference, else wan2.1-t2v")
+                                    help_text=f'the workflow; default (or "default") {default_workflow("video", True)} '
+                                              f'with input_reference, else {default_workflow("video")}')
     seconds = AsciiIntegerField(required=False, min_value=1, max_value=60,
                                 help_text="clip length; frames = seconds x fps + 1 (default: the model's)")
     size = StrictCharField(required=False, max_length=16, help_text="WIDTHxHEIGHT (default: the model's)")
@@ -363,8 +363,8 @@ class ImageGenerateSerializer(_GenerateSerializer):
     output = "image"
 
     prompt = param_field("image", "prompt", PROMPT, required=True)
-    model = serializers.ChoiceField(choices=[], required=False, default="sd-t2i",
-                                    help_text='the workflow; default (or "default") sd-t2i')
+    model = serializers.ChoiceField(choices=[], required=False, default=default_workflow("image"),
+                                    help_text=f'the workflow; default (or "default") {default_workflow("image")}')
     n = AsciiIntegerField(required=False, default=1, min_value=1, max_value=4)
     size = serializers.ChoiceField(choices=IMAGE_SIZES, required=False,
                                    help_text="WIDTHxHEIGHT, or auto (default: the model's own size)")

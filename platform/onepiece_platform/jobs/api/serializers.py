@@ -118,6 +118,9 @@ class JobSerializer(serializers.ModelSerializer):
     cancel_requested = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
     eta = serializers.SerializerMethodField()
+    params = serializers.SerializerMethodField(
+        help_text="the workflow's parameters as resolved, with the options taken among them (quality, "
+                  "preview_every, lora)")
     quality = serializers.SerializerMethodField(
         help_text="lossless (bit-exact), extra-high or high: the step caching the job asked for (params.quality)")
     output = serializers.SerializerMethodField(
@@ -139,8 +142,11 @@ class JobSerializer(serializers.ModelSerializer):
                   "output_expires_at", "output_upload", "eta", "links"]
         read_only_fields = fields
 
+    def get_params(self, job: Job) -> dict[str, Any]:
+        return job.api_params()
+
     def get_quality(self, job: Job) -> str:
-        return str((job.params or {}).get("quality") or "lossless")
+        return job.request_options().quality
 
     @extend_schema_field(OutputSerializer(allow_null=True))
     def get_output(self, job: Job) -> dict[str, Any] | None:
