@@ -31,7 +31,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
 
-from engine.adapters.registry import ADAPTABLE, AdapterStore, digest_of, store
+from engine.adapters.registry import AdapterStore, digest_of, store
 
 log = logging.getLogger("onepiece.adapters")
 
@@ -62,9 +62,12 @@ class HotAdapters:
     caller's model lock)."""
 
     def __init__(self, model: Any, workflow: str, max_adapters: int = 8, adapters: AdapterStore | None = None,
-                 read: Callable[[Path, str], tuple[Any, Any, Any]] | None = None) -> None:
+                 read: Callable[[Path, str], tuple[Any, Any, Any]] | None = None, *,
+                 adapts: tuple[str, str]) -> None:
+        """``adapts``: (the model's component, the diffusers pipeline whose LoRA loader reads its adapters),
+        as the executor that serves ``model`` declares it (``StageExecutor.adapts``)."""
         self.model, self.workflow = model, workflow
-        self.component, pipeline = ADAPTABLE[workflow]
+        self.component, pipeline = adapts
         import diffusers
 
         self.pipeline_cls = getattr(diffusers, pipeline)

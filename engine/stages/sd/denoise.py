@@ -37,8 +37,6 @@ class SDDenoise(TorchStage, SteppedStage):
     components: ClassVar[tuple[str, ...]] = ("unet", "scheduler")
     reads: ClassVar[tuple[str, ...]] = ("vae",)  # its scale factor: the pipeline's is 8x without a VAE
     adapts: ClassVar[tuple[str, str] | None] = ("unet", "StableDiffusionPipeline")
-    #: the workflow whose adapters this stage applies (engine.adapters.registry.ADAPTABLE)
-    workflow: ClassVar[str] = "sd-t2i"
     #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
     max_adapters: int | None = None
     hot: Any = None  # engine.adapters.hot.HotAdapters, made on the first request with adapters
@@ -68,8 +66,10 @@ class SDDenoise(TorchStage, SteppedStage):
         if self.hot is None:
             from engine.adapters.hot import HotAdapters
 
-            self.hot = HotAdapters(self.pipe.unet, self.workflow,
-                                   self.max_adapters if self.max_adapters is not None else envs.MAX_ADAPTERS)
+            assert self.adapts is not None, f"{type(self).__name__} declares no adapters"
+            self.hot = HotAdapters(self.pipe.unet, self.served_workflow or "",
+                                   self.max_adapters if self.max_adapters is not None else envs.MAX_ADAPTERS,
+                                   adapts=self.adapts)
         return self.hot
 
     def batch_key(self, params: Mapping[str, Any], options: Options = DEFAULT_OPTIONS) -> Any:

@@ -36,8 +36,6 @@ class WanDenoise(TorchStage):
 
     components: ClassVar[tuple[str, ...]] = ("transformer", "scheduler")
     adapts: ClassVar[tuple[str, str] | None] = ("transformer", "WanImageToVideoPipeline")
-    #: the workflow whose LoRA adapters this stage applies (engine.adapters.registry.ADAPTABLE)
-    workflow: ClassVar[str] = "wan2.1-i2v"
     #: at most this many LoRA adapters stay loaded (None: ONEPIECE_MAX_ADAPTERS; onepiece node --max-adapters)
     max_adapters: int | None = None
     hot: Any = None  # engine.adapters.hot.HotAdapters, made on the first request with adapters
@@ -56,8 +54,10 @@ class WanDenoise(TorchStage):
         if self.hot is None:
             from engine.adapters.hot import HotAdapters
 
-            self.hot = HotAdapters(self.transformer, self.workflow,
-                                   self.max_adapters if self.max_adapters is not None else envs.MAX_ADAPTERS)
+            assert self.adapts is not None, f"{type(self).__name__} declares no adapters"
+            self.hot = HotAdapters(self.transformer, self.served_workflow or "",
+                                   self.max_adapters if self.max_adapters is not None else envs.MAX_ADAPTERS,
+                                   adapts=self.adapts)
         return self.hot
 
     def _await_adapters(self, lora: Any, ctx: StageContext) -> None:
@@ -186,7 +186,6 @@ class WanT2VDenoise(WanDenoise):
     draws nothing more, so drawing it in this stage keeps the output bit-identical to the one-call pipeline.
     """
 
-    workflow: ClassVar[str] = "wan2.1-t2v"
     #: the VAE's config only: its compression factors size the initial noise
     reads: ClassVar[tuple[str, ...]] = ("vae",)
     adapts: ClassVar[tuple[str, str] | None] = ("transformer", "WanPipeline")

@@ -148,7 +148,7 @@ def test_a_request_never_waits_for_another_requests_adapter_load(sd: Any, adapte
 
     gate, reading = threading.Event(), threading.Event()
     original = den.hot
-    fresh = HotAdapters(den.pipe.unet, "sd-t2i", 8)  # an instance that has nothing loaded yet
+    fresh = HotAdapters(den.pipe.unet, "sd-t2i", 8, adapts=den.adapts)  # an instance that has nothing loaded yet
 
     def slow_read(path: Path, digest: str) -> Any:
         if digest == adapters.get("beta").digest:
@@ -189,7 +189,7 @@ def test_the_lru_keeps_at_most_max_adapters(sd: Any) -> None:
     if original is not None:
         original.model.delete_adapters(list(original.loaded))
         original.loaded.clear()
-    lru = HotAdapters(den.pipe.unet, "sd-t2i", max_adapters=1)
+    lru = HotAdapters(den.pipe.unet, "sd-t2i", max_adapters=1, adapts=den.adapts)
     den.hot = lru
     try:
         a, b = _request(sd, 1, "x", [{"name": "alpha", "scale": 1.0}]), _request(sd, 1, "x", [{"name": "beta"}])
