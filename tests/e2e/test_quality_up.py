@@ -11,18 +11,15 @@ differ from lossless's (the cache predicted steps)."""
 from __future__ import annotations
 
 import base64
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.up import start_up, stop_up
+from tests.e2e.up import call, start_up, stop_up
 
 pytestmark = [pytest.mark.models, pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 WF = "flux.1-dev"
@@ -34,32 +31,19 @@ REQUEST = {"prompt": "a cat on the moon", "seed": 7}  # every request's, so that
 SENT = (("native", "lossless"), ("native", "high"), ("openai", "extra-high"), ("openai", "high"))
 
 
-def _call(lines: dict[str, str], method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(lines["web"] + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {lines['api key']}",
-                                          "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            raw, ctype = r.read(), r.headers.get("Content-Type", "")
-            return r.status, json.loads(raw) if ctype.startswith("application/json") else raw
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _native(lines: dict[str, str], params: dict[str, Any]) -> tuple[str, bytes]:
     """Submit through the native API, wait for the end, return (uid, the png)."""
-    status, doc = _call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {**BASE, **params}})
+    status, doc = call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {**BASE, **params}})
     assert status == 202, doc
     uid = doc["uid"]
     deadline = time.monotonic() + 120
     while doc["state"] not in ("completed", "failed", "cancelled", "expired"):
         assert time.monotonic() < deadline, doc
         time.sleep(0.1)
-        status, doc = _call(lines, "GET", f"api/v1/jobs/{uid}")
+        status, doc = call(lines, "GET", f"api/v1/jobs/{uid}")
         assert status == 200, doc
     assert doc["state"] == "completed", doc
-    status, png = _call(lines, "GET", f"api/v1/jobs/{uid}/result")
+    status, png = call(lines, "GET", f"api/v1/jobs/{uid}/result")
     assert status == 200 and png[:8] == b"\x89PNG\r\n\x1a\n", (status, png[:64])
     return uid, png
 
@@ -77,7 +61,7 @@ def _ledger(lines: dict[str, str]) -> list[dict[str, Any]]:
     route = ["text_encode", "denoise", "vae_decode", "image_encode"]
     deadline = time.monotonic() + 30
     while True:
-        status, page = _call(lines, "GET", f"api/v1/jobs?workflow={WF}&page_size=100")
+        status, page = call(lines, "GET", f"api/v1/jobs?workflow={WF}&page_size=100")
         assert status == 200, page
         jobs = page["results"]
         if all(sorted(r["stage"] for r in j["stage_runs"] if r["finished"] is not None) == sorted(route)

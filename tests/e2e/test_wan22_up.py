@@ -10,32 +10,18 @@ mp4 bytes."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.coord.keys import Keyspace
-from tests.e2e.up import start_up, stop_up
+from tests.e2e.up import call, start_up, stop_up
 
 KEYS = Keyspace()  # the engine's etcd keys under the default root (/onepiece)
 
 pytestmark = [pytest.mark.models, pytest.mark.integration]
 WF, I2V, TI2V = "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b"
-
-
-def _call(lines: dict[str, str], method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(lines["web"] + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {lines['api key']}",
-                                          "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def _reference_mp4(folder: Path, params: dict[str, Any]) -> bytes:
@@ -92,7 +78,7 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
         assert all(d.endswith("/6") for d in steps["denoise_high"]) and all(
             d.endswith("/2") for d in steps["denoise_low"]), steps
         # the native API: a request of its own, with the low expert's guidance
-        status, doc = _call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
+        status, doc = call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
             "prompt": "a red car", "width": 32, "height": 32, "num_frames": 5, "num_inference_steps": 3,
             "guidance_scale_2": 2.0}})
         assert status in (200, 201, 202), doc
@@ -102,7 +88,7 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
         with pytest.raises(openai.BadRequestError) as e:
             client.videos.create(prompt="a cat", model=WF, size="1024x512")
         assert e.value.body["param"] == "size" and "rope_max_seq_len" in e.value.body["message"], e.value.body
-        status, doc = _call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
+        status, doc = call(lines, "POST", "api/v1/jobs", {"workflow": WF, "params": {
             "prompt": "a cat", "guidance_scale_2": 51.0}})
         assert status == 400 and "guidance_scale_2" in json.dumps(doc), doc
         # the low expert's guidance through the openai client: the pipeline's bytes with that guidance
@@ -110,7 +96,7 @@ def test_up_serves_wan22_a14b_from_the_high_pool_to_the_low_pool(tmp_path: Path)
         video = client.videos.create_and_poll(prompt="a red car", model=WF, poll_interval_ms=200,
                                               extra_body={**small, "guidance_scale_2": 2.0})
         assert video.status == "completed", video
-        _, job = _call(lines, "GET", f"api/v1/jobs/{video.id}")
+        _, job = call(lines, "GET", f"api/v1/jobs/{video.id}")
         assert job["params"]["guidance_scale_2"] == 2.0, job["params"]
         reference = _reference_mp4(state / "models" / WF, job["params"])
         assert client.videos.download_content(video.id).content == reference
@@ -131,7 +117,7 @@ def _ledger_job(lines: dict[str, str], uid: str, route: list[str]) -> dict[str, 
 
     deadline = time.monotonic() + 30
     while True:
-        status, job = _call(lines, "GET", f"api/v1/jobs/{uid}")
+        status, job = call(lines, "GET", f"api/v1/jobs/{uid}")
         assert status == 200, job
         runs = job["stage_runs"]
         if [r["stage"] for r in runs] == route and all(r["finished"] is not None for r in runs):

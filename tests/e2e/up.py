@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 
 def start_up(state: Path, *args: str, timeout: float = 400,
@@ -49,3 +53,19 @@ def stop_up(proc: subprocess.Popen[str], timeout: float = 120) -> str:
         proc.kill()
         out, _ = proc.communicate()
     return out or ""
+
+
+def call(lines: dict[str, str], method: str, path: str, body: dict[str, Any] | None = None,
+         timeout: float = 60) -> tuple[int, Any]:
+    """(status, body) of a request to the web platform ``onepiece up`` printed (``lines``: its ``web`` URL and
+    ``api key``): JSON answers decoded, others as bytes."""
+    req = urllib.request.Request(lines["web"] + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {lines['api key']}",
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw, ctype = r.read(), r.headers.get("Content-Type", "")
+            return r.status, json.loads(raw) if ctype.startswith("application/json") else raw
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
