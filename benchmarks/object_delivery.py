@@ -453,7 +453,7 @@ def _sizes(text: str) -> list[int]:
 
 def main() -> int:
     from engine.bench.figures import provenance
-    from engine.bench.harness import with_load_after
+    from engine.bench.harness import write_result
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=9)
@@ -480,11 +480,7 @@ def main() -> int:
               f"video_encode's end to completed {r['completion_s']} ({r['completion_s_store_over_redis']}x)")
     for size, prof in result["upload_profile_ms"].items():
         print(f"profile {int(size):>10,} B: " + "  ".join(f"{k} {v} ms" for k, v in prof.items()))
-    result["provenance"] = with_load_after(before)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"written {args.out}")
-    return 0
+    return write_result(result, before, args.out)
 
 
 if __name__ == "__main__":

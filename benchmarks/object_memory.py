@@ -267,7 +267,7 @@ def caps_for(args: argparse.Namespace) -> dict[str, int]:
 
 def main() -> int:
     from engine.bench.figures import provenance
-    from engine.bench.harness import with_load_after
+    from engine.bench.harness import write_result
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=200)
@@ -298,11 +298,7 @@ def main() -> int:
     k = result["after_sigkill"]
     print(f"after SIGKILL: Redis restarted with {k['redis_keys_after_restart']} keys; read back {k['read_back']} "
           f"of {k['outputs']}; all downloadable: {k['all_downloadable']}")
-    result["provenance"] = with_load_after(before)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"written {args.out}")
-    return 0
+    return write_result(result, before, args.out)
 
 
 if __name__ == "__main__":

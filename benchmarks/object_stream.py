@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -141,7 +140,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     from engine.bench.figures import provenance
-    from engine.bench.harness import with_load_after
+    from engine.bench.harness import write_result
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",") if x], default=[32 * MiB, 64 * MiB])
@@ -154,11 +153,7 @@ def main() -> int:
     args.out = args.out or REPO / "benchmarks" / "object_delivery" / f"{dt.date.today()}-stream.json"
     before = provenance()
     result = run(args)
-    result["provenance"] = with_load_after(before)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(f"written {args.out}")
-    return 0
+    return write_result(result, before, args.out)
 
 
 if __name__ == "__main__":

@@ -233,6 +233,16 @@ class AsyncClient:
         return "timeout"
 
 
+def write_result(result: dict[str, Any], before: dict[str, Any], out: Path) -> int:
+    """A benchmark's end: ``result`` with its provenance (:func:`with_load_after` of ``before``) written as JSON
+    to ``out`` (its folder made), where it went printed; the exit status 0."""
+    result["provenance"] = with_load_after(before)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"written {out}")
+    return 0
+
+
 def with_load_after(before: dict[str, Any]) -> dict[str, Any]:
     """``figures.provenance()`` taken before a run, its load average renamed ``load_average_before`` and the
     load average now beside it as ``load_average_after``."""
