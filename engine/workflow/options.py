@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
@@ -114,8 +114,8 @@ class Options:
            deadline_s: object = None) -> Options:
         """The options of a request: those among its params as its spec resolved them (a workflow that
         does not take one has its default), ``priority`` and ``deadline_s`` checked here."""
-        return cls(priority, deadline_s, int(params.get("preview_every") or 0),
-                   str(params.get("quality") or LOSSLESS), tuple(params.get("lora") or ()))
+        among = {k: params[k] for k in PARAM_OPTIONS if params.get(k) is not None}
+        return cls(priority=priority, deadline_s=deadline_s, **among)
 
     @classmethod
     def split(cls, resolved: Mapping[str, Any], priority: object = Priority.NORMAL,
@@ -128,23 +128,20 @@ class Options:
     def params(self, taken: Collection[str] = ()) -> dict[str, Any]:
         """The options the API takes among a request's ``params``: those set, and those named in ``taken``
         (a workflow's parameter names) at their defaults too, as its spec resolves them."""
-        out: dict[str, Any] = {}
-        if self.preview_every or "preview_every" in taken:
-            out["preview_every"] = self.preview_every
-        if self.quality != LOSSLESS or "quality" in taken:
-            out["quality"] = self.quality
-        if self.lora:
-            out["lora"] = [dict(e) for e in self.lora]
-        return out
+        return {k: v for k, v in self._fields(PARAM_OPTIONS).items() if k in taken or v != _DEFAULTS[k]}
 
     def to_json(self) -> dict[str, Any]:
         """The options as JSON (the Workflow Message header's ``options``, the platform's ``Job.options``):
         every field that is not its default, so a plain request carries ``{}``."""
-        out = self.params()
-        if self.priority != Priority.NORMAL:
-            out["priority"] = self.priority.value
-        if self.deadline_s is not None:
-            out["deadline_s"] = self.deadline_s
+        return {k: v for k, v in self._fields(FIELDS).items() if v != _DEFAULTS[k]}
+
+    def _fields(self, names: Collection[str]) -> dict[str, Any]:
+        """Fields as JSON values: the priority's name, the adapters as a list of objects."""
+        out: dict[str, Any] = {}
+        for name in names:
+            value = getattr(self, name)
+            out[name] = value.value if isinstance(value, Priority) else \
+                [dict(e) for e in value] if isinstance(value, tuple) else value
         return out
 
     @classmethod
@@ -155,11 +152,11 @@ class Options:
         unknown = sorted(set(doc) - set(FIELDS))
         if unknown:
             raise InvalidRequest(unknown[0], f"unknown option(s): {', '.join(unknown)}")
-        return cls(doc.get("priority", Priority.NORMAL), doc.get("deadline_s"), doc.get("preview_every", 0),
-                   doc.get("quality", LOSSLESS), doc.get("lora", ()))
+        return cls(**doc)
 
 
-#: the fields of :meth:`Options.to_json`
-FIELDS = ("priority", "deadline_s", *PARAM_OPTIONS)
+#: the fields of :class:`Options`, as :meth:`Options.to_json` names them
+FIELDS = tuple(f.name for f in fields(Options))
 #: a request's options when it sets none
 DEFAULT = Options()
+_DEFAULTS = DEFAULT._fields(FIELDS)
