@@ -210,7 +210,10 @@ class WanT2VDenoise(WanDenoise):
 
 @dataclass
 class _WanStep:
-    """One Wan2.1 request stepping in a batch: its scheduler, embeddings, latents and condition, its caches."""
+    """One Wan request stepping in a batch: its scheduler, embeddings, latents and condition, its caches, and
+    the steps this stage runs of its timesteps (``first`` to ``end``: all of them, or a Wan2.2 expert's side of
+    the boundary). ``guidance`` scales the guided step; ``guided`` (None: ``guidance > 1``) says whether it has
+    an unconditional pass (a Wan2.2 low expert's ``guidance_scale_2`` scales, its ``guidance_scale`` decides)."""
 
     scheduler: Any
     timesteps: list[Any]
@@ -222,10 +225,19 @@ class _WanStep:
     condition: torch.Tensor | None
     cache: Any = None
     i: int = 0
+    first: int = 0
+    end: int = -1  # -1: the last of ``timesteps``
+    guided: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.end = len(self.timesteps) if self.end < 0 else self.end
+        self.guided = self.guidance > 1.0 if self.guided is None else self.guided
+        self.i = max(self.i, self.first)
 
 
 class _SteppedWan(SteppedStage):
-    """Wan2.1's denoise as a stepped stage (engine.worker.batching): requests of one size, guidance mode and
+    """Wan's denoise as a stepped stage (engine.worker.batching; the Wan2.2 experts' too, each over its side of
+    the boundary: engine.stages.wan.experts): requests of one size, guidance mode and
     kind share one transformer call per step over every request's cond and uncond rows (a timestep each),
     then each request's own guidance and scheduler. Inside the call each sample's linears, SiLUs and
     convolutions run apart and each row's 2-D linears too (engine.stages.invariant), so each item gets its
@@ -259,11 +271,10 @@ class _SteppedWan(SteppedStage):
         rows: list[tuple[_WanStep, str, Any]] = []  # (request, pass, its cache)
         preds: dict[tuple[int, str], torch.Tensor] = {}
         inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        states = [st for st in states if st.i < st.end]  # one with no step here (an expert's empty side) waits
         for st in states:
-            t = st.timesteps[st.i]
-            model_input = (st.latents if st.condition is None else torch.cat([st.latents, st.condition], dim=1))
-            inputs[id(st)] = model_input.to(dtype), t.expand(st.latents.shape[0])
-            for name in ("cond", "uncond") if st.guidance > 1.0 else ("cond",):
+            inputs[id(st)] = self._step_input(st, dtype)
+            for name in ("cond", "uncond") if st.guided else ("cond",):
                 cache = None if st.cache is None else st.cache.of(0 if name == "cond" else 1)
                 if cache is not None and not cache.should_compute():
                     preds[id(st), name] = cache.predict()
@@ -282,11 +293,16 @@ class _SteppedWan(SteppedStage):
                     cache.update(preds[id(st), name])
         for st in states:
             noise = preds[id(st), "cond"]
-            if st.guidance > 1.0:
+            if st.guided:
                 uncond = preds[id(st), "uncond"]
                 noise = uncond + st.guidance * (noise - uncond)
             st.latents = st.scheduler.step(noise, st.timesteps[st.i], st.latents, return_dict=False)[0]
             st.i += 1
+
+    def _step_input(self, st: _WanStep, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the transformer's input, its timestep) of the request's current step, as WanDenoise.run makes them."""
+        model_input = (st.latents if st.condition is None else torch.cat([st.latents, st.condition], dim=1))
+        return model_input.to(dtype), st.timesteps[st.i].expand(st.latents.shape[0])
 
     def _rows(self, rows: list[tuple[_WanStep, str, Any]], inputs: dict[int, tuple[Any, Any]]) -> torch.Tensor:
         """One transformer call over the rows (alone: exactly the call WanDenoise.run makes)."""
@@ -304,7 +320,7 @@ class _SteppedWan(SteppedStage):
                 return_dict=False)[0]
 
     def progress(self, state: Any) -> tuple[int, int]:
-        return state.i, len(state.timesteps)
+        return state.i - state.first, state.end - state.first
 
     def estimate(self, state: Any) -> Any:
         return state.latents

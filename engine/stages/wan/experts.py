@@ -23,14 +23,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.lazy import lazy
 from engine.stages.base import StageContext
 from engine.stages.components import decode_image, load_component, model_index, no_grad
-from engine.stages.wan.denoise import WanDenoise, WanT2VDenoise
+from engine.stages.wan.denoise import WanDenoise, WanT2VDenoise, _SteppedWan, _WanStep
 from engine.stages.wan.vae import WanVaeEncode, check_wan_size
+from engine.workflow.options import DEFAULT as DEFAULT_OPTIONS
+from engine.workflow.options import Options
 
 if TYPE_CHECKING:
     import torch
@@ -96,8 +99,23 @@ def restore_scheduler(scheduler: Any, state: Mapping[str, torch.Tensor], boundar
     scheduler.last_sample = state["scheduler_last_sample"].to(device, torch.float32).clone()
 
 
-class _Expert(WanDenoise):
-    """One Wan2.2 transformer (``expert``) over the steps of its side of the boundary."""
+@dataclass
+class _ExpertStep(_WanStep):
+    """One request stepping through a Wan2.2 expert: a Wan request (its steps from ``first`` to ``end``, the
+    guidance of this expert) with the boundary its scheduler state is handed on at and the TI2V mask."""
+
+    boundary: int = 0
+    mask: torch.Tensor | None = None
+
+
+class _Expert(WanDenoise, _SteppedWan):
+    """One Wan2.2 transformer (``expert``) over the steps of its side of the boundary.
+
+    It steps (engine.worker.batching): requests of one size, guidance mode and text length share one
+    transformer call per step over their cond and uncond rows, each with its own timesteps (so its own
+    boundary), guidance, scheduler (the low expert's restored from the high one's) and caches; each item gets
+    its solo bytes (tests/engine/stages/test_wan22_batching.py). ``run`` is the plain loop below, the same ops
+    as a batch of one."""
 
     #: the model sub-folder of this stage's transformer
     expert: ClassVar[str] = "transformer"
@@ -154,6 +172,25 @@ class _Expert(WanDenoise):
         return mask
 
     @no_grad
+    def begin(self, inputs: Mapping[str, Any], params: Mapping[str, Any],
+              options: Options = DEFAULT_OPTIONS) -> _ExpertStep:
+        """The request's state at this stage's first step: its scheduler (the low expert's restored), latents,
+        condition and mask, this expert's guidance and fresh caches (as :meth:`run` makes them)."""
+        dtype = self.transformer.dtype
+        scheduler, boundary, first, end = self.steps_of(params)
+        latents, condition = self._start(inputs, params, scheduler, boundary)
+        # the pipeline guides both experts when guidance_scale > 1 (guidance_scale_2 only scales the low one)
+        return _ExpertStep(scheduler, list(scheduler.timesteps), self._guidance(params),
+                           inputs["prompt_embeds"].to(self.device, dtype),
+                           inputs["negative_prompt_embeds"].to(self.device, dtype), None, latents, condition,
+                           self._cache(options), i=first, first=first, end=end,
+                           guided=float(params["guidance_scale"]) > 1.0, boundary=boundary,
+                           mask=self._mask(latents, condition is not None))
+
+    def _step_input(self, st: Any, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return _model_input(st.latents, st.condition, st.mask, st.timesteps[st.i], dtype)
+
+    @no_grad
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         dtype = self.transformer.dtype
         scheduler, boundary, first, end = self.steps_of(params)
@@ -171,13 +208,7 @@ class _Expert(WanDenoise):
         for i in range(first, end):
             ctx.check()
             t = timesteps[i]
-            if mask is not None:  # TI2V: the first frame's latents in place of the first noisy frame
-                model_input = ((1 - mask) * condition + mask * latents if condition is not None else latents)
-                model_input = model_input.to(dtype)
-                timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
-            else:
-                model_input = (latents if condition is None else torch.cat([latents, condition], dim=1)).to(dtype)
-                timestep = t.expand(latents.shape[0])
+            model_input, timestep = _model_input(latents, condition, mask, t, dtype)
             noise_pred = self._predict("cond", model_input, timestep, pos, None, (), cache)
             if guided:
                 noise_uncond = self._predict("uncond", model_input, timestep, neg, None, (), cache)
@@ -187,12 +218,45 @@ class _Expert(WanDenoise):
             ctx.offer_preview(i + 1, len(timesteps), latents)  # previews count the whole run's steps
         if cache is not None:
             ctx.stats["cache_skipped"] = round(cache.skipped_share(), 3)
+        return self._outputs(scheduler, boundary, end > first, latents, condition, mask)
+
+    def _outputs(self, scheduler: Any, boundary: int, stepped: bool, latents: torch.Tensor,
+                 condition: torch.Tensor | None, mask: torch.Tensor | None) -> dict[str, Any]:
+        """The high expert's latents and UniPC state at the boundary (``stepped`` False: it took no step), or
+        ``denoised`` (the TI2V first frame put back)."""
         if self.high and self.boundary_ratio is not None:
-            state = scheduler_state(scheduler, boundary) if end > first else _empty_state(scheduler, latents, boundary)
+            state = scheduler_state(scheduler, boundary) if stepped else _empty_state(scheduler, latents, boundary)
             return {"expert_latents": latents, **state}
         if mask is not None and condition is not None:
             latents = (1 - mask) * condition + mask * latents
         return {"denoised": latents}
+
+    def end(self, state: Any) -> dict[str, Any]:
+        return self._outputs(state.scheduler, state.boundary, state.end > state.first, state.latents,
+                             state.condition, state.mask)
+
+    def estimate(self, state: Any) -> Any:
+        """The latents for a preview where this stage runs every step (the 5B model); an A14B expert's previews
+        count the whole run's steps (:meth:`preview`), which the batcher's ``step_done(done, total, estimate)``
+        with this stage's own steps would misnumber: none from there."""
+        return state.latents if (state.first, state.end) == (0, len(state.timesteps)) else None
+
+    def preview(self, state: Any) -> tuple[int, int, Any]:
+        """(the whole run's step, its steps in all, the latents): a preview of this state, numbered as
+        :meth:`run` offers it (``ctx.offer_preview``)."""
+        return state.i, len(state.timesteps), state.latents
+
+
+def _model_input(latents: torch.Tensor, condition: torch.Tensor | None, mask: torch.Tensor | None, t: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the transformer's input, its timestep) at step timestep ``t``. TI2V (``mask``): the first frame's latents
+    in place of the first noisy frame, a timestep per latent token (0 under the first frame)."""
+    if mask is not None:
+        model_input = ((1 - mask) * condition + mask * latents if condition is not None else latents)
+        timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+        return model_input.to(dtype), timestep
+    model_input = (latents if condition is None else torch.cat([latents, condition], dim=1)).to(dtype)
+    return model_input, t.expand(latents.shape[0])
 
 
 def _empty_state(scheduler: Any, latents: torch.Tensor, boundary: int) -> dict[str, torch.Tensor]:

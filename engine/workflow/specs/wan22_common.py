@@ -28,17 +28,25 @@ EXPERT_LATENTS = TensorSpec("expert_latents", "float32", wan.LATENT, doc="the la
 EMBEDS = ("prompt_embeds", "negative_prompt_embeds")
 
 
+#: step-level batches of each Wan2.2 denoise stage: each item its solo bytes (tests/engine/stages/
+#: test_wan22_batching.py); the default from benchmarks/wan22_batching.py (benchmarks/stepped_batching.md)
+MAX_BATCH = 4
+
+
 def experts(high_executor: str, high_inputs: tuple[str, ...], low_inputs: tuple[str, ...] = ()) -> tuple[StageSpec, ...]:
-    """``denoise_high`` (its executor loads ``transformer``) then ``denoise_low`` (``transformer_2``)."""
+    """``denoise_high`` (its executor loads ``transformer``) then ``denoise_low`` (``transformer_2``), each
+    batching up to :data:`MAX_BATCH` requests' steps."""
     high = StageSpec(
         "denoise_high", f"{P}.{high_executor}", inputs=(*EMBEDS, *high_inputs),
         outputs=(EXPERT_LATENTS, *STATE),
         doc="the high-noise expert's steps (t >= boundary_ratio x num_train_timesteps); hands on UniPC's state",
+        max_batch=MAX_BATCH,
     )
     low = StageSpec(
         "denoise_low", f"{P}.Wan22Low", inputs=(*EMBEDS, *low_inputs, EXPERT_LATENTS.name, *(t.name for t in STATE)),
         outputs=(TensorSpec("denoised", "float32", wan.LATENT),),
         doc="the low-noise expert's steps, continuing the high-noise stage's UniPC state",
+        max_batch=MAX_BATCH,
     )
     return high, low
 

@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from engine.workflow.spec import CostModel, ParamSpec, StageSpec, TensorSpec
+from engine.workflow.specs import wan22_common as w22
 from engine.workflow.specs import wan_common as wan
 from engine.workflow.specs.common import MAX_PROMPT_CHARS
 
@@ -60,6 +61,9 @@ SPEC = wan.wan_workflow(
             inputs=("prompt_embeds", "negative_prompt_embeds", "latents", "condition"),
             outputs=(TensorSpec("denoised", "float32", wan.LATENT),),
             doc="classifier-free-guided flow matching, the first latent frame held to the image",
+            # step-level batches, with and without an image in one call: each item its solo bytes
+            # (tests/engine/stages/test_wan22_batching.py); default from benchmarks/wan22_batching.py
+            max_batch=w22.MAX_BATCH,
         ),
     ),
     # Prior for Wan2.2-TI2V-5B in bf16 on one H100-class GPU: about a third of a 14B step per token (5B
