@@ -25,6 +25,7 @@ configuration on both sides (the assignments here are static). Both sides encode
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
@@ -77,7 +78,9 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
     ``in_flight`` requests kept in the engine, each new request the next of ``jobs`` in turn. The private
     engine's assignment is static, so one window after the fill measures its configuration (as one window
     measures each monolith's); with ``max_windows`` > 1, windows follow until one is no better than 5% above
-    the best before it, and the capacity is the last."""
+    the best before it, and the capacity is the last. A window lasts ``seconds`` and, past them, until it holds
+    ``in_flight`` completions (at most 30x ``seconds``): on a host slower than the window is long, a window
+    with no completion would say 0 requests/s, which is no measurement."""
     client = AsyncClient(proxy, token)
     turn = itertools.count()
     finished: list[tuple[float, str]] = []
@@ -85,6 +88,7 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
     t0 = time.perf_counter() + min(3.0, seconds / 4)
     counted: dict[str, int] = {}
     stop = False
+    completed = asyncio.Event()  # set at each completion (the judge's wait for a window's last ones)
 
     async def loop() -> None:
         while not stop:
@@ -95,6 +99,7 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
                 continue
             if await client.wait(doc["uid"], 300) == keys.COMPLETED:
                 finished.append((time.perf_counter(), wf))
+                completed.set()
 
     async def judge() -> None:
         nonlocal stop
@@ -103,6 +108,11 @@ async def saturate_mix(proxy: str, token: str | None, jobs: Sequence[Job], in_fl
         while len(windows) < max_windows:
             start = time.perf_counter()
             await asyncio.sleep(seconds)
+            while sum(1 for t, _ in finished if t >= start) < in_flight \
+                    and (left := start + 30 * seconds - time.perf_counter()) > 0:
+                completed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(completed.wait(), left)
             end = time.perf_counter()
             windows.append(sum(1 for t, _ in finished if start <= t < end) / (end - start))
             if len(windows) >= 2 and windows[-1] <= 1.05 * max(windows[:-1]):

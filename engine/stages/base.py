@@ -207,6 +207,13 @@ class SteppedStage(StageExecutor):
         """The state's current latents, for a live preview (None: this stage has none to show)."""
         return None
 
+    def preview(self, state: Any) -> tuple[int, int, Any]:
+        """(the step, the steps in all, the latents) a live preview of this state shows: this stage's own
+        progress and :meth:`estimate`; a stage whose steps are a part of the run's (a Wan2.2 expert) numbers
+        them as the whole run's."""
+        done, total = self.progress(state)
+        return done, total, self.estimate(state)
+
     @abstractmethod
     def end(self, state: Any) -> dict[str, Any]:
         """The stage's outputs once every step is done."""
@@ -224,7 +231,9 @@ class SteppedStage(StageExecutor):
             self.step([state])
             done, total = self.progress(state)
             if self.reports_steps:
-                ctx.step_done(done, total, self.estimate(state))
+                ctx.step_done(done, total)
+                if ctx.preview is not None:
+                    ctx.offer_preview(*self.preview(state))
         out = self.end(state)
         ctx.stats.update(self.stats(state))
         return out

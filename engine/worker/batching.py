@@ -330,10 +330,13 @@ class StepBatcher:
             a.share_s += spent / len(group)
             a.widest = max(a.widest, len(group))
             done, total = self.ex.progress(a.state)
-            # each item its own preview, of its own latents (asked for only where the request wants previews);
-            # a one-call stage's single step is its end: stage_finished says it (no progress event)
-            if getattr(self.ex, "reports_steps", True):
-                a.run.ctx.step_done(done, total, self.ex.estimate(a.state) if a.run.ctx.preview else None)
+            # each item its own preview, of its own latents, numbered as the stage numbers it (asked for only
+            # where the request wants previews); a one-call stage's single step is its end: stage_finished says
+            # it (no progress event), as does a stage with no step of this request to take (a Wan2.2 expert)
+            if getattr(self.ex, "reports_steps", True) and total > 0:
+                a.run.ctx.step_done(done, total)
+                if a.run.ctx.preview is not None:
+                    a.run.ctx.offer_preview(*self.ex.preview(a.state))
             if done >= total:
                 self._finish(a)
 

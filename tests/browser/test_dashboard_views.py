@@ -189,7 +189,7 @@ def test_job_detail_shows_timeline_and_result(live_asgi, browser, store) -> None
         # a running job with live previews: the latest is shown, and the next replaces it while it runs
         live = f"pre{'0' * 29}"
         store.accept(live, "sd-t2i", 1.0)
-        Job.objects.create(uid=live, owner=owner, workflow="sd-t2i", params={"preview_every": 2})
+        Job.objects.create(uid=live, owner=owner, workflow="sd-t2i", options={"preview_every": 2})
         store.event(live, "stage_started", "denoise", state="in_progress")
         store.preview.add(live, "denoise", 2, 4, png(32, 32))
         Reconciler(block_ms=0).step()

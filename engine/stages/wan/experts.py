@@ -236,14 +236,11 @@ class _Expert(WanDenoise, _SteppedWan):
                              state.condition, state.mask)
 
     def estimate(self, state: Any) -> Any:
-        """The latents for a preview where this stage runs every step (the 5B model); an A14B expert's previews
-        count the whole run's steps (:meth:`preview`), which the batcher's ``step_done(done, total, estimate)``
-        with this stage's own steps would misnumber: none from there."""
-        return state.latents if (state.first, state.end) == (0, len(state.timesteps)) else None
+        return state.latents
 
     def preview(self, state: Any) -> tuple[int, int, Any]:
-        """(the whole run's step, its steps in all, the latents): a preview of this state, numbered as
-        :meth:`run` offers it (``ctx.offer_preview``)."""
+        """(the whole run's step, its steps in all, the latents): an expert's previews count the whole run's
+        steps, as :meth:`run` offers them (``ctx.offer_preview``), while its progress counts its own."""
         return state.i, len(state.timesteps), state.latents
 
 

@@ -165,3 +165,52 @@ def test_a_stop_finishes_the_requests_stepping_and_leaves_the_rest_unreleased() 
     batcher.serve(lambda: next(calls, True))
     assert sorted(worker.done) == ["u0", "u1"] and sorted(released) == ["u0", "u1"]  # finished, handed on, released
     assert [w.msg.header.uid for w in batcher.waiting] == ["u2"] and not batcher.active  # never begun: kept
+
+
+class _PartSteps(_Steps):
+    """A stepped stage whose steps are the last part of the run's (as a Wan2.2 low-noise expert's): its
+    progress counts its own steps, its previews the whole run's (10 steps before it); a request with no step
+    here (0 of them) ends at once."""
+
+    def begin(self, inputs: Any, params: Any, options: Any = None) -> dict[str, int]:
+        return {**super().begin(inputs, params, options), "before": 10}
+
+    def step(self, states: list[dict[str, int]]) -> None:
+        for st in states:
+            st["i"] += 1
+
+    def estimate(self, state: dict[str, int]) -> Any:
+        return state["i"]
+
+    def preview(self, state: dict[str, int]) -> tuple[int, int, Any]:
+        return state["before"] + state["i"], state["before"] + state["n"], state["i"]
+
+
+def test_the_batcher_reports_progress_by_the_stage_and_previews_by_the_stage_s_own_numbering() -> None:
+    from engine.stages.base import StageContext
+    from engine.worker.batching import StepBatcher
+    from engine.worker.taskworker import Run
+
+    steps, worker, released = _PartSteps(), _FakeWorker(), []
+    seen: dict[str, dict[str, list[Any]]] = {}
+
+    def open_run(h: Any) -> Run:
+        got = seen.setdefault(h.uid, {"progress": [], "previews": []})
+        ctx = StageContext(progress=lambda s, n: got["progress"].append((s, n)),
+                           preview=lambda s, n, z: got["previews"].append((s, n, z)), preview_every=1)
+        return Run({}, 0.0, 0.0, 1.0, ctx)
+
+    worker.open_run = open_run  # type: ignore[method-assign]
+    batcher = StepBatcher(worker, steps, 4)  # type: ignore[arg-type]
+    _waiting(batcher, "three", 3, 1, released)
+    _waiting(batcher, "none", 0, 2, released)  # no step of it here: no progress event, no preview
+    for _ in range(20):
+        if not batcher.active and not batcher.waiting:
+            break
+        batcher.admit_joiners()
+        if batcher.active:
+            batcher.step()
+    assert sorted(worker.done) == ["none", "three"]
+    assert seen["three"]["progress"] == [(1, 3), (2, 3), (3, 3)]
+    assert seen["three"]["previews"] == [(11, 13, 1), (12, 13, 2), (13, 13, 3)]
+    assert seen["none"] == {"progress": [], "previews": []}
