@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.workflow.options import Priority
 
-LEVELS: dict[str, int] = {p.value: i - 1 for i, p in enumerate(Priority)}  # low -1, normal 0, high 1
+LEVELS: dict[str, int] = {p.value: p.level for p in Priority}  # low -1, normal 0, high 1
 NAMES: dict[int, str] = {v: k for k, v in LEVELS.items()}
 DEFAULT = Priority.NORMAL.value
 HIGH = LEVELS["high"]

@@ -41,11 +41,12 @@ from typing import Any, Protocol, TypeVar
 
 from engine.dispatch import order
 from engine.proxy.monitor import Decision, Load, RequestMonitor
-from engine.proxy.parsing import BadRequest, Parser, Submission, largest, taken
+from engine.proxy.parsing import BadRequest, Parser, largest, taken
 from engine.store import keys
 from engine.transport.errors import MessageTooLarge
 from engine.workflow import WorkflowSpec, images
 from engine.workflow import message as wm
+from engine.workflow.request import Request
 
 log = logging.getLogger("onepiece.proxy")
 T = TypeVar("T")
@@ -63,7 +64,7 @@ class Overloaded(Exception):
 class Ticket:
     """A valid submission made ready to enter the engine: its UID, message and cost."""
 
-    sub: Submission
+    sub: Request
     uid: str
     header: wm.Header
     message: bytes  # the Workflow Message for the first stage
@@ -116,7 +117,7 @@ class Intake(Parser):
         self.price = price
 
     # -- cost and the message ------------------------------------------------------------------
-    def ticket(self, sub: Submission) -> Ticket:
+    def ticket(self, sub: Request) -> Ticket:
         """The UID (the caller's, or a new one), the first stage's message and the cost of ``sub``;
         :class:`BadRequest` if its header would be too large for a stage to read."""
         uid = sub.uid or uuid.uuid4().hex

@@ -17,13 +17,13 @@ import email.message
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from engine.dispatch import order
 from engine.workflow import InvalidRequest, WorkflowSpec, images, request_workflow
 from engine.workflow.images import ImageTooLarge
 from engine.workflow.options import Options, deadline_of
+from engine.workflow.request import Request
 
 FIELDS = frozenset({"workflow", "params", "inputs", "deadline_s", "priority", "uid"})
 MAX_PARTS = 16
@@ -37,23 +37,6 @@ class BadRequest(Exception):
         super().__init__(message)
         self.field = field
         self.status = status
-
-
-@dataclass
-class Submission:
-    """A request checked at the edge: its spec, resolved params, inputs and options (built once, here)."""
-
-    spec: WorkflowSpec
-    params: dict[str, Any]  # the model's, resolved (the options among them are in ``options``)
-    inputs: dict[str, bytes]
-    options: Options
-    deadline: float | None  # absolute (epoch seconds): options.deadline_s from the time it was checked
-    uid: str | None  # caller-supplied (32 lowercase hex), or None: the Proxy draws one
-
-    @property
-    def priority(self) -> int:
-        """The header's level (engine.dispatch.order.LEVELS: low -1, normal 0, high 1)."""
-        return order.LEVELS[self.options.priority]
 
 
 def _no_constant(name: str) -> Any:
@@ -129,7 +112,7 @@ def taken() -> BadRequest:
 
 
 class Parser:
-    """A request's body to a validated :class:`Submission` (see the module's docstring). Thread-safe."""
+    """A request's body to a validated :class:`Request` (see the module's docstring). Thread-safe."""
 
     def __init__(self, max_image_bytes: int = images.MAX_BYTES, max_image_pixels: int = images.MAX_PIXELS,
                  limits: Callable[[str], Mapping[str, Mapping[str, Any]] | None] | None = None) -> None:
@@ -148,7 +131,7 @@ class Parser:
             raise BadRequest(exc.field, str(exc)) from None
         return spec.bound(self.limits(spec.name)) if self.limits is not None else spec
 
-    def parse(self, body: bytes, content_type: str) -> Submission:
+    def parse(self, body: bytes, content_type: str) -> Request:
         """A validated submission from a JSON or multipart body; raises :class:`BadRequest`."""
         if content_type.lower().startswith("multipart/"):
             doc, inputs = parse_multipart(body, content_type)
@@ -178,7 +161,7 @@ class Parser:
                                doc.get("priority", order.DEFAULT), doc.get("uid"))
 
     def submission(self, workflow: object, params: object, inputs: dict[str, bytes], deadline_s: object = None,
-                   priority: object = order.DEFAULT, uid: object = None) -> Submission:
+                   priority: object = order.DEFAULT, uid: object = None) -> Request:
         """A validated submission from its parts; raises :class:`BadRequest`."""
         spec = self.spec(workflow)
         try:
@@ -197,4 +180,4 @@ class Parser:
         if uid is not None and not is_uid(uid):
             raise BadRequest("uid", "uid must be 32 lowercase hex digits")
         deadline = time.time() + options.deadline_s if options.deadline_s else None
-        return Submission(spec, params, inputs, options, deadline, uid if isinstance(uid, str) else None)
+        return Request(spec, params, inputs, options, deadline, uid if isinstance(uid, str) else None)

@@ -35,6 +35,11 @@ class Priority(StrEnum):
     NORMAL = "normal"
     HIGH = "high"
 
+    @property
+    def level(self) -> int:
+        """The Workflow Message header's integer (engine.dispatch.order: low -1, normal 0, high 1)."""
+        return list(Priority).index(self) - 1
+
 
 #: the longest deadline a request may carry, seconds
 MAX_DEADLINE_S = 7 * 86400.0

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from engine.dispatch import order
 from engine.proxy.parsing import BadRequest, Parser
 from engine.stages import caching
 from engine.workflow import InvalidRequest, get_workflow, options, spec, workflows
 from engine.workflow.options import LOSSLESS, PARAM_OPTIONS, Options, Priority
 from engine.workflow.params import ParamSpec
+from engine.workflow.request import Request
 
 SPECS = Path(spec.__file__).parent / "specs"
 
@@ -59,8 +61,9 @@ def test_the_edge_builds_one_typed_options_per_request() -> None:
     parser = Parser()
     sub = parser.submission("flux.1-dev", {"prompt": "a cat", "quality": "high", "preview_every": 2}, {},
                             deadline_s=30, priority="high")
-    assert sub.options == Options(Priority.HIGH, 30.0, 2, "high", ())
+    assert isinstance(sub, Request) and sub.options == Options(Priority.HIGH, 30.0, 2, "high", ())
     assert sub.priority == 1 and sub.deadline is not None
+    assert [p.level for p in Priority] == [-1, 0, 1] and order.LEVELS == {"low": -1, "normal": 0, "high": 1}
     plain = parser.submission("sd-t2i", {"prompt": "a cat"}, {})
     assert plain.options == Options() and plain.priority == 0 and plain.deadline is None
     assert Options.of(plain.params).quality == LOSSLESS  # a workflow without the option: its default
