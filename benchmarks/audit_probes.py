@@ -233,7 +233,7 @@ def _recorded(live: Live, uids: list[str]) -> dict[str, dict[str, Any]]:
     """What the ledger recorded of each job (priority, deadline, adapters), read as an operator would."""
     code = ("import json\nfrom onepiece_platform.jobs.models import Job\n"
             f"print('JOBS', json.dumps({{j.uid: {{'priority': j.priority, 'deadline_s': j.deadline_s, "
-            f"'lora': [[a['name'], a['scale']] for a in (j.params or {{}}).get('lora', [])]}} "
+            f"'lora': [[a['name'], a['scale']] for a in (j.options or {{}}).get('lora', [])]}} "
             f"for j in Job.objects.filter(uid__in={uids!r})}}))\n")
     out = subprocess.run([sys.executable, str(REPO / "manage.py"), "shell", "-c", code], env=_manage_env(live),
                          cwd=REPO, capture_output=True, text=True, check=True).stdout

@@ -35,8 +35,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.workflow.errors import InvalidRequest
+from engine.workflow.options import PARAM_OPTIONS, Options
+
 MAGIC = b"OPWM"
-VERSION = 1
+#: 2: the request's options in the header's ``options``, apart from its ``params`` (engine.workflow.options).
+#: A codec that writes 1 (options among the params) would forward a 2's message without its options, so it
+#: refuses a 2 (UnsupportedVersion: the job fails, loudly) instead of serving it without its adapters or its
+#: quality; this one reads a 1 (a message kept for a retry across an upgrade) by taking its options out of
+#: its params.
+VERSION = 2
+READS = (1, 2)
 ALIGN = 64
 _PREFIX = struct.Struct("<4sHHIIQ")
 PREFIX_SIZE = _PREFIX.size  # 24
@@ -122,8 +131,8 @@ class Header:
     attempt: int = 0
     timestamps: dict[str, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
-    #: the request's options, whole (engine.workflow.options.Options.to_json): read with Options.from_json;
-    #: a header without them (a message kept for a retry across an upgrade) is a plain request's
+    #: the request's options, whole (engine.workflow.options.Options.to_json), checked when decoded: read
+    #: them with Options.from_json (a version 1 message's, among its params, are moved here when decoded)
     options: dict[str, Any] = field(default_factory=dict)
     # a chunked hand-off (engine.worker.chunks): this message's index among its request's chunks to the same
     # stage, and whether it is the last; -1: the request's one message (the header then carries neither field)
@@ -259,7 +268,25 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
 
 
-def _parse_header(obj: Any) -> Header:
+def _options(obj: dict[str, Any], version: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(params, options) of a header: a version 1 header's options are among its params (moved out, their
+    defaults dropped); either way checked as :class:`Options` (BadHeader naming the field, never a worker's
+    crash on a bad option later)."""
+    params = _field(obj, "params", dict)
+    if version == 1:
+        found = {k: params[k] for k in PARAM_OPTIONS if k in params}
+        params = {k: v for k, v in params.items() if k not in PARAM_OPTIONS}
+        options = Options.of(found).to_json() if found else {}
+    else:
+        options = _field(obj, "options", dict)
+    try:
+        Options.from_json(options)
+    except InvalidRequest as exc:
+        raise BadHeader(f"header field options: {exc}") from None
+    return params, options
+
+
+def _parse_header(obj: Any, version: int = VERSION) -> Header:
     if not isinstance(obj, dict):
         raise BadHeader("header is not a JSON object")
     route = _field(obj, "route", list)
@@ -272,32 +299,34 @@ def _parse_header(obj: Any) -> Header:
     uid = _field(obj, "uid", str)
     if len(uid) != 32 or any(c not in "0123456789abcdef" for c in uid):
         raise BadHeader("uid must be 32 lowercase hex digits (128 bits)")
+    params, options = _options(obj, version)
     return Header(
         uid=uid, workflow=_field(obj, "workflow", str), stage=_field(obj, "stage", str), route=route,
         deadline=None if deadline is None else float(deadline), priority=_field(obj, "priority", int),
         attempt=_field(obj, "attempt", int), timestamps={str(k): float(v) for k, v in timestamps.items()},
-        params=_field(obj, "params", dict), options=_field(obj, "options", dict) if "options" in obj else {},
+        params=params, options=options,
         chunk=_field(obj, "chunk", int) if "chunk" in obj else -1,
         final=_field(obj, "final", bool) if "chunk" in obj else True,
     )
 
 
-def _prefix(mv: memoryview) -> tuple[int, int]:
-    """(header length, total length) from a message's fixed prefix, checked against each other and ``mv``."""
+def _prefix(mv: memoryview) -> tuple[int, int, int]:
+    """(header length, total length, version) from a message's fixed prefix, checked against each other and
+    ``mv``."""
     if len(mv) < PREFIX_SIZE:
         raise TruncatedMessage(f"{len(mv)} bytes is shorter than the {PREFIX_SIZE}-byte prefix")
     magic, version, _flags, header_len, _reserved, total = _PREFIX.unpack_from(mv, 0)
     if magic != MAGIC:
         raise BadMagic(f"bad magic {bytes(magic)!r}")
-    if version != VERSION:
-        raise UnsupportedVersion(f"message version {version}, this codec reads {VERSION}")
+    if version not in READS:
+        raise UnsupportedVersion(f"message version {version}, this codec reads {', '.join(map(str, READS))}")
     if header_len > MAX_HEADER_BYTES:
         raise BadHeader(f"header length {header_len} exceeds {MAX_HEADER_BYTES}")
     if total < PREFIX_SIZE + header_len:
         raise BadHeader(f"total length {total} is smaller than prefix + header")
     if total > len(mv):
         raise TruncatedMessage(f"message declares {total} bytes, buffer has {len(mv)}")
-    return header_len, total
+    return header_len, total, version
 
 
 def _tensor(e: dict[str, Any], name: str, view: memoryview, nbytes: int) -> TensorData:
@@ -325,12 +354,12 @@ def decode(buffer: Any) -> Message:
         mv = memoryview(buffer).cast("B")
     except TypeError as exc:
         raise MessageError(f"not a buffer: {type(buffer).__name__}") from exc
-    header_len, total = _prefix(mv)
+    header_len, total, version = _prefix(mv)
     try:
         obj = json.loads(bytes(mv[PREFIX_SIZE:PREFIX_SIZE + header_len]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise BadHeader(f"header is not valid JSON: {exc}") from exc
-    header = _parse_header(obj)
+    header = _parse_header(obj, version)
     entries = _field(obj, "entries", list)
     data_start = PREFIX_SIZE + header_len
     tensors: dict[str, TensorData] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import IntegrityError, OperationalError, transaction
@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from engine.workflow import InvalidRequest, images, request_workflow
-from engine.workflow.options import Options
+from engine.workflow.options import Options, Priority
 from onepiece_platform import conf
 from onepiece_platform.accounts.models import PRIORITIES, lowest, tier_of
 from onepiece_platform.engine_link.client import EngineError, EngineRejected, get_engine
@@ -323,7 +323,11 @@ def submit(user: Any, workflow: str, params: dict[str, Any], inputs: dict[str, b
         vet_upload_url(output.upload_url)
     limits = limits_for(user.pk)
     resolved, cost = resolve(workflow, params, inputs, limits)
-    model_params, options = Options.split(resolved)  # priority and deadline_s: the row's columns
+    try:  # checked before the row is written: a row's options always make an Options (Job.request_options)
+        model_params, options = Options.split(resolved, priority, deadline_s)
+    except InvalidRequest as exc:
+        raise Invalid(exc.field, str(exc)) from None
+    options = replace(options, priority=Priority.NORMAL, deadline_s=None)  # those two are the row's columns
     # The platform names the job: the row holds its UID before the engine can write an event about it.
     job = Job(uid=uuid.uuid4().hex, owner=user, workflow=workflow, params=model_params, options=options.to_json(),
               api=api,

@@ -20,6 +20,7 @@ from engine.dispatch import order
 from engine.proxy.parsing import BadRequest, Parser
 from engine.stages import caching
 from engine.workflow import InvalidRequest, get_workflow, options, spec, workflows
+from engine.workflow import message as wm
 from engine.workflow.options import LOSSLESS, PARAM_OPTIONS, Options, Priority
 from engine.workflow.params import ParamSpec
 from engine.workflow.request import Request
@@ -66,7 +67,6 @@ def test_the_edge_builds_one_typed_options_per_request() -> None:
     assert [p.level for p in Priority] == [-1, 0, 1] and order.LEVELS == {"low": -1, "normal": 0, "high": 1}
     plain = parser.submission("sd-t2i", {"prompt": "a cat"}, {})
     assert plain.options == Options() and plain.priority == 0 and plain.deadline is None
-    assert Options.of(plain.params).quality == LOSSLESS  # a workflow without the option: its default
     for field, kwargs in (("priority", {"priority": "urgent"}), ("deadline_s", {"deadline_s": float("inf")}),
                           ("deadline_s", {"deadline_s": True, "priority": "urgent"})):
         with pytest.raises(BadRequest) as err:
@@ -81,7 +81,6 @@ def test_the_options_travel_whole_in_the_header_apart_from_the_model_params() ->
     """The edge takes the options out of the params it resolved (Options.split) and the first stage's
     message carries them whole in its header's ``options``; a consumer reads them back typed."""
     from engine.proxy.intake import Intake
-    from engine.workflow import message as wm
 
     intake = Intake()
     sub = intake.submission("flux.1-dev", {"prompt": "a cat", "quality": "high", "preview_every": 2}, {},
@@ -94,14 +93,30 @@ def test_the_options_travel_whole_in_the_header_apart_from_the_model_params() ->
     assert h.priority == 1 and h.deadline == sub.deadline  # the routing copies the rings and the order read
     plain = wm.decode(intake.ticket(intake.submission("sd-t2i", {"prompt": "a cat"}, {})).message).header
     assert plain.options == {} and Options.from_json(plain.options) == Options()
-    # a header written without options (a message kept for a retry across an upgrade) is a plain request's
-    doc = {**wm.Header(uid="a" * 32, workflow="sd-t2i", stage="text_encode", route=["text_encode"]).to_json(),
-           "entries": []}
-    del doc["options"]
-    raw = json.dumps(doc).encode()
-    old = struct.pack("<4sHHIIQ", wm.MAGIC, wm.VERSION, 0, len(raw), 0, wm.PREFIX_SIZE + len(raw)) + raw
-    assert wm.decode(old).header.options == {}
 
+
+
+def _raw(version: int, doc: dict[str, object]) -> bytes:
+    raw = json.dumps({**doc, "entries": []}).encode()
+    return struct.pack("<4sHHIIQ", wm.MAGIC, version, 0, len(raw), 0, wm.PREFIX_SIZE + len(raw)) + raw
+
+
+def test_a_version_1_message_keeps_its_options_and_a_bad_option_is_a_bad_header() -> None:
+    """A version 1 message (its options among its params: one kept for a retry across an upgrade) is read
+    with its options moved out, defaults dropped; a header whose options are not Options is refused when
+    decoded (the worker's undecodable path), never later in a batcher."""
+    base = wm.Header(uid="a" * 32, workflow="flux.1-dev", stage="denoise", route=["denoise"]).to_json()
+    del base["options"]
+    v1 = {**base, "params": {"prompt": "x", "quality": "high", "preview_every": 0, "lora": []}}
+    h = wm.decode(_raw(1, v1)).header
+    assert h.params == {"prompt": "x"} and h.options == {"quality": "high"}
+    assert int.from_bytes(wm.encode(h)[4:6], "little") == wm.VERSION == 2
+    assert wm.decode(wm.encode(h)).header.options == {"quality": "high"}
+    for bad in ({"quality": "ultra"}, {"qualty": "high"}, {"lora": [{"name": "a"}]}):
+        with pytest.raises(wm.BadHeader, match="options"):
+            wm.decode(_raw(2, {**base, "params": {}, "options": bad}))
+    with pytest.raises(wm.BadHeader, match="options"):  # version 2 always carries them
+        wm.decode(_raw(2, {**base, "params": {}}))
 
 def test_options_are_checked_when_made_and_round_trip() -> None:
     full = Options(Priority.LOW, 12.5, 3, "extra-high", ({"name": "a", "scale": 0.5, "digest": "d" * 64},))

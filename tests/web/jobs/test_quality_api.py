@@ -11,6 +11,7 @@ import pytest
 
 from engine.store import keys
 from engine.workflow import message as wm
+from engine.workflow.options import Options
 from onepiece_platform.jobs.models import Job
 from tests.fixtures.web import sd_body
 
@@ -65,3 +66,21 @@ def test_openai_routes_take_quality_through_extra_body(oa, workers) -> None:
     client.images.generate(prompt="a cat", size="64x64", model="flux.1-dev", quality="high",
                            extra_body={"num_inference_steps": 2})
     assert Job.objects.filter(workflow="flux.1-dev", options__quality="high").count() == 1
+
+
+def test_a_request_whose_options_are_bad_is_refused_before_its_row_is_written(alice, store) -> None:
+    """The options are checked as one Options before the job's row exists (a deadline the engine would
+    refuse, e.g. the images route's IMAGE_WAIT_S set out of range): a 400 naming the field, no row, no
+    reservation, and so no row whose options cannot be read back (Job.request_options)."""
+    from onepiece_platform.jobs import services
+
+    user, _, _ = alice
+    small = {"prompt": "a cat", "height": 64, "width": 64, "num_inference_steps": 2}
+    for deadline in (0.0, 30 * 86400.0):
+        with pytest.raises(services.Invalid) as err:
+            services.submit(user, "flux.1-dev", {**small, "quality": "high"}, {}, deadline_s=deadline)
+        assert (err.value.field, err.value.status) == ("deadline_s", 400)
+    assert not Job.objects.exists()
+    job = services.submit(user, "flux.1-dev", {**small, "quality": "high"}, {}, deadline_s=60.0).job
+    assert job.options == {"quality": "high"} and job.deadline_s == 60.0  # the deadline: the row's column
+    assert job.request_options() == Options(deadline_s=60.0, quality="high")
