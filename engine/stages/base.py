@@ -132,6 +132,12 @@ class StageExecutor(ABC):
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, Any], ctx: StageContext) -> dict[str, Any]:
         """Serve one request; see the class docstring."""
 
+    def calibration_inputs(self, made: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+        """The warm-up calibration's inputs (engine.worker.calibrate: random values at the shapes the spec
+        declares) made into inputs this stage serves, where it needs more than their shapes; as they are by
+        default."""
+        return made
+
 
 class ModelFreeStage(StageExecutor):
     """A stage without model components (pixels to png, frames to mp4): nothing to load, runs on the CPU."""

@@ -87,9 +87,13 @@ def model_dims(spec: WorkflowSpec, folder: str | Path, params: Mapping[str, Any]
                 break
     out.setdefault("L_text", 77)
     out["L_neg"] = out["L_text"]
-    blocks = (configs.get("vae") or {}).get("block_out_channels")
-    if isinstance(blocks, list) and blocks and "height" in params:
-        scale = 2 ** (len(blocks) - 1)
+    vae = configs.get("vae") or {}
+    blocks, down = vae.get("block_out_channels"), vae.get("temperal_downsample")
+    # the VAE's spatial factor: AutoencoderKL halves the sides between its blocks; the Wan and Qwen-Image VAEs
+    # once per entry of temperal_downsample (their pipelines' vae_scale_factor)
+    scale = 2 ** (len(blocks) - 1) if isinstance(blocks, list) and blocks else \
+        2 ** len(down) if isinstance(down, list) and down else None
+    if scale is not None and "height" in params:
         out["H_lat"], out["W_lat"] = int(params["height"]) // scale, int(params["width"]) // scale
     vision = configs.get("image_encoder") or {}
     if isinstance(vision.get("image_size"), int) and isinstance(vision.get("patch_size"), int):
@@ -324,7 +328,8 @@ class Calibrator:
         t.done = not t.plan or t.spent_s >= t.budget_s
 
     def _inputs(self, t: Target, params: Mapping[str, Any]) -> dict[str, Any]:
-        return synthetic_inputs(t.spec, t.stage, model_dims(t.spec, self.folder, params), params, self.dtype)
+        made = synthetic_inputs(t.spec, t.stage, model_dims(t.spec, self.folder, params), params, self.dtype)
+        return self.executor.calibration_inputs(made, params)
 
     def _steps(self, t: Target, params: Mapping[str, Any]) -> float:
         """The steps one measurement times: one for a stage that steps (its own step timed), else the run's."""

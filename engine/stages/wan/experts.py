@@ -144,6 +144,16 @@ class _Expert(WanDenoise, _SteppedWan):
         k = boundary_step(scheduler.timesteps, self.boundary_ratio, scheduler.config.num_train_timesteps)
         return scheduler, k, *((0, k) if self.high else (k, len(scheduler.timesteps)))
 
+    def calibration_inputs(self, made: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+        """A low-noise expert continues the high one's UniPC state, which random numbers are not (the
+        calibration stopped with ``ExpertMismatch``): made-up inputs carry the state of a high stage that took
+        no step at this request's boundary, so the scheduler starts fresh there and each step costs the
+        transformer calls of a served one."""
+        if self.high or self.boundary_ratio is None:
+            return made
+        scheduler, boundary, _, _ = self.steps_of(params)
+        return {**made, **_empty_state(scheduler, made["expert_latents"], boundary)}
+
     def _guidance(self, params: Mapping[str, Any]) -> float:
         if self.high or self.boundary_ratio is None:
             return float(params["guidance_scale"])

@@ -10,6 +10,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.store import JobStore, keys
 from engine.transport.ring import RingConsumer
 from engine.worker.calibrate import Calibrator, bound_spec, model_dims, plan, synthetic_inputs
@@ -230,3 +232,54 @@ def test_an_instance_that_can_collaborate_is_calibrated_at_its_mode_share(
     finally:
         worker.routes.client.delete(key)
         store.close()
+
+
+
+WORKFLOWS = ("flux.1-dev", "flux.1-schnell", "qwen-image", "sd-t2i", "wan2.1-i2v", "wan2.1-t2v", "wan2.2-i2v-a14b",
+             "wan2.2-t2v-a14b", "wan2.2-ti2v-5b")
+
+
+def test_the_list_of_workflows_calibrated_is_every_workflow() -> None:
+    from engine.workflow import workflows
+
+    assert set(WORKFLOWS) == set(workflows())
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("workflow", WORKFLOWS)
+def test_every_stage_is_calibrated_on_its_made_up_inputs(workflow: str, tiny_models: dict[str, Path]) -> None:
+    """Each stage of each workflow takes the inputs the calibration makes up and is measured at its default
+    size. Two did not: Qwen-Image's decoder (its VAE's spatial factor comes from ``temperal_downsample``, not
+    ``block_out_channels``: the latent sides were unknown) and Wan2.2's low-noise expert (see below); both were
+    priced by the spec's prior until requests came."""
+    from engine.stages.runner import LocalRunner
+
+    folder = tiny_models[workflow]
+    for stage, executor in LocalRunner(workflow, folder, "cpu").executors.items():
+        seen: list[float] = []
+        cal = Calibrator.of(executor, folder, [(workflow, stage)], 1e-6,
+                            lambda wf, u, n, s, seen=seen: seen.append(u))  # type: ignore[misc]
+        assert cal is not None, stage
+        while cal.pending:
+            cal.tick()
+        assert not cal.targets[0].notes and len(seen) == 1, (stage, cal.targets[0].notes)
+
+
+@pytest.mark.models
+def test_a_wan22_low_noise_expert_is_calibrated_on_a_state_it_can_continue(tiny_models: dict[str, Path]) -> None:
+    """The low-noise expert continues the high one's UniPC state, which made-up numbers are not: its
+    calibration stopped at the warm-up with ``ExpertMismatch``. The executor makes the made-up inputs valid
+    (``calibration_inputs``: the state a high stage that took no step hands on at this request's boundary)."""
+    from engine.stages.runner import LocalRunner
+    from engine.stages.wan.experts import ExpertMismatch, restore_scheduler
+
+    folder = tiny_models["wan2.2-t2v-a14b"]
+    low = LocalRunner("wan2.2-t2v-a14b", folder, "cpu").executors["denoise_low"]
+    spec = bound_spec("wan2.2-t2v-a14b", folder)
+    p = plan(spec, "denoise_low", folder)[0]
+    made = synthetic_inputs(spec, "denoise_low", model_dims(spec, folder, p), p, "float32")
+    scheduler, boundary, _, _ = low.steps_of(p)
+    with pytest.raises(ExpertMismatch):  # the control: the spec's shapes alone are not a state to continue
+        restore_scheduler(scheduler, made, boundary, "cpu")
+    scheduler, boundary, _, _ = low.steps_of(p)
+    restore_scheduler(scheduler, low.calibration_inputs(made, p), boundary, "cpu")
