@@ -53,6 +53,12 @@ def _lua(script: str) -> str:
     return Template(script).substitute(names, finished=finished)
 
 
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``ms-seq``) as a pair that orders as Redis orders ids."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 ENDINGS_MAXLEN = 10_000  # terminal events kept in keys.ENDINGS: a long poll's waker needs only the recent ones
 
 # Non-terminal events: the status hash moves only while the job is not finished, so a late progress
@@ -454,6 +460,26 @@ class JobStore:
                             {(k.decode() if isinstance(k, bytes) else k):
                              (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in fields.items()}))
         return out
+
+    def lost_after(self, after: str, stream: str = keys.EVENTS) -> str | None:
+        """The oldest event the stream holds, when the stream no longer holds a reader's cursor ``after``: its
+        cap (``maxlen``) trimmed the cursor away, or Redis restarted, so events after the cursor may be gone
+        unread (None: the cursor is still there, or is "0-0" and nothing was ever trimmed). Trimming takes the
+        oldest events first, so a reader that keeps up never meets it. One ``XINFO STREAM``."""
+        import redis.exceptions
+
+        try:
+            info = self.r.xinfo_stream(stream)
+        except redis.exceptions.ResponseError:  # no such stream (nothing written yet, or Redis restarted)
+            return None
+        first = (info.get("first-entry") or (None,))[0]
+        if first is None:
+            return None
+        first = first.decode() if isinstance(first, bytes) else first
+        if _stream_id(first) <= _stream_id(after):
+            return None
+        trimmed = int(info.get("entries-added", 0)) > int(info.get("length", 0))
+        return first if after != "0-0" or trimmed else None
 
     def events(self, uid: str | None = None, count: int = 10_000) -> list[dict[str, str]]:
         """Events in stream order (all jobs, or one UID's); a convenience for tests and tools."""

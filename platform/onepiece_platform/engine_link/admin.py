@@ -68,8 +68,8 @@ class OperatorActionAdmin(admin.ModelAdmin):
 
 @admin.register(StreamCursor)
 class StreamCursorAdmin(admin.ModelAdmin):
-    list_display = ["name", "last_id", "updated_at", "applied", "retried", "held", "dead"]
-    readonly_fields = ["name", "last_id", "updated_at", "applied", "retried", "held", "dead"]
+    list_display = ["name", "last_id", "updated_at", "applied", "retried", "held", "dead", "gaps"]
+    readonly_fields = ["name", "last_id", "updated_at", "applied", "retried", "held", "dead", "gaps"]
 
 
 class _ReadOnly(admin.ModelAdmin):

@@ -21,6 +21,10 @@ class StreamCursor(models.Model):
                                              "connection, Redis away) and tried again, the cursor unmoved")
     held = models.PositiveBigIntegerField(default=0, help_text="events held because their job was not known yet")
     dead = models.PositiveBigIntegerField(default=0, help_text="events sent to the dead letters")
+    gaps = models.PositiveBigIntegerField(default=0, help_text="times the engine's stream no longer held the "
+                                          "cursor (trimmed by its cap, or Redis restarted): events after it may "
+                                          "be lost; their jobs were swept at once, their stage runs and progress "
+                                          "are not in the ledger")
 
     def __str__(self) -> str:
         return f"{self.name} @ {self.last_id}"

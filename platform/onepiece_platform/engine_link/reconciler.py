@@ -23,7 +23,9 @@ Two inputs, one set of idempotent transitions (:mod:`onepiece_platform.jobs.ledg
   the engine sees them, so this is a job the platform never submitted, or one
   whose submission it gave up on);
 * ``sweep``: every non-terminal row is checked against the engine's status.
-  It catches what the stream lost: events trimmed away, or Redis restarted
+  It catches what the stream lost: events trimmed away (a step that finds
+  the stream no longer holds its cursor says so, counts it in
+  ``StreamCursor.gaps`` and sweeps at once), or Redis restarted
   (stream, status hashes and results gone). A job the engine no longer knows,
   older than ``LOST_AFTER_S`` (plus ``PROXY_TIMEOUT_S`` while its submission
   is still in flight), is submitted again under its UID from what the ledger
@@ -168,6 +170,7 @@ class Reconciler:
         # job under PostgreSQL, in the ledger load test: its acceptance was read before its row committed.)
         self._foreign: OrderedDict[str, None] = OrderedDict()
         self.caught_up = 0  # stream events a sweep read before it finished jobs (sweep)
+        self.sweep_due = False  # the stream dropped events before they were read: run() sweeps at once
 
     # -- the stream ---------------------------------------------------------------------------------
     def step(self, block: bool = True) -> int:
@@ -190,6 +193,7 @@ class Reconciler:
         entries = store.read_entries(last_id, (self.block_ms or None) if block else None, self.count)
         if not entries:
             return 0
+        self._check_gap(store, last_id)
         if block and len(entries) < min(self.batch, self.count) and self.linger_s and \
                 not self.stop.wait(self.linger_s):
             # under load events come a few at a time: a moment's wait makes one transaction of many
@@ -202,6 +206,20 @@ class Reconciler:
                 break  # stopping: the cursor is at the last batch that committed
             done += took["n"]
         return len(entries)
+
+    def _check_gap(self, store: Any, last_id: str) -> None:
+        """The stream no longer holds the cursor: its cap trimmed it away (this reconciler was stopped or behind
+        by more than the cap) or Redis restarted, so events after it may be gone unread. Said, counted on the
+        cursor (``gaps``), and the sweep runs at once, which brings their jobs to the engine's state; their
+        stage runs and progress are lost to the ledger. Never passed over in silence."""
+        first = store.lost_after(last_id)
+        if first is None:
+            return
+        log.error("the engine's event stream no longer holds the reconciler's cursor %s (its oldest event is %s: "
+                  "trimmed by its cap, or Redis restarted); events after the cursor may be lost: sweeping now, "
+                  "and their stage runs and progress are not in the ledger", last_id, first)
+        self._until_done(lambda _: StreamCursor.objects.filter(name=CURSOR).update(gaps=F("gaps") + 1))
+        self.sweep_due = True
 
     def _until_done(self, attempt: Callable[[int], None]) -> bool:
         """Call ``attempt(tries so far)`` until it raises no transient error; False if stopped first.
@@ -410,7 +428,8 @@ class Reconciler:
         next_sweep = 0.0
         while not stop.is_set():
             try:
-                if time.monotonic() >= next_sweep:
+                if time.monotonic() >= next_sweep or self.sweep_due:
+                    self.sweep_due = False
                     self.sweep()
                     next_sweep = time.monotonic() + sweep_every_s
                 self.step()

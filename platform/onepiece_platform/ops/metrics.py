@@ -51,10 +51,14 @@ class LedgerCollector(Collector):
         dead = GaugeMetricFamily("onepiece_ledger_dead_letters", "Engine events that can never apply, by reason",
                                  labels=["reason"])
         held = GaugeMetricFamily("onepiece_ledger_held_events", "Events waiting for their job to be known")
+        gaps = CounterMetricFamily("onepiece_ledger_stream_gaps", "Times the engine's event stream no longer held "
+                                   "the reconciler's cursor (trimmed by its cap, or Redis restarted): events may "
+                                   "have been lost unread, and their jobs were swept")
         try:
             c = StreamCursor.objects.filter(name="events").first()
             for outcome in ("applied", "retried", "held", "dead"):
                 events.add_metric([outcome], getattr(c, outcome) if c else 0)
+            gaps.add_metric([], c.gaps if c else 0)
             counts = {reason: 0 for reason, _ in DeadLetter.REASONS}
             counts.update({r["reason"]: r["n"] for r in DeadLetter.objects.values("reason").annotate(n=Count("id"))})
             for reason, n in counts.items():
@@ -65,6 +69,7 @@ class LedgerCollector(Collector):
         yield events
         yield dead
         yield held
+        yield gaps
 
 
 _registered = False

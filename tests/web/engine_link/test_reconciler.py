@@ -450,3 +450,33 @@ def test_a_foreign_jobs_events_cost_one_lookup(alice, store) -> None:
     lookups = [q for q in ctx.captured_queries if 'FROM "jobs_job"' in q["sql"]]
     assert len(lookups) == 1, [q["sql"][:80] for q in lookups]
     assert StreamCursor.objects.get(name="events").applied == 13 and not Job.objects.filter(uid=uid).exists()
+
+
+def test_events_the_stream_dropped_before_they_were_read_are_said_counted_and_swept_at_once(
+        alice, store, caplog) -> None:
+    """The engine's stream is capped (``events_maxlen``): a reconciler stopped or behind by more than the cap
+    finds its cursor and what followed it gone. It used to read on from the oldest event left as if nothing
+    were missing, and the sweep (every 10 s) caught the jobs' ends. Now it says so, counts it, and sweeps at
+    once."""
+    _, c, _ = alice
+    a, b = _submit(c, 2)
+    r = Reconciler(block_ms=0)
+    assert r.step() == 2 and not r.sweep_due  # the acceptances; no gap: the control
+    store.event(a, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
+    store.finish(a, "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
+    store.r.xtrim(keys.EVENTS, maxlen=0)  # the cap reached while the reconciler was away
+    store.event(b, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
+    with caplog.at_level("ERROR", logger="onepiece_platform.engine_link.reconciler"):
+        assert r.step() == 1
+    assert "no longer holds the reconciler's cursor" in caplog.text and r.sweep_due
+    assert StreamCursor.objects.get().gaps == 1
+    from onepiece_platform.ops.metrics import LedgerCollector
+
+    [gaps] = [f for f in LedgerCollector().collect() if f.name == "onepiece_ledger_stream_gaps"]
+    assert [s.value for s in gaps.samples] == [1]
+    assert Job.objects.get(uid=a).state == "queued"  # its events are gone: the sweep must finish it
+    assert r.sweep() == 1 and Job.objects.get(uid=a).state == "completed"
+    # reading on past the gap is no new gap
+    store.event(b, keys.PROGRESS, "text_encode", 50, state=keys.IN_PROGRESS)
+    r.sweep_due = False
+    assert r.step() == 1 and not r.sweep_due and StreamCursor.objects.get().gaps == 1
