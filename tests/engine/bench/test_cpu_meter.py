@@ -4,7 +4,6 @@ tree's, stage workers below it are counted apart, and a window counts only what 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,21 +44,33 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
         p.wait()
 
 
+# onepiece up's supervisor stand-in: everyone's parent. It starts the two roles' processes (held at a gate),
+# says their pids, and on a line of its own input lets both go, waits for each to say "done" and says "done".
+# A process of its own, so that its tree holds nothing but them (the test's process has the suite's children).
+SUPERVISOR = ("import subprocess, sys\n"
+              "gate = 'import sys; sys.stdin.readline()\\n'\n"
+              "kids = [subprocess.Popen([sys.executable, '-c', gate + code, *args], stdin=subprocess.PIPE,"
+              " stdout=subprocess.PIPE, text=True) for code, args in ((sys.argv[1], ['0.3']), (sys.argv[2], []))]\n"
+              "print(*(k.pid for k in kids), flush=True)\n"
+              "sys.stdin.readline()\n"
+              "for k in kids: k.stdin.write('go\\n'); k.stdin.flush()\n"
+              "for k in kids: assert k.stdout.readline().strip() == 'done'\n"
+              "print('done', flush=True); sys.stdin.read()\n"
+              "for k in kids: k.stdin.close(); k.wait()\n")
+
+
 def test_roles_trees_and_workers_apart(procs: list[subprocess.Popen[str]]) -> None:
     # started idle: the window opens before any of the work
-    gate = "import sys; sys.stdin.readline()\n"
-    proxy = _start(gate + BURN, "0.3")
-    node = _start(gate + NODE)
-    procs += [proxy, node]
-    # this test's process stands for onepiece up's supervisor: everyone's parent, yet each child is its own role's
-    meter = ControlPlaneMeter({"supervisor": os.getpid(), "proxy": proxy.pid, "node": node.pid})
+    supervisor = _start(SUPERVISOR, BURN, NODE)
+    procs.append(supervisor)
+    assert supervisor.stdout is not None and supervisor.stdin is not None
+    proxy, node = (int(pid) for pid in supervisor.stdout.readline().split())
+    # the supervisor is everyone's parent, yet each child is its own role's
+    meter = ControlPlaneMeter({"supervisor": supervisor.pid, "proxy": proxy, "node": node})
     meter.begin()
-    for p in (proxy, node):
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    for p in (proxy, node):
-        assert p.stdout is not None and p.stdout.readline().strip() == "done"
+    supervisor.stdin.write("go\n")
+    supervisor.stdin.flush()
+    assert supervisor.stdout.readline().strip() == "done"
     meter.end(completed=10, seconds=1.0)
     r = meter.report()
     b = r["control_plane_breakdown"]
