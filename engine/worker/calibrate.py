@@ -89,9 +89,11 @@ def model_dims(spec: WorkflowSpec, folder: str | Path, params: Mapping[str, Any]
     out["L_neg"] = out["L_text"]
     vae = configs.get("vae") or {}
     blocks, down = vae.get("block_out_channels"), vae.get("temperal_downsample")
-    # the VAE's spatial factor: AutoencoderKL halves the sides between its blocks; the Wan and Qwen-Image VAEs
-    # once per entry of temperal_downsample (their pipelines' vae_scale_factor)
-    scale = 2 ** (len(blocks) - 1) if isinstance(blocks, list) and blocks else \
+    # the VAE's spatial factor: its config's own where it gives one (Wan2.2-TI2V-5B's 16); else AutoencoderKL
+    # halves the sides between its blocks, and the Wan and Qwen-Image VAEs once per entry of
+    # temperal_downsample (their pipelines' vae_scale_factor; engine.stages.wan.vae.wan_vae_factors)
+    scale = vae.get("scale_factor_spatial") if isinstance(vae.get("scale_factor_spatial"), int) else \
+        2 ** (len(blocks) - 1) if isinstance(blocks, list) and blocks else \
         2 ** len(down) if isinstance(down, list) and down else None
     if scale is not None and "height" in params:
         out["H_lat"], out["W_lat"] = int(params["height"]) // scale, int(params["width"]) // scale

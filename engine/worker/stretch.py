@@ -37,6 +37,9 @@ class StretchedExecutor(StageExecutor):
     def __getattr__(self, name: str) -> Any:  # the inner executor's other attributes (dtype_name, ...)
         return getattr(self.__dict__["inner"], name)
 
+    def calibration_inputs(self, made: dict[str, Any], params: Any) -> dict[str, Any]:
+        return self.inner.calibration_inputs(made, params)  # a StageExecutor's own would hide the inner's
+
     @property
     def components(self) -> tuple[str, ...]:  # type: ignore[override]
         return self.inner.components

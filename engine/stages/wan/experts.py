@@ -146,9 +146,10 @@ class _Expert(WanDenoise, _SteppedWan):
 
     def calibration_inputs(self, made: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         """A low-noise expert continues the high one's UniPC state, which random numbers are not (the
-        calibration stopped with ``ExpertMismatch``): made-up inputs carry the state of a high stage that took
-        no step at this request's boundary, so the scheduler starts fresh there and each step costs the
-        transformer calls of a served one."""
+        calibration stopped with ``ExpertMismatch``): made-up inputs carry the empty state (the one a high
+        stage that took no step hands on) at this request's boundary and step count, so the scheduler is not
+        restored and starts afresh. Its numbers are not a served request's, but a step makes the transformer
+        calls of a served one, which is what the calibration times."""
         if self.high or self.boundary_ratio is None:
             return made
         scheduler, boundary, _, _ = self.steps_of(params)
