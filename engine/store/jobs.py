@@ -465,7 +465,9 @@ class JobStore:
         """The oldest event the stream holds, when the stream no longer holds a reader's cursor ``after``: its
         cap (``maxlen``) trimmed the cursor away, or Redis restarted, so events after the cursor may be gone
         unread (None: the cursor is still there, or is "0-0" and nothing was ever trimmed). Trimming takes the
-        oldest events first, so a reader that keeps up never meets it. One ``XINFO STREAM``."""
+        oldest events first, so a reader that keeps up never meets it. A cursor trimmed exactly up to the event
+        after it is reported though nothing after it was lost; Redis before 7.0 has no ``entries-added``, so a
+        cursor at "0-0" is never reported there. One ``XINFO STREAM``."""
         import redis.exceptions
 
         try:

@@ -170,7 +170,10 @@ class Reconciler:
         # job under PostgreSQL, in the ledger load test: its acceptance was read before its row committed.)
         self._foreign: OrderedDict[str, None] = OrderedDict()
         self.caught_up = 0  # stream events a sweep read before it finished jobs (sweep)
-        self.sweep_due = False  # the stream dropped events before they were read: run() sweeps at once
+        # the stream no longer held the cursor (_check_gap): counted with the next cursor move, and once the
+        # reader has caught up (gap_seen), run() sweeps at once (sweep_due); never from within a sweep
+        self.unsaved_gaps, self.gap_seen, self.sweep_due, self.sweeping = 0, False, False, False
+        self._gap_at: str | None = None  # the cursor a gap was found at (found once)
 
     # -- the stream ---------------------------------------------------------------------------------
     def step(self, block: bool = True) -> int:
@@ -190,10 +193,12 @@ class Reconciler:
         from onepiece_platform.redis_conn import get_redis
 
         store = JobStore(get_redis())
+        self._check_gap(store, last_id)  # before the read: a trim after it would flag what was read
         entries = store.read_entries(last_id, (self.block_ms or None) if block else None, self.count)
+        if self.gap_seen and len(entries) < self.count and not self.sweeping:
+            self.gap_seen, self.sweep_due = False, True  # caught up: run() sweeps now, not at its next tick
         if not entries:
             return 0
-        self._check_gap(store, last_id)
         if block and len(entries) < min(self.batch, self.count) and self.linger_s and \
                 not self.stop.wait(self.linger_s):
             # under load events come a few at a time: a moment's wait makes one transaction of many
@@ -209,17 +214,20 @@ class Reconciler:
 
     def _check_gap(self, store: Any, last_id: str) -> None:
         """The stream no longer holds the cursor: its cap trimmed it away (this reconciler was stopped or behind
-        by more than the cap) or Redis restarted, so events after it may be gone unread. Said, counted on the
-        cursor (``gaps``), and the sweep runs at once, which brings their jobs to the engine's state; their
-        stage runs and progress are lost to the ledger. Never passed over in silence."""
+        by more than the cap) or Redis restarted, so events after it may be gone unread. Said once per cursor,
+        counted with the next batch's cursor move (``StreamCursor.gaps``, exact across kills as the other
+        counts), and swept once the reader has caught up (a sweep meanwhile could let the cap trim it again),
+        at once rather than at the next tick: the sweep brings the jobs to the engine's state; their stage runs
+        and progress are lost to the ledger. Never passed over in silence."""
+        if last_id == self._gap_at:
+            return
         first = store.lost_after(last_id)
         if first is None:
             return
         log.error("the engine's event stream no longer holds the reconciler's cursor %s (its oldest event is %s: "
-                  "trimmed by its cap, or Redis restarted); events after the cursor may be lost: sweeping now, "
-                  "and their stage runs and progress are not in the ledger", last_id, first)
-        self._until_done(lambda _: StreamCursor.objects.filter(name=CURSOR).update(gaps=F("gaps") + 1))
-        self.sweep_due = True
+                  "trimmed by its cap, or Redis restarted); events after the cursor may be lost: sweeping once "
+                  "caught up, and their stage runs and progress are not in the ledger", last_id, first)
+        self._gap_at, self.unsaved_gaps, self.gap_seen = last_id, self.unsaved_gaps + 1, True
 
     def _until_done(self, attempt: Callable[[int], None]) -> bool:
         """Call ``attempt(tries so far)`` until it raises no transient error; False if stopped first.
@@ -253,7 +261,7 @@ class Reconciler:
         write: its stage_started is applied with its stage_finished (or on its own at the batch's end, when
         the time limit leaves its finish to the next batch: on the run only, if a later event of its job
         already moved the job on)."""
-        counts = {"retried": self.unsaved_retries, "applied": 0, "held": 0, "dead": 0}
+        counts = {"retried": self.unsaved_retries, "gaps": self.unsaved_gaps, "applied": 0, "held": 0, "dead": 0}
         started = time.monotonic()
         n = 0
         superseded = _superseded_progress(entries)
@@ -294,7 +302,7 @@ class Reconciler:
                     last_id=entries[n - 1][0], updated_at=timezone.now(),
                     **{k: F(k) + v for k, v in counts.items() if v})
         push.push_noted(noted)
-        self.unsaved_retries = 0
+        self.unsaved_retries = self.unsaved_gaps = 0
         return n
 
     def _outcome(self, entry_id: str, fields: dict[str, str], started: dict[str, str] | None = None,
@@ -382,6 +390,13 @@ class Reconciler:
     def sweep(self) -> int:
         """Check every unfinished job against the engine; returns how many of them it found finished (or
         lost) there and brought to their terminal state in the ledger, from their events or here."""
+        self.sweeping = True
+        try:
+            return self._sweep()
+        finally:
+            self.sweeping = False
+
+    def _sweep(self) -> int:
         finished = 0
         now = timezone.now()
         lost_before = now - dt.timedelta(seconds=float(conf.get("LOST_AFTER_S")))

@@ -180,3 +180,19 @@ def test_one_sweep_drops_finished_entries_and_finds_the_jobs_of_lost_nodes(job_s
     assert dropped == 1 and [o.uid for o in orphans] == [lost]
     assert done.encode() not in job_store.r.zrange(keys.inflight_key(wf), 0, -1)
     assert job_store.sweep_inflight([wf], None) == (0, [])  # membership unknown: nobody is judged lost
+
+
+def test_lost_after_says_when_the_stream_no_longer_holds_a_readers_cursor(job_store: JobStore) -> None:
+    """A reader keeping its own cursor (the platform's reconciler) asks whether the stream's cap trimmed it:
+    never for a cursor still held, or for no stream at all; for a cursor at 0-0 only once something was
+    trimmed (before any trim the oldest event is simply the first)."""
+    s = job_store
+    assert s.lost_after("0-0") is None  # no stream yet
+    ids = [s.r.xadd(keys.EVENTS, {"uid": _uid(), "type": keys.PROGRESS}).decode() for _ in range(5)]
+    assert s.lost_after("0-0") is None and s.lost_after(ids[0]) is None and s.lost_after(ids[-1]) is None
+    s.r.xtrim(keys.EVENTS, maxlen=2, approximate=False)  # the cap: ids[0..2] are gone
+    assert s.lost_after(ids[2]) == ids[3] and s.lost_after(ids[1]) == ids[3]  # the cursor is gone
+    assert s.lost_after(ids[3]) is None  # still held: nothing after it was lost
+    assert s.lost_after("0-0") == ids[3]  # a reader that never read: the trimmed ones were lost to it
+    s.r.xtrim(keys.EVENTS, maxlen=0, approximate=False)
+    assert s.lost_after(ids[4]) is None  # an empty stream holds nothing to compare with

@@ -464,7 +464,7 @@ def test_events_the_stream_dropped_before_they_were_read_are_said_counted_and_sw
     assert r.step() == 2 and not r.sweep_due  # the acceptances; no gap: the control
     store.event(a, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
     store.finish(a, "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
-    store.r.xtrim(keys.EVENTS, maxlen=0)  # the cap reached while the reconciler was away
+    store.r.xtrim(keys.EVENTS, maxlen=0, approximate=False)  # the cap reached while the reconciler was away
     store.event(b, keys.STAGE_STARTED, "text_encode", 0, state=keys.IN_PROGRESS)
     with caplog.at_level("ERROR", logger="onepiece_platform.engine_link.reconciler"):
         assert r.step() == 1
@@ -480,3 +480,40 @@ def test_events_the_stream_dropped_before_they_were_read_are_said_counted_and_sw
     store.event(b, keys.PROGRESS, "text_encode", 50, state=keys.IN_PROGRESS)
     r.sweep_due = False
     assert r.step() == 1 and not r.sweep_due and StreamCursor.objects.get().gaps == 1
+
+
+def test_a_gap_makes_the_loop_sweep_at_once_not_at_its_next_tick(alice, store) -> None:
+    """run() sweeps first, then every ``sweep_every_s`` (an hour here): a gap found by a step brings the next
+    sweep forward to the moment the reader has caught up. The loop runs in this thread (the test database's
+    connection), stopped by the second sweep, or after 40 steps without one."""
+    import threading
+
+    _, c, _ = alice
+    (a,) = _submit(c, 1)
+    r = Reconciler(block_ms=20)
+    assert r.step(block=False) == 1
+    store.finish(a, "sd-t2i", keys.COMPLETED, "image_encode", result=b"x")
+    store.r.xtrim(keys.EVENTS, maxlen=0, approximate=False)
+    _submit(c, 1)  # an event after the gap
+    stop, sweeps, steps = threading.Event(), [], []
+    real_sweep, real_step = r.sweep, r.step
+
+    def sweep() -> int:
+        sweeps.append(Job.objects.get(uid=a).state)
+        n = real_sweep()
+        if len(sweeps) == 2:
+            stop.set()
+        return n
+
+    def step(block: bool = True) -> int:
+        steps.append(1)
+        if len(steps) >= 40:
+            stop.set()
+        return real_step(block)
+
+    r.sweep, r.step = sweep, step  # type: ignore[method-assign]
+    r.run(stop, 3600.0)
+    # the sweep at start (which finds the job completed in the engine), then the gap's, long before its hour
+    assert sweeps == ["queued", "completed"] and len(steps) < 40, (sweeps, len(steps))
+    assert Job.objects.get(uid=a).state == "completed"
+    assert StreamCursor.objects.get().gaps == 1
