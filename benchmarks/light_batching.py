@@ -113,14 +113,10 @@ def main() -> int:
     p.add_argument("--batches", type=_ints, default=[2, 4, 8])
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
-    from engine.bench.figures import provenance
+    from engine.bench.figures import one_thread_provenance
     from engine.stages.tiny import models_or_tiny
 
-    prov = provenance()
+    prov = one_thread_provenance()  # one torch thread; taken before the models load
     with models_or_tiny(args.models, list(WORKFLOWS)) as models:
         result: dict[str, Any] = {"provenance": prov, "threads": 1,
                                   "workflows": {w: measure(w, f"{models}/{w}", args.rounds, args.batches)

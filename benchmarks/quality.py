@@ -151,14 +151,10 @@ def main() -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     cases = args.case or list(CASES)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
-    from engine.bench.figures import provenance
+    from engine.bench.figures import one_thread_provenance
     from engine.stages.tiny import models_or_tiny
 
-    prov = provenance()  # before the models load: the load average is the host's own
+    prov = one_thread_provenance()  # one torch thread; taken before the models load
     commit, cpu, load = (prov["commit"] or "")[:7], prov["cpu_model"], prov["load_average"]
     with models_or_tiny(args.models, sorted({CASES[c][0] for c in cases})) as models:
         result = {"commit": commit, "cpu": cpu, "threads": 1, "load_average_before": load, "provenance": prov,

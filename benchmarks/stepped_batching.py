@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from typing import Any
@@ -98,14 +97,10 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
-    from engine.bench.figures import provenance
+    from engine.bench.figures import one_thread_provenance
     from engine.stages.tiny import models_or_tiny
 
-    prov = provenance()  # before the models load: the load average is the host's own
+    prov = one_thread_provenance()  # one torch thread; taken before the models load
     commit, load = (prov["commit"] or "")[:7], prov["load_average"]
     with models_or_tiny(args.models, list(WORKFLOWS)) as models:
         result = {"commit": commit, "cpu": prov["cpu_model"], "threads": 1, "load_average_before": load,

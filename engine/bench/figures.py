@@ -136,6 +136,16 @@ def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "load_average": list(os.getloadavg()), "command": list(sys.argv if argv is None else argv)}
 
 
+def one_thread_provenance() -> dict[str, Any]:
+    """A benchmark on one torch thread: ``OMP_NUM_THREADS=1`` (unless set) before torch loads, torch's own
+    budget 1; then its :func:`provenance`, taken before any model loads (the load average is the host's own)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    return provenance()
+
+
 # -- the rows of a run, from its samples ---------------------------------------------------------------
 
 def latency_figures(pairs: list[tuple[float, float]], isolated: float, hops: int) -> dict[str, Any]:
